@@ -1,0 +1,23 @@
+"""hostpool_nb: a torch-free host KV-cache slot allocator on Numba kernels.
+
+A drop-in for sglang's ``LogicalHostPool`` that keeps its free lists in numpy
+int64 arrays changed only by ``@njit`` kernels, hands out caller-owned numpy
+arrays, and raises a clear error for every misuse the original accepts.
+``import hostpool_nb`` never imports torch; ``hostpool_nb.torch`` is the
+optional adapter for code that passes torch tensors.
+"""
+
+from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
+from ._pool import LogicalHostPool
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AlignmentError",
+    "DoubleFreeError",
+    "HostPoolError",
+    "LogicalHostPool",
+    "PartialPageError",
+    "SlotRangeError",
+    "__version__",
+]

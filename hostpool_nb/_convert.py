@@ -1,0 +1,83 @@
+"""Argument conversion shared by the pool and its torch adapter.
+
+These helpers raise ``TypeError`` for values of the wrong kind and return
+plain Python ints or C-contiguous int64 arrays, the only types the kernels
+accept.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+
+from ._errors import SlotRangeError
+
+_INT64 = np.dtype(np.int64)
+_INT64_MAX = int(np.iinfo(np.int64).max)
+_EMPTY_SLOTS = np.empty(0, dtype=np.int64)
+_EMPTY_SLOTS.flags.writeable = False
+
+
+def as_count(value: Any, name: str) -> int:
+    """Return ``value`` as a Python int, or raise ``TypeError`` naming ``name``.
+
+    Accepts ``int`` and anything with ``__index__`` (numpy integer scalars);
+    rejects ``bool`` (an int subclass that is almost always a bug here),
+    floats, strings, ``None`` and arrays, including 0-d ones.
+    """
+    if type(value) is int:  # the hot path
+        return value
+    if isinstance(value, (bool, np.bool_, np.ndarray)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be an integer, got {type(value).__name__} {value!r}"
+        ) from None
+
+
+def as_slots(indices: Any) -> np.ndarray:
+    """Flatten ``indices`` (C order) into a C-contiguous int64 array.
+
+    Accepts numpy arrays and anything ``np.asarray`` understands (lists,
+    tuples, objects with ``__array__``) holding integers of any width; input
+    that is already 1-D C-contiguous native int64 is returned as is, without
+    a copy. An empty list or tuple is accepted whatever numpy guesses for its
+    dtype. Raises ``TypeError`` for scalars and for float, bool, complex,
+    object and string data.
+    """
+    if type(indices) is np.ndarray:
+        arr = indices
+        if arr.dtype == _INT64 and arr.ndim == 1 and arr.flags.c_contiguous:
+            return arr  # the hot path: no copy
+    elif isinstance(indices, (str, bytes)):
+        raise TypeError(f"indices must be an array of integer slot ids, got {type(indices).__name__}")
+    else:
+        try:
+            arr = np.asarray(indices)
+        except (TypeError, ValueError) as exc:  # ragged lists, odd objects
+            raise TypeError(
+                f"indices must be an array of integer slot ids, got {type(indices).__name__}: {exc}"
+            ) from None
+        if arr.size == 0 and isinstance(indices, (list, tuple)):
+            return _EMPTY_SLOTS
+    if arr.ndim == 0:
+        raise TypeError(
+            f"indices must be an array of integer slot ids, got a scalar {indices!r}; "
+            "wrap it in a list"
+        )
+    if arr.dtype.kind not in "iu":
+        raise TypeError(
+            f"indices must hold integers, got dtype {arr.dtype}; "
+            "convert with .astype(np.int64) if the values are whole slot ids"
+        )
+    flat = arr.reshape(-1)
+    if arr.dtype.kind == "u" and flat.size and int(flat.max()) > _INT64_MAX:
+        pos = int(np.argmax(flat > _INT64_MAX))
+        raise SlotRangeError(
+            f"free got slot {int(flat[pos])} at indices[{pos}] (flattened), outside the int64 range"
+        )
+    return np.ascontiguousarray(flat, dtype=np.int64)

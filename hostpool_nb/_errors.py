@@ -1,0 +1,43 @@
+"""Exceptions raised by hostpool_nb.
+
+Every caller mistake is a :class:`HostPoolError`, which is a ``ValueError``:
+code written for sglang's pool (``except ValueError``) keeps working, and new
+code can catch this package's errors specifically. Wrong argument types are
+plain ``TypeError``. A ``RuntimeError`` means the pool's own state is broken,
+which no sequence of public calls should be able to cause.
+"""
+
+from __future__ import annotations
+
+
+class HostPoolError(ValueError):
+    """Base class of the pool's argument errors; a ``ValueError``."""
+
+
+class AlignmentError(HostPoolError):
+    """A size, an allocation or a free is not a whole number of pages."""
+
+
+class PartialPageError(HostPoolError):
+    """Freed slots are not whole pages, each in ascending order."""
+
+
+class SlotRangeError(HostPoolError):
+    """A freed slot lies outside ``[0, size)``."""
+
+
+class DoubleFreeError(HostPoolError):
+    """A freed page is not currently allocated.
+
+    Raised for a page freed twice (in two calls or within one), a page freed
+    after ``clear()``, and a page that was never handed out.
+    """
+
+
+__all__ = [
+    "AlignmentError",
+    "DoubleFreeError",
+    "HostPoolError",
+    "PartialPageError",
+    "SlotRangeError",
+]
