@@ -69,6 +69,8 @@ def as_slots(indices: Any) -> np.ndarray:
             f"indices must be an array of integer slot ids, got a scalar {indices!r}; "
             "wrap it in a list"
         )
+    if arr.dtype.kind == "O":
+        _raise_if_big_ints(arr)
     if arr.dtype.kind not in "iu":
         raise TypeError(
             f"indices must hold integers, got dtype {arr.dtype}; "
@@ -81,3 +83,20 @@ def as_slots(indices: Any) -> np.ndarray:
             f"free got slot {int(flat[pos])} at indices[{pos}] (flattened), outside the int64 range"
         )
     return np.ascontiguousarray(flat, dtype=np.int64)
+
+
+def _raise_if_big_ints(arr: np.ndarray) -> None:
+    """Report Python ints too large for int64 as the range errors they are.
+
+    numpy stores such ints with dtype ``object``; without this they would be
+    reported as a dtype problem, hiding the real one (a slot out of range).
+    """
+    flat = arr.reshape(-1)
+    values = flat.tolist()
+    if not all(type(v) is int for v in values):
+        return
+    for pos, v in enumerate(values):
+        if not -_INT64_MAX - 1 <= v <= _INT64_MAX:
+            raise SlotRangeError(
+                f"free got slot {v} at indices[{pos}] (flattened), outside the int64 range"
+            )

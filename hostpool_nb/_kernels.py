@@ -146,14 +146,13 @@ def alloc_pages(st, owner, out):
     if need > st[H_NFREE]:
         merge(st)
     pos = head
-    k = 0
     for i in range(need):
         p = st[HEADER + pos]
         owner[p] = OWNER_ALLOCATED
         base = p * page_size
+        k = i * page_size  # written as base + j so LLVM vectorises the fill
         for j in range(page_size):
-            out[k] = base + j
-            k += 1
+            out[k + j] = base + j
         pos += 1
         if pos == n:
             pos = 0
@@ -191,11 +190,16 @@ def free_pages(st, owner, slots):
         if first % page_size != 0:
             status = _fail(E_MISALIGNED, start)
             break
-        for j in range(1, page_size):
-            if slots[start + j] != first + j:
-                status = _fail(E_PARTIAL, start + j)
-                break
-        if status != 0:
+        # One branch-free pass per page (vectorised); the scan for the exact
+        # position runs only when the page is already known to be wrong.
+        bad = 0
+        for j in range(page_size):
+            bad |= slots[start + j] ^ (first + j)
+        if bad != 0:
+            for j in range(1, page_size):
+                if slots[start + j] != first + j:
+                    status = _fail(E_PARTIAL, start + j)
+                    break
             break
         p = first // page_size
         if owner[p] == OWNER_PENDING:
