@@ -1,0 +1,223 @@
+"""The torch adapter: ``LogicalHostPool`` for code that passes torch tensors.
+
+Code written against sglang's pool changes one import::
+
+    from hostpool_nb.torch import LogicalHostPool
+
+and keeps passing and receiving torch tensors. The class is the core pool of
+:mod:`hostpool_nb` with conversion at the boundary only; every check, error,
+lock and kernel is the core's.
+
+Where copies happen
+-------------------
+- ``alloc`` wraps the core's fresh, caller-owned int64 array with
+  ``torch.from_numpy``: no copy, and the pool never touches that memory again.
+- ``free`` of a CPU tensor views it with ``Tensor.numpy()``: no copy. The
+  core then treats that view exactly as a numpy array: a 1-D contiguous int64
+  one takes its no-copy fast path; another integer dtype, or a layout that
+  does not flatten to a view (e.g. non-contiguous), is copied once into a
+  flat int64 array.
+- ``free`` of a tensor on another device (CUDA, MPS, ...) moves it to the
+  host with one ``.to("cpu")``, then proceeds as above.
+
+Importing this module needs torch; ``import hostpool_nb`` alone never imports
+it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    import torch
+except ImportError as exc:
+    raise ImportError(
+        f"hostpool_nb.torch needs torch, which could not be imported ({exc}). "
+        'Install it with: pip install "hostpool_nb[torch]" '
+        "(install the torch build you need first, e.g. the CPU or CUDA wheel); "
+        "the torch-free pool is hostpool_nb.LogicalHostPool."
+    ) from exc
+
+import numpy as np
+
+from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
+from ._pool import LogicalHostPool as _CorePool
+
+_Tensor = torch.Tensor
+_from_numpy = torch.from_numpy
+_strided = torch.strided
+
+
+def _tensor_count(value: torch.Tensor) -> Any:
+    """Reject the tensors the core would reject as numpy values.
+
+    torch's ``__index__`` accepts bool tensors and one-element tensors of
+    any shape; the core refuses ``bool`` and arrays (even 0-d ones), so a
+    count given as a tensor must be a 0-d integer tensor. Those are passed on
+    as they are: the core's ``as_count`` reads them through ``__index__``
+    and raises its own ``TypeError`` for a 0-d float tensor.
+    """
+    if value.ndim != 0 or value.dtype is torch.bool:
+        raise TypeError(f"need_size must be an integer, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _tensor_as_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """The slow path of ``free``: a tensor that ``Tensor.numpy()`` refuses.
+
+    That is a tensor on another device (moved to the host once), a tensor
+    that requires grad (detached; only float and complex tensors can, and
+    the core then rejects their dtype with its own ``TypeError``), a
+    conjugate or negative view (resolved), a sparse tensor or a dtype numpy
+    lacks (``TypeError``). A plain CPU tensor never gets here.
+    """
+    if tensor.layout is not _strided:
+        raise TypeError(
+            f"indices must be a dense tensor, got layout {tensor.layout}; call .to_dense() first"
+        )
+    tensor = tensor.detach()
+    if not tensor.is_cpu:
+        # One device-to-host copy, keeping the dtype so the core sees the
+        # values exactly (an unsigned value beyond int64 is still reported).
+        # NOT TESTED: the development and CI machines have no GPU.
+        tensor = tensor.to("cpu")
+    tensor = tensor.resolve_conj().resolve_neg()
+    try:
+        return tensor.numpy()
+    except TypeError:  # bfloat16, float8, complex32, quantized: no numpy dtype
+        raise TypeError(
+            f"indices must hold integers, got dtype {tensor.dtype}; "
+            "convert with .to(torch.int64) if the values are whole slot ids"
+        ) from None
+
+
+class LogicalHostPool(_CorePool):
+    """Page-aligned allocator of host KV-cache token slots, on torch tensors.
+
+    The core :class:`hostpool_nb.LogicalHostPool` with torch at the
+    boundary: ``alloc`` returns CPU ``torch.int64`` tensors, ``free`` takes
+    tensors on any device as well as numpy arrays and lists, ``dtype`` is
+    ``torch.uint8``. Allocation order, locking and every check and error are
+    the core's, unchanged; see its documentation.
+
+    Parameters
+    ----------
+    size : int
+        Number of token slots; a non-negative multiple of ``page_size``.
+    page_size : int
+        Slots per page, at least 1.
+    layout : str, optional
+        Stored as given, for compatibility with sglang's host pools.
+
+    Raises
+    ------
+    TypeError
+        If ``size`` or ``page_size`` is not an integer.
+    HostPoolError
+        If ``page_size < 1`` or ``size < 0``; :class:`AlignmentError` (with
+        sglang's message) if ``size`` is not a multiple of ``page_size``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from hostpool_nb.torch import LogicalHostPool
+    >>> pool = LogicalHostPool(size=64, page_size=16)
+    >>> slots = pool.alloc(32)
+    >>> slots.dtype, slots.shape
+    (torch.int64, torch.Size([32]))
+    >>> pool.free(slots)
+    32
+    """
+
+    def alloc(self, need_size: int | torch.Tensor) -> torch.Tensor | None:  # type: ignore[override]
+        """Allocate ``need_size`` slots: whole pages, in FIFO order.
+
+        Parameters
+        ----------
+        need_size : int or torch.Tensor
+            Number of slots; a non-negative multiple of ``page_size``. An
+            int, a numpy integer scalar or a 0-d integer tensor.
+
+        Returns
+        -------
+        torch.Tensor or None
+            A new 1-D contiguous CPU ``torch.int64`` tensor of slot ids,
+            made with ``torch.from_numpy`` (no copy). It is owned by the
+            caller: the pool keeps no reference to its memory and never
+            writes it again. ``None`` when fewer than ``need_size`` slots are
+            available.
+
+        Raises
+        ------
+        TypeError
+            If ``need_size`` is not an integer (a bool, a float, or a tensor
+            that is not 0-d integer).
+        AlignmentError
+            If ``need_size`` is not a multiple of ``page_size`` (sglang's
+            message).
+        HostPoolError
+            If ``need_size`` is negative.
+        """
+        if type(need_size) is not int and isinstance(need_size, _Tensor):
+            need_size = _tensor_count(need_size)
+        out = super().alloc(need_size)
+        return None if out is None else _from_numpy(out)
+
+    def free(self, indices: Any) -> int:
+        """Give back slots from earlier allocations: whole pages only.
+
+        Parameters
+        ----------
+        indices : torch.Tensor or array_like of int
+            Slot ids: a tensor of any integer dtype, shape (flattened in C
+            order) and device, or anything the core accepts (numpy arrays,
+            lists). Every run of ``page_size`` entries must be one page's
+            slots in ascending order, of a page currently allocated; pages
+            may come in any order. A CPU tensor is viewed without a copy; a
+            tensor on another device is copied to the host once. The pool
+            keeps no reference to ``indices``.
+
+        Returns
+        -------
+        int
+            The number of slots freed.
+
+        Raises
+        ------
+        TypeError
+            If ``indices`` is a scalar (including a 0-d tensor), holds
+            non-integers (float, bool, complex tensors) or is a sparse
+            tensor.
+        AlignmentError
+            If the number of slots is not a multiple of ``page_size``
+            (sglang's message).
+        SlotRangeError, PartialPageError, DoubleFreeError
+            If a slot is outside ``[0, size)``, a run is not one whole page
+            in order, or a page is not currently allocated.
+        """
+        if isinstance(indices, _Tensor):
+            try:
+                # The hot path: a CPU tensor viewed as a numpy array, no copy.
+                indices = indices.numpy()
+            except (RuntimeError, TypeError):
+                # Another device, requires grad, sparse, a dtype numpy lacks.
+                indices = _tensor_as_numpy(indices)
+        return super().free(indices)
+
+    def _uint8_dtype(self) -> torch.dtype:
+        """The ``dtype`` attribute: ``torch.uint8``, as in sglang."""
+        return torch.uint8
+
+    def _empty_page(self) -> torch.Tensor:
+        """An empty ``torch.uint8`` tensor: a logical pool stores no KV data."""
+        return torch.empty(0, dtype=torch.uint8)
+
+
+__all__ = [
+    "AlignmentError",
+    "DoubleFreeError",
+    "HostPoolError",
+    "LogicalHostPool",
+    "PartialPageError",
+    "SlotRangeError",
+]

@@ -1,0 +1,156 @@
+"""hostpool_nb.torch against the original algorithm on torch (SPEC section 1).
+
+``bench.baselines.TorchHostPool`` is the original pool's algorithm: a tensor
+of free slots, a release list of freed chunks, a merge only when an
+allocation needs it. On whole-page frees, the domain where the original is
+correct, hostpool_nb must hand out exactly the same slots in exactly the same
+order. Hypothesis generates traces of alloc (including 0 and more than is
+available), frees of random subsets of the held pages in random page order
+(passed to the adapter in varied tensor forms, or as the very tensor
+``alloc`` returned) and clear, and runs each on both pools: every returned
+tensor must be equal element for element, and ``available_size()`` equal
+after every step. Example counts come from the hypothesis profile loaded by
+``tests/conftest.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis import given
+
+torch = pytest.importorskip("torch")
+
+from bench.baselines import TorchHostPool  # noqa: E402
+from hostpool_nb.torch import LogicalHostPool  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+PAGE_SIZES = [1, 16, 64]
+# How a batch of slot ids is handed to the adapter; the oracle always gets a
+# fresh 1-D int64 tensor (it counts rows of a 2-D input, SPEC section 1).
+FORMS = ["int64", "int32", "int16", "2d", "fortran", "strided", "numpy", "list"]
+# Step kinds, weighted: clear() is rare so that pages cycle through the
+# free and release lists and merges happen.
+OPS = st.sampled_from(["alloc"] * 4 + ["free"] * 3 + ["free_alloc"] * 2 + ["clear"])
+FORM = st.sampled_from(FORMS)
+
+
+def slots_of(pages: list[int], page_size: int) -> torch.Tensor:
+    """The slot ids of ``pages``, each page ascending, pages in the given order."""
+    base = torch.tensor(pages, dtype=torch.int64).reshape(-1, 1) * page_size
+    return (base + torch.arange(page_size, dtype=torch.int64)).reshape(-1)
+
+
+def as_form(slots: torch.Tensor, form: str, page_size: int) -> Any:
+    if form == "int64":
+        return slots.clone()
+    if form == "int32":
+        return slots.to(torch.int32)
+    if form == "int16":
+        return slots.to(torch.int16)  # slot ids stay below 2**15 here
+    if form == "2d":
+        return slots.reshape(-1, page_size).clone()
+    if form == "fortran":
+        return slots.reshape(-1, page_size).T.contiguous().T
+    if form == "strided":
+        big = torch.full((2 * slots.numel(),), -3, dtype=torch.int64)
+        big[::2] = slots
+        return big[::2]
+    if form == "numpy":
+        return slots.numpy().copy()
+    if form == "list":
+        return slots.tolist()
+    raise AssertionError(form)
+
+
+def check_alloc(got: Any, want: Any, need: int) -> None:
+    if want is None:
+        assert got is None, f"alloc({need}): oracle is short, adapter returned {got}"
+        return
+    assert got is not None, f"alloc({need}): adapter is short, oracle returned {want}"
+    assert type(got) is torch.Tensor
+    assert got.dtype is torch.int64 and got.device.type == "cpu" and got.is_contiguous()
+    assert torch.equal(got, want), f"alloc({need}): {got.tolist()} != {want.tolist()}"
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@given(data=st.data())
+def test_same_slots_in_same_order_as_the_original(page_size: int, data: st.DataObject) -> None:
+    n_pages = data.draw(st.integers(1, 12), label="n_pages")
+    size = n_pages * page_size
+    pool, oracle = LogicalHostPool(size, page_size), TorchHostPool(size, page_size)
+    # Held pages, and the allocations still held whole: (adapter tensor,
+    # oracle tensor, pages), freed as returned by the "free_alloc" step.
+    held: list[int] = []
+    whole: list[tuple[Any, Any, list[int]]] = []
+    n_steps = data.draw(st.integers(8, 32), label="n_steps")
+    need_pages = st.sampled_from(range(n_pages + 2))  # 0 and more than fits too
+    for _ in range(n_steps):
+        op = data.draw(OPS, label="op")
+        if op == "alloc":
+            need = data.draw(need_pages, label="pages") * page_size
+            got, want = pool.alloc(need), oracle.alloc(need)
+            check_alloc(got, want, need)
+            if got is not None:
+                pages = (got[::page_size] // page_size).tolist()
+                held.extend(pages)
+                whole.append((got, want, pages))
+        elif op == "free":
+            order = data.draw(st.permutations(held), label="order")
+            k = data.draw(st.integers(0, len(order)), label="k")
+            batch = order[:k]
+            form = data.draw(FORM, label="form")
+            slots = slots_of(batch, page_size)
+            assert pool.free(as_form(slots, form, page_size)) == oracle.free(slots.clone()) == slots.numel()
+            freed = set(batch)
+            held = [p for p in held if p not in freed]
+            whole = [w for w in whole if not freed.intersection(w[2])]
+        elif op == "free_alloc" and whole:
+            i = data.draw(st.integers(0, len(whole) - 1), label="which")
+            got, want, pages = whole.pop(i)
+            assert pool.free(got) == oracle.free(want) == got.numel()
+            freed = set(pages)
+            held = [p for p in held if p not in freed]
+        elif op == "clear":
+            pool.clear()
+            oracle.clear()
+            held, whole = [], []
+        assert pool.available_size() == oracle.available_size() == size - len(held) * page_size
+        pool.check_invariants()
+    # Drain both: the whole remaining FIFO sequence must agree too.
+    rest = pool.available_size()
+    check_alloc(pool.alloc(rest), oracle.alloc(rest), rest)
+    assert pool.available_size() == oracle.available_size() == 0
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_spec_example_release_order(page_size: int) -> None:
+    """SPEC section 1: alloc all, free two chunks, alloc returns them in order."""
+    size = 8 * page_size
+    for pool in (LogicalHostPool(size, page_size), TorchHostPool(size, page_size)):
+        everything = pool.alloc(size)
+        assert torch.equal(everything, torch.arange(size))
+        pool.free(everything[: 2 * page_size])
+        pool.free(everything[2 * page_size : 4 * page_size])
+        assert torch.equal(pool.alloc(4 * page_size), torch.arange(4 * page_size))
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_released_pages_follow_the_free_list(page_size: int) -> None:
+    """Freed pages queue behind the still-free ones, in release order."""
+    size = 6 * page_size
+    results = []
+    for pool in (LogicalHostPool(size, page_size), TorchHostPool(size, page_size)):
+        first = pool.alloc(3 * page_size)  # pages 0, 1, 2
+        pool.free(slots_of([2, 0], page_size))
+        got = [pool.alloc(2 * page_size), pool.alloc(2 * page_size), pool.alloc(page_size)]
+        results.append(torch.cat(got))
+        assert pool.alloc(page_size) is None  # page 1 is still held
+        pool.free(first[page_size : 2 * page_size])
+        results.append(pool.alloc(page_size))
+    expected = slots_of([3, 4, 5, 2, 0], page_size)
+    assert torch.equal(results[0], expected) and torch.equal(results[2], expected)
+    assert torch.equal(results[1], slots_of([1], page_size)) and torch.equal(results[3], results[1])
