@@ -1,37 +1,41 @@
 """Numba kernels that own every change to a pool's page state.
 
-This module is the only place that touches the state arrays, and the only
+This module is the only place that touches the state array, and the only
 place that uses numba. Kernels move integers and return status codes; they
 never raise and never allocate Python objects, so the class in ``_pool.py``
 can validate, lock, and turn a status code into the right exception.
 
 State layout
 ------------
-A pool of ``n`` pages of ``page_size`` slots keeps two arrays:
+A pool of ``n`` pages of ``page_size`` slots keeps one int64 array ``st`` of
+length :func:`state_length` ``(n)`` (one array, so each kernel call unboxes
+as few arguments as possible):
 
-``st`` : int64, length ``HEADER + n``
-    ``st[:HEADER]`` is a header of scalars (the ``H_*`` offsets below);
-    ``st[HEADER:]`` is a ring of page ids. Starting at ring position
-    ``st[H_HEAD]``, the next ``st[H_NFREE]`` entries are the free list and the
-    ``st[H_NREL]`` entries after them are the release list (pages given back
-    by ``free`` and not yet merged). The concatenation of the two is the FIFO
-    order that allocation follows, as in the original pool, where merging
-    appends released chunks after the remaining free slots.
-``owner`` : uint8, length ``n``
-    ``OWNER_ALLOCATED`` for a page a caller holds, ``OWNER_FREE`` for a page
-    on the free or release list. ``OWNER_PENDING`` exists only inside
-    ``free_pages`` while it validates a call.
+``st[:HEADER]``
+    Scalars, at the ``H_*`` offsets below.
+``st[HEADER:HEADER + n]``, the ring
+    Page ids. Starting at ring position ``st[H_HEAD]``, the next
+    ``st[H_NFREE]`` entries are the free list and the ``st[H_NREL]`` entries
+    after them the release list (pages given back by ``free`` and not yet
+    merged). Their concatenation is the FIFO order that allocation follows,
+    as in the original pool, where merging appends released chunks after
+    the remaining free slots. Ring entries outside that live window are
+    stale and never read.
+``st[HEADER + n:]``, viewed as uint8 (:func:`owner_view`)
+    One flag per page: ``OWNER_ALLOCATED`` for a page a caller holds,
+    ``OWNER_FREE`` for a page on the free or release list.
 
-Because a page is pushed on the ring only when ``owner`` says it was
-allocated, the ring never holds a page twice and never overflows.
+Because ``free`` pushes a page on the ring only after its flag said it was
+allocated, the ring never holds a page twice and never overflows. Metadata
+costs 9 bytes per page, and no operation allocates more.
 
 Status codes
 ------------
 A kernel returns a value ``>= 0`` on success. A failure is encoded as
 ``-1 - (position << 4 | code)``, where ``code`` is one of the ``E_*``
 constants and ``position`` is the offending index into the kernel's input
-(0 when there is none); see :func:`decode_status`. On failure the state is
-exactly as it was before the call.
+(0 when there is none); see :func:`decode_status`. On failure ``st`` is
+exactly as it was before the call, byte for byte.
 """
 
 from __future__ import annotations
@@ -45,12 +49,12 @@ H_NFREE = 1  # pages on the free list
 H_NREL = 2  # pages on the release list (freed, not merged yet)
 H_NPAGES = 3  # ring capacity: size // page_size
 H_PAGE_SIZE = 4
-H_MERGES = 5  # merges performed since construction
-HEADER = 8  # header length; the spare slots keep room for later counters
+H_PAGE_SHIFT = 5  # log2(page_size) if a power of two, else -1
+H_MERGES = 6  # merges performed since construction
+HEADER = 8  # header length; the spare slot keeps room for a later counter
 
 OWNER_FREE = 0
 OWNER_ALLOCATED = 1
-OWNER_PENDING = 2
 
 E_SHORT = 1  # fewer available pages than requested
 E_RANGE = 2  # slot outside [0, size)
@@ -64,11 +68,23 @@ E_CORRUPT = 7  # internal state is inconsistent (never through the public API)
 def _jit(signature):
     """Compile a kernel: the one place that sets numba options.
 
-    ``nogil`` lets other threads run while a kernel works (the pool's lock
-    already serialises state changes); ``cache`` keeps start-up to a cache
-    load. No ``fastmath``: this is integer code.
+    An explicit signature documents the array contract and compiles at
+    import (from the cache after the first run). ``nogil`` lets other
+    threads run while a kernel works (the pool's lock already serialises
+    state changes); ``cache`` keeps start-up to a cache load. No
+    ``fastmath``: this is integer code.
     """
     return njit(signature, nogil=True, cache=True)
+
+
+def state_length(num_pages: int) -> int:
+    """Length of the int64 state array of a pool of ``num_pages`` pages."""
+    return HEADER + num_pages + (num_pages + 7) // 8
+
+
+def page_shift(page_size: int) -> int:
+    """``log2(page_size)`` if it is a power of two, else -1."""
+    return page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
 
 
 def decode_status(status: int) -> tuple[int, int]:
@@ -82,13 +98,21 @@ def _fail(code, position):
     return -1 - ((position << 4) | code)
 
 
-@_jit("i8(i8[::1], u1[::1])")
-def reset(st, owner):
+@_jit("u1[::1](i8[::1])")
+def owner_view(st):
+    """The per-page owner flags: a uint8 view of the tail of ``st``."""
+    n = st[H_NPAGES]
+    return st[HEADER + n :].view(np.uint8)[:n]
+
+
+@_jit("i8(i8[::1])")
+def reset(st):
     """Make every page free, in ascending order, and empty the release list.
 
     Returns the number of free pages.
     """
     n = st[H_NPAGES]
+    owner = owner_view(st)
     for p in range(n):
         st[HEADER + p] = p
         owner[p] = OWNER_FREE
@@ -114,15 +138,16 @@ def merge(st):
     return moved
 
 
-@_jit("i8(i8[::1], u1[::1], i8[::1])")
-def alloc_pages(st, owner, out):
+@_jit("i8(i8[::1], i8[::1])")
+def alloc_pages(st, out):
     """Pop ``len(out) // page_size`` pages from the front of the free list.
 
     ``out`` (int64, caller-provided, length a multiple of ``page_size``)
     receives the slot ids ``p * page_size + 0 .. page_size - 1`` of each
     page ``p``, pages in FIFO order. Merges the release list first if the
     free list alone is too short. Returns ``len(out)``, or a failure
-    (``E_SHORT``, ``E_CORRUPT``) with the state unchanged.
+    (``E_SHORT``, or ``E_CORRUPT`` if a listed page is not free) with ``st``
+    unchanged; ``out`` is then partly written and should be discarded.
     """
     page_size = st[H_PAGE_SIZE]
     n = st[H_NPAGES]
@@ -131,38 +156,35 @@ def alloc_pages(st, owner, out):
         return 0
     if need > st[H_NFREE] + st[H_NREL]:
         return _fail(E_SHORT, 0)
+    owner = owner_view(st)
     head = st[H_HEAD]
-    # Check every page before touching anything, so a corrupted state is
-    # reported without being made worse. The release list follows the free
-    # list on the ring, so this reads the pages a merge would provide too.
+    # The release list follows the free list on the ring, so reading on from
+    # the head also reads the pages a merge would provide.
     pos = head
     for i in range(need):
         p = st[HEADER + pos]
         if p < 0 or p >= n or owner[p] != OWNER_FREE:
+            # Corrupted: undo the flags set so far, then report.
+            back = head
+            for _ in range(i):
+                owner[st[HEADER + back]] = OWNER_FREE
+                back = back + 1 if back + 1 < n else 0
             return _fail(E_CORRUPT, i)
-        pos += 1
-        if pos == n:
-            pos = 0
-    if need > st[H_NFREE]:
-        merge(st)
-    pos = head
-    for i in range(need):
-        p = st[HEADER + pos]
         owner[p] = OWNER_ALLOCATED
         base = p * page_size
         k = i * page_size  # written as base + j so LLVM vectorises the fill
         for j in range(page_size):
             out[k + j] = base + j
-        pos += 1
-        if pos == n:
-            pos = 0
+        pos = pos + 1 if pos + 1 < n else 0
+    if need > st[H_NFREE]:
+        merge(st)
     st[H_HEAD] = pos
     st[H_NFREE] -= need
     return need * page_size
 
 
-@_jit("i8(i8[::1], u1[::1], i8[::1])")
-def free_pages(st, owner, slots):
+@_jit("i8(i8[::1], i8[::1])")
+def free_pages(st, slots):
     """Validate ``slots`` as whole allocated pages, then release them.
 
     ``slots`` (int64, length a multiple of ``page_size``) is read in runs of
@@ -171,23 +193,35 @@ def free_pages(st, owner, slots):
     Pages may come in any order; they are appended to the release list in
     the order given. Returns the number of slots released, or a failure
     (``E_RANGE``, ``E_MISALIGNED``, ``E_PARTIAL``, ``E_NOT_ALLOCATED``,
-    ``E_DUPLICATE``) at the offending position, with the state unchanged.
+    ``E_DUPLICATE``) at the offending position, with ``st`` unchanged.
     """
     page_size = st[H_PAGE_SIZE]
+    shift = st[H_PAGE_SHIFT]
+    mask = page_size - 1
     n = st[H_NPAGES]
     size = n * page_size
     count = slots.shape[0] // page_size
-    # Pass 1: validate, marking pages PENDING so a repeat within the call is
-    # caught. On failure the marks are rolled back before returning.
+    owner = owner_view(st)
+    # Pass 1: validate each page and flag it free at once, so a page named
+    # twice in this call fails its second check. On failure the flags of
+    # the pages already passed are set back before returning.
     status = 0
-    checked = 0
+    done = 0
     for c in range(count):
         start = c * page_size
         first = slots[start]
         if first < 0 or first >= size:
             status = _fail(E_RANGE, start)
             break
-        if first % page_size != 0:
+        # Shifts and masks for power-of-two pages: a division per page is
+        # the largest cost of small pages.
+        if shift >= 0:
+            misaligned = first & mask
+            p = first >> shift
+        else:
+            misaligned = first % page_size
+            p = first // page_size
+        if misaligned != 0:
             status = _fail(E_MISALIGNED, start)
             break
         # One branch-free pass per page (vectorised); the scan for the exact
@@ -201,30 +235,28 @@ def free_pages(st, owner, slots):
                     status = _fail(E_PARTIAL, start + j)
                     break
             break
-        p = first // page_size
-        if owner[p] == OWNER_PENDING:
-            status = _fail(E_DUPLICATE, start)
-            break
         if owner[p] != OWNER_ALLOCATED:
             status = _fail(E_NOT_ALLOCATED, start)
+            for e in range(c):  # error path: was it freed earlier in this call?
+                if slots[e * page_size] == first:
+                    status = _fail(E_DUPLICATE, start)
+                    break
             break
-        owner[p] = OWNER_PENDING
-        checked += 1
+        owner[p] = OWNER_FREE
+        done += 1
     if status != 0:
-        for c in range(checked):
+        for c in range(done):
             owner[slots[c * page_size] // page_size] = OWNER_ALLOCATED
         return status
-    # Pass 2: commit. Each page was allocated, so the ring has room for it.
+    # Pass 2: append to the release list. Every page was allocated, so the
+    # ring has room for all of them.
     tail = st[H_HEAD] + st[H_NFREE] + st[H_NREL]
     if tail >= n:
         tail -= n
     for c in range(count):
-        p = slots[c * page_size] // page_size
-        owner[p] = OWNER_FREE
-        st[HEADER + tail] = p
-        tail += 1
-        if tail == n:
-            tail = 0
+        first = slots[c * page_size]
+        st[HEADER + tail] = first >> shift if shift >= 0 else first // page_size
+        tail = tail + 1 if tail + 1 < n else 0
     st[H_NREL] += count
     return count * page_size
 
@@ -235,9 +267,9 @@ def entry_point(kernel):
     numba's dispatcher resolves argument types on every call, which costs
     more than a small kernel's work. The compiled entry point skips that, but
     it trusts its arguments: callers must pass exactly the signature's types
-    (C-contiguous int64/uint8 arrays), which ``_pool.py`` guarantees. Falls
-    back to the dispatcher itself when numba offers no single entry point,
-    and to the plain function under ``NUMBA_DISABLE_JIT=1``.
+    (C-contiguous int64 arrays), which ``_pool.py`` guarantees. Falls back to
+    the dispatcher itself when numba offers no single entry point, and to
+    the plain function under ``NUMBA_DISABLE_JIT=1``.
     """
     overloads = getattr(kernel, "overloads", None)
     if not overloads or len(overloads) != 1:

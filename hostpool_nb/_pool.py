@@ -25,6 +25,7 @@ _EMPTY_U8 = np.dtype(np.uint8)
 # cheap test for native-endian int64.
 _INT64 = np.dtype(np.int64)
 _STATUS_SHORT = -1 - K.E_SHORT
+_STRIDES_1D = (8,)
 _INT64_MAX = int(np.iinfo(np.int64).max)
 
 
@@ -48,7 +49,7 @@ class LogicalHostPool:
 
     Cost: ``alloc(k)`` and ``free`` of ``k`` slots are O(k) with no
     allocation but the returned array; a merge is O(1). Metadata is 9 bytes
-    per page (an int64 ring entry and a uint8 owner flag).
+    per page (an int64 ring entry and a uint8 owner flag), with no peak.
 
     Thread safety: :attr:`lock` (a ``threading.RLock``) guards every state
     change; kernels release the GIL while they run.
@@ -102,10 +103,12 @@ class LogicalHostPool:
         self.lock = threading.RLock()
 
         num_pages = size // page_size
-        self._st = np.zeros(K.HEADER + num_pages, dtype=np.int64)
+        self._st = np.zeros(K.state_length(num_pages), dtype=np.int64)
         self._st[K.H_NPAGES] = num_pages
         self._st[K.H_PAGE_SIZE] = page_size
-        self._owner = np.zeros(num_pages, dtype=np.uint8)
+        self._st[K.H_PAGE_SHIFT] = K.page_shift(page_size)
+        # A view for Python-side checks; the kernels find it inside ``_st``.
+        self._owner = self._st[K.HEADER + num_pages :].view(np.uint8)[:num_pages]
         self.clear()
 
     # -- allocation -----------------------------------------------------
@@ -117,7 +120,7 @@ class LogicalHostPool:
         :class:`DoubleFreeError`.
         """
         with self.lock:
-            _reset(self._st, self._owner)
+            _reset(self._st)
 
     def available_size(self) -> int:
         """Number of slots an ``alloc`` can hand out now (free + released)."""
@@ -169,7 +172,7 @@ class LogicalHostPool:
         lock = self.lock
         lock.acquire()  # acquire/release: measurably cheaper than ``with``
         try:
-            status = _alloc_pages(self._st, self._owner, out)
+            status = _alloc_pages(self._st, out)
         finally:
             lock.release()
         if status >= 0:
@@ -207,13 +210,10 @@ class LogicalHostPool:
             two calls or in this one, freed after ``clear()``, or never
             allocated).
         """
-        if (
-            type(indices) is np.ndarray
-            and indices.dtype is _INT64
-            and indices.ndim == 1
-            and indices.flags.c_contiguous
-        ):
-            slots = indices  # the hot path: no conversion, no copy
+        # The hot path: strides == (8,) means 1-D and contiguous in one test
+        # (a 0- or 1-element array may miss it and take the general path).
+        if type(indices) is np.ndarray and indices.dtype is _INT64 and indices.strides == _STRIDES_1D:
+            slots = indices
         else:
             slots = as_slots(indices)
         n = slots.shape[0]
@@ -228,7 +228,7 @@ class LogicalHostPool:
         lock = self.lock
         lock.acquire()
         try:
-            status = _free_pages(self._st, self._owner, slots)
+            status = _free_pages(self._st, slots)
         finally:
             lock.release()
         if status < 0:
@@ -296,11 +296,14 @@ class LogicalHostPool:
             n = self.size // self.page_size
             head, nfree, nrel = int(st[K.H_HEAD]), int(st[K.H_NFREE]), int(st[K.H_NREL])
             problems = []
-            if int(st[K.H_NPAGES]) != n or int(st[K.H_PAGE_SIZE]) != self.page_size:
+            header = (int(st[K.H_NPAGES]), int(st[K.H_PAGE_SIZE]), int(st[K.H_PAGE_SHIFT]))
+            if header != (n, self.page_size, K.page_shift(self.page_size)):
                 problems.append(
-                    f"header says {int(st[K.H_NPAGES])} pages of {int(st[K.H_PAGE_SIZE])}, "
-                    f"pool has {n} of {self.page_size}"
+                    f"header says (pages, page_size, shift) = {header}, pool has "
+                    f"{(n, self.page_size, K.page_shift(self.page_size))}"
                 )
+            if st.shape[0] != K.state_length(n):
+                problems.append(f"state array has length {st.shape[0]}, expected {K.state_length(n)}")
             if not (0 <= nfree and 0 <= nrel and nfree + nrel <= n and (n == 0 or 0 <= head < n)):
                 problems.append(f"counters out of range: head={head} nfree={nfree} nrel={nrel} pages={n}")
             else:
