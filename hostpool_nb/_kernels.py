@@ -139,6 +139,75 @@ def merge(st):
 
 
 @_jit("i8(i8[::1], i8[::1])")
+def _alloc_single_slot_pages(st, out):
+    """``alloc_pages`` for ``page_size == 1``, where a page id is a slot id.
+
+    Copies the ring window into ``out`` in at most two block copies, then
+    flags the pages; the general path's per-page fill loop would cost about
+    three times as much here. Same contract as ``alloc_pages``.
+    """
+    n = st[H_NPAGES]
+    need = out.shape[0]
+    head = st[H_HEAD]
+    first = min(need, n - head)
+    out[:first] = st[HEADER + head : HEADER + head + first]
+    out[first:] = st[HEADER : HEADER + need - first]
+    owner = owner_view(st)
+    for i in range(need):
+        p = out[i]
+        if p < 0 or p >= n or owner[p] != OWNER_FREE:
+            for e in range(i):  # corrupted: undo the flags set so far
+                owner[out[e]] = OWNER_FREE
+            return _fail(E_CORRUPT, i)
+        owner[p] = OWNER_ALLOCATED
+    if need > st[H_NFREE]:
+        merge(st)
+    st[H_HEAD] = head + need if head + need < n else head + need - n
+    st[H_NFREE] -= need
+    return need
+
+
+@_jit("i8(i8[::1], i8[::1])")
+def _free_single_slot_pages(st, slots):
+    """``free_pages`` for ``page_size == 1``, where a page id is a slot id.
+
+    Validates and flags in one loop, then appends ``slots`` to the ring in
+    at most two block copies. Same contract as ``free_pages``.
+    """
+    n = st[H_NPAGES]
+    count = slots.shape[0]
+    owner = owner_view(st)
+    status = 0
+    done = 0
+    for c in range(count):
+        p = slots[c]
+        if p < 0 or p >= n:
+            status = _fail(E_RANGE, c)
+            break
+        if owner[p] != OWNER_ALLOCATED:
+            status = _fail(E_NOT_ALLOCATED, c)
+            for e in range(c):  # error path: was it freed earlier in this call?
+                if slots[e] == p:
+                    status = _fail(E_DUPLICATE, c)
+                    break
+            break
+        owner[p] = OWNER_FREE
+        done += 1
+    if status != 0:
+        for c in range(done):
+            owner[slots[c]] = OWNER_ALLOCATED
+        return status
+    tail = st[H_HEAD] + st[H_NFREE] + st[H_NREL]
+    if tail >= n:
+        tail -= n
+    first = min(count, n - tail)
+    st[HEADER + tail : HEADER + tail + first] = slots[:first]
+    st[HEADER : HEADER + count - first] = slots[first:]
+    st[H_NREL] += count
+    return count
+
+
+@_jit("i8(i8[::1], i8[::1])")
 def alloc_pages(st, out):
     """Pop ``len(out) // page_size`` pages from the front of the free list.
 
@@ -156,6 +225,8 @@ def alloc_pages(st, out):
         return 0
     if need > st[H_NFREE] + st[H_NREL]:
         return _fail(E_SHORT, 0)
+    if page_size == 1:
+        return _alloc_single_slot_pages(st, out)
     owner = owner_view(st)
     head = st[H_HEAD]
     # The release list follows the free list on the ring, so reading on from
@@ -196,6 +267,8 @@ def free_pages(st, slots):
     ``E_DUPLICATE``) at the offending position, with ``st`` unchanged.
     """
     page_size = st[H_PAGE_SIZE]
+    if page_size == 1:
+        return _free_single_slot_pages(st, slots)
     shift = st[H_PAGE_SHIFT]
     mask = page_size - 1
     n = st[H_NPAGES]

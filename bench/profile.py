@@ -1,0 +1,262 @@
+"""Where hostpool_nb's time goes: the pieces of one round trip, timed apart.
+
+``python -m bench.profile [--page-size 64] [--k 64] [--pool 1048576]``
+
+Times, each as the median of repeated ``timeit`` loops, the Python-level
+steps an ``alloc(k)`` + ``free(result)`` goes through (argument checks, the
+lock, the output buffer, the kernel calls through numba's compiled entry
+point and through the dispatcher) and the cost of numba's argument handling
+per array argument, next to the measured round trip. The pieces are
+measured in isolation, so their sum only approximates the whole; the gap is
+the interpreter's own work between them (attribute loads, calls, returns).
+Private names of ``hostpool_nb`` are used read-only; a piece whose name has
+changed is reported as unavailable rather than failing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import timeit
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from .timing import gc_paused, median
+
+
+class Piece(NamedTuple):
+    """One timed step: ``fn`` is called ``number`` times per round."""
+
+    name: str
+    fn: Callable[[], Any] | None
+    comment: str
+    number: int
+    setup: Callable[[], Any] | None = None
+
+
+def _tiny_kernels() -> dict[int, Callable[..., int]]:
+    """Entry points of trivial kernels taking 1, 2 and 3 int64 arrays."""
+    from numba import njit
+
+    @njit("i8(i8[::1])", nogil=True)
+    def one(a):
+        return a[0]
+
+    @njit("i8(i8[::1], i8[::1])", nogil=True)
+    def two(a, b):
+        return a[0] + b[0]
+
+    @njit("i8(i8[::1], i8[::1], i8[::1])", nogil=True)
+    def three(a, b, c):
+        return a[0] + b[0] + c[0]
+
+    @njit("i8(i8)", nogil=True)
+    def scalar(x):
+        return x
+
+    out: dict[int, Callable[..., int]] = {}
+    for n, fn in ((0, scalar), (1, one), (2, two), (3, three)):
+        (cres,) = fn.overloads.values()
+        out[n] = getattr(cres, "entry_point", fn)
+    return out
+
+
+def profile_roundtrip(
+    page_size: int = 64, k: int = 64, pool_slots: int = 1 << 20, number: int = 20000, repeat: int = 7
+) -> list[tuple[str, float | None, str]]:
+    """``(piece, ns per call or None, comment)`` for one round trip's steps."""
+    import hostpool_nb._kernels as K
+    from hostpool_nb import LogicalHostPool
+    from hostpool_nb._convert import as_count, as_slots
+
+    pieces: list[Piece] = []
+
+    def add(
+        name: str,
+        fn: Callable[[], Any] | None,
+        comment: str = "",
+        n: int = number,
+        setup: Callable[[], Any] | None = None,
+    ) -> None:
+        if fn is not None:
+            try:
+                if setup is not None:
+                    setup()
+                fn()
+            except Exception as exc:  # a renamed private piece: report, don't fail
+                fn, comment = None, f"unavailable: {type(exc).__name__}: {exc}"
+        pieces.append(Piece(name, fn, comment, n, setup))
+
+    pool = LogicalHostPool(pool_slots, page_size)
+    for _ in range(pool_slots // k):  # one cycle: steady state
+        pool.free(pool.alloc(k))
+    big = max(1, number * 64 // max(k, 64))
+
+    add("round trip: pool.free(pool.alloc(k))", lambda: pool.free(pool.alloc(k)), "the whole thing", big)
+    held = pool.alloc(k)
+    add("  alloc(k) + free (as above, again)", lambda: pool.free(pool.alloc(k)), "repeat: noise check", big)
+    pool.free(held)
+
+    # alloc alone and free alone, each on its own pool; the untimed setup
+    # before every round gives back (or hands out) what the round needs.
+    n_split = min(big, pool_slots // k - 1)
+    apool, fpool = LogicalHostPool(pool_slots, page_size), LogicalHostPool(pool_slots, page_size)
+    a_held: list[Any] = []
+    f_todo: list[Any] = [iter(())]
+
+    def a_setup() -> None:
+        for r in a_held:
+            apool.free(r)
+        a_held.clear()
+
+    def f_setup() -> None:
+        for r in f_todo[0]:  # what the last round left unfreed
+            fpool.free(r)
+        f_todo[0] = iter([fpool.alloc(k) for _ in range(n_split + 1)])
+
+    a_append = a_held.append
+    add("  alloc(k) alone", lambda: a_append(apool.alloc(k)), "incl. a list append (~30 ns)", n_split, a_setup)
+    add("  free(result) alone", lambda: fpool.free(next(f_todo[0])), "incl. next() on an iterator (~30 ns)", n_split, f_setup)
+
+    class _Dummy:
+        def method(self, x: Any) -> Any:
+            return x
+
+    d = _Dummy()
+    add("python: bound method call", lambda: d.method(k), "x2 per round trip")
+    add("python: lambda call (timing harness)", lambda: None, "subtract from every row")
+    add("as_count(k, 'need_size')", lambda: as_count(k, "need_size"))
+    add("type(k) is int", lambda: type(k) is int)
+    ps = page_size
+    add("k % page_size != 0 and k < 0", lambda: k % ps != 0 or k < 0)
+    st, owner = pool._st, pool._owner
+    add("capacity check on numpy header", lambda: k > (st[K.H_NFREE] + st[K.H_NREL]) * ps, "numpy scalar arithmetic")
+    lock = threading.RLock()
+
+    def with_lock() -> None:
+        with lock:
+            pass
+
+    def acq_rel() -> None:
+        lock.acquire()
+        lock.release()
+
+    add("RLock: with lock", with_lock, "x2 per round trip")
+    add("RLock: acquire()/release()", acq_rel, "x2 per round trip")
+    i64 = np.dtype(np.int64)
+    add("np.empty(k, dtype=np.int64)", lambda: np.empty(k, dtype=np.int64), "the returned buffer")
+    add("np.empty(k, dtype=<dtype obj>)", lambda: np.empty(k, dtype=i64))
+    add("np.empty(k, np.int64) positional", lambda: np.empty(k, np.int64))
+    out = np.empty(k, dtype=np.int64)
+    add("as_slots(int64 1-D array)", lambda: as_slots(out), "free's input conversion")
+    add(
+        "hot-path type test (type, dtype is, ndim)",
+        lambda: type(out) is np.ndarray and out.dtype is i64 and out.ndim == 1,
+    )
+    add("arr.flags.c_contiguous", lambda: out.flags.c_contiguous)
+    add("arr.shape[0]", lambda: out.shape[0])
+
+    # Kernels, on a private pool so the measured pool's state is untouched.
+    kpool = LogicalHostPool(pool_slots, page_size)
+    kst = kpool._st
+    kout = np.empty(k, dtype=np.int64)
+    try:
+        ep_alloc = K.entry_point(K.alloc_pages)
+        ep_free = K.entry_point(K.free_pages)
+    except Exception:
+        ep_alloc = ep_free = None
+    empty = np.empty(0, dtype=np.int64)
+    if ep_alloc is not None and ep_free is not None:
+        add("kernels via entry point: alloc_pages + free_pages", lambda: (ep_alloc(kst, kout), ep_free(kst, kout)), "both kernels, k slots of work")
+        add("kernels via dispatcher: alloc_pages + free_pages", lambda: (K.alloc_pages(kst, kout), K.free_pages(kst, kout)), "numba type resolution per call")
+        add("alloc_pages entry point, k=0 (call only)", lambda: ep_alloc(kst, empty), "2 array args, no work")
+        add("alloc_pages dispatcher, k=0 (call only)", lambda: K.alloc_pages(kst, empty))
+    try:
+        tiny = _tiny_kernels()
+        a = np.zeros(4, dtype=np.int64)
+        add("entry point, scalar arg (numba call floor)", lambda: tiny[0](1))
+        add("entry point, 1 array arg", lambda: tiny[1](a))
+        add("entry point, 2 array args", lambda: tiny[2](a, a))
+        add("entry point, 3 array args", lambda: tiny[3](a, a, a), "cost per array arg = slope of these")
+    except Exception as exc:  # NUMBA_DISABLE_JIT=1, or numba internals moved
+        add("entry point per array argument", None, f"unavailable: {type(exc).__name__}: {exc}")
+    return _interleaved_ns(pieces, repeat)
+
+
+def _interleaved_ns(pieces: list[Piece], repeat: int) -> list[tuple[str, float | None, str]]:
+    """Time every piece once per round, ``repeat`` rounds; medians in ns."""
+    samples: dict[int, list[float]] = {i: [] for i, p in enumerate(pieces) if p.fn is not None}
+    timers = {i: timeit.Timer(pieces[i].fn) for i in samples}
+    with gc_paused():
+        for _ in range(repeat):
+            for i, timer in timers.items():
+                p = pieces[i]
+                if p.setup is not None:
+                    p.setup()
+                samples[i].append(timer.timeit(p.number) / p.number * 1e9)
+    return [(p.name, median(samples[i]) if i in samples else None, p.comment) for i, p in enumerate(pieces)]
+
+
+def profile_big(page_size: int = 64, k: int = 65536, pool_slots: int = 1 << 20, repeat: int = 7) -> list[tuple[str, float | None, str]]:
+    """Pieces of a large round trip: the output buffer, the kernels, the copy floor."""
+    import hostpool_nb._kernels as K
+    from hostpool_nb import LogicalHostPool
+
+    number = max(20, 2_000_000 // k)
+    pool = LogicalHostPool(pool_slots, page_size)
+    src = np.arange(k, dtype=np.int64)
+    dst = np.empty_like(src)
+    kpool = LogicalHostPool(pool_slots, page_size)
+    kst = kpool._st
+    kout = np.empty(k, dtype=np.int64)
+    ep_alloc = K.entry_point(K.alloc_pages)
+    ep_free = K.entry_point(K.free_pages)
+    n_pages = k // page_size
+    pieces = [
+        Piece("round trip: pool.free(pool.alloc(k))", lambda: pool.free(pool.alloc(k)), "", number),
+        Piece("np.empty(k) fresh each call", lambda: np.empty(k, dtype=np.int64), "allocation only", number),
+        Piece("np.empty(k) + fill", lambda: np.empty(k, dtype=np.int64).fill(1), "incl. page faults, if any", number),
+        Piece("floor: np.copyto(dst, src)", lambda: np.copyto(dst, src), "write k + read k int64", number),
+        Piece(
+            "kernels: alloc_pages + free_pages",
+            lambda: (ep_alloc(kst, kout), ep_free(kst, kout)),
+            "entry points, reused buffer",
+            number,
+        ),
+    ]
+    rows = _interleaved_ns(pieces, repeat)
+    kern = rows[4][1]
+    if kern:
+        rows.append(("  kernels per page", kern / n_pages, f"{n_pages} pages"))
+        rows.append(("  kernels per slot", kern / k, f"{k} slots"))
+    return rows
+
+
+def render(title: str, rows: list[tuple[str, float | None, str]]) -> str:
+    width = max(len(r[0]) for r in rows)
+    lines = [title, "-" * len(title)]
+    for name, ns, comment in rows:
+        val = "n/a" if ns is None else f"{ns:10.0f} ns" if ns >= 10 else f"{ns:10.2f} ns"
+        lines.append(f"{name.ljust(width)}  {val:>13}  {comment}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.splitlines()[0])
+    ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--k", type=int, default=64)
+    ap.add_argument("--pool", type=int, default=1 << 20)
+    ap.add_argument("--big-k", type=int, default=65536)
+    args = ap.parse_args(argv)
+    print(render(f"single round trip, page size {args.page_size}, k={args.k}, pool={args.pool}", profile_roundtrip(args.page_size, args.k, args.pool)))
+    print()
+    for ps in sorted({1, args.page_size}):
+        print(render(f"large round trip, page size {ps}, k={args.big_k}, pool={args.pool}", profile_big(ps, args.big_k, args.pool)))
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
