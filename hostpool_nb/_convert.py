@@ -69,8 +69,10 @@ def as_slots(indices: Any) -> np.ndarray:
             f"indices must be an array of integer slot ids, got a scalar {indices!r}; "
             "wrap it in a list"
         )
-    if arr.dtype.kind == "O":
-        _raise_if_big_ints(arr)
+    if arr.dtype.kind in "fO" and arr is not indices:
+        # numpy stores Python ints beyond int64 as objects, or as floats when
+        # mixed with negative ones: look at the values the caller gave.
+        _raise_if_big_ints(np.asarray(indices, dtype=object))
     if arr.dtype.kind not in "iu":
         raise TypeError(
             f"indices must hold integers, got dtype {arr.dtype}; "
@@ -88,8 +90,9 @@ def as_slots(indices: Any) -> np.ndarray:
 def _raise_if_big_ints(arr: np.ndarray) -> None:
     """Report Python ints too large for int64 as the range errors they are.
 
-    numpy stores such ints with dtype ``object``; without this they would be
-    reported as a dtype problem, hiding the real one (a slot out of range).
+    ``arr`` holds the caller's values as objects. Without this check such
+    ints would be reported as a dtype problem, hiding the real one (a slot
+    out of range).
     """
     flat = arr.reshape(-1)
     values = flat.tolist()
