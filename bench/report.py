@@ -1,0 +1,257 @@
+"""Results as one printed table, a JSON document and a PNG plot.
+
+A result row is a plain dict (so the JSON is the rows as they are):
+
+``workload``, ``params`` (short text), ``unit`` (``"s/op"``, ``"B/page"``
+or ``"s"``), ``values`` (implementation -> number, missing when not run),
+``ratios`` (baseline -> baseline / hostpool_nb: above 1 means hostpool_nb is
+faster or smaller), ``target`` (text, empty when the row only informs),
+``met`` (True, False or None) and ``note``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable
+
+IMPL_COLUMNS = ("hostpool_nb", "numpy", "torch")
+
+
+def row(
+    workload: str,
+    params: str,
+    unit: str,
+    values: dict[str, float],
+    target: str = "",
+    met: bool | None = None,
+    note: str = "",
+    samples: dict[str, list[float]] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Build a result row; ratios are computed against ``values['hostpool_nb']``.
+
+    With interleaved ``samples``, the row also gets ``paired_ratios``: the
+    ratio within each repeat (min, median, max), which shows how much the
+    machine's noise moved the headline ratio of medians.
+    """
+    ours = values.get("hostpool_nb")
+    ratios = {}
+    for name in IMPL_COLUMNS[1:]:
+        if ours and values.get(name) is not None:
+            ratios[name] = values[name] / ours
+    if samples and "hostpool_nb" in samples:
+        paired = {}
+        for name in IMPL_COLUMNS[1:]:
+            if name in samples:
+                rs = sorted(b / a for a, b in zip(samples["hostpool_nb"], samples[name]) if a > 0)
+                if rs:
+                    paired[name] = {"min": rs[0], "median": rs[len(rs) // 2] if len(rs) % 2 else (rs[len(rs) // 2 - 1] + rs[len(rs) // 2]) / 2, "max": rs[-1]}
+        extra["paired_ratios"] = paired
+    return {
+        "workload": workload,
+        "params": params,
+        "unit": unit,
+        "values": values,
+        "ratios": ratios,
+        "target": target,
+        "met": met,
+        "note": note,
+        **extra,
+    }
+
+
+# -- formatting ------------------------------------------------------------
+
+
+def fmt_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
+        if seconds >= scale or unit == "ns":
+            value = seconds / scale
+            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
+    return f"{seconds:.3g} s"
+
+
+def fmt_value(value: float | None, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    if unit == "B/page":
+        return f"{value:.1f} B/pg" if value < 100 else f"{value:.0f} B/pg"
+    return fmt_time(value)
+
+
+def fmt_ratio(ratio: float | None) -> str:
+    if ratio is None:
+        return "n/a"
+    return f"{ratio:.2f}x" if ratio < 10 else f"{ratio:.1f}x" if ratio < 100 else f"{ratio:.0f}x"
+
+
+def fmt_met(met: bool | None) -> str:
+    return {True: "yes", False: "NO", None: "-"}[met]
+
+
+def render_table(rows: Iterable[dict[str, Any]], torch_present: bool) -> str:
+    """The results as one fixed-width text table.
+
+    A row shows the implementations in its ``columns`` (all by default);
+    torch's columns read ``n/a`` when torch is not installed.
+    """
+    header = ["workload", "params", "hostpool_nb", "numpy", "x numpy", "torch", "x torch", "target", "met?"]
+    lines = []
+    for r in rows:
+        v, q, unit = r["values"], r["ratios"], r["unit"]
+        shown = r.get("columns", IMPL_COLUMNS)
+        cells = [fmt_value(v.get("hostpool_nb"), unit) if "hostpool_nb" in shown else ""]
+        for name in IMPL_COLUMNS[1:]:
+            if name not in shown:
+                cells += ["", ""]
+            elif name == "torch" and not torch_present:
+                cells += ["n/a", "n/a"]
+            else:
+                cells += [fmt_value(v.get(name), unit), fmt_ratio(q.get(name))]
+        lines.append([r["workload"], r["params"], *cells, r["target"], fmt_met(r["met"])])
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
+    right = {2, 3, 4, 5, 6}
+
+    def fmt(cols: list[str]) -> str:
+        return "  ".join(
+            str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(cols, widths))
+        ).rstrip()
+
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([fmt(header), sep, *(fmt(line) for line in lines)])
+
+
+# -- machine and JSON --------------------------------------------------------
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        mod = sys.modules.get(dist)
+        return getattr(mod, "__version__", None)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_revision() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (rev + ("+dirty" if dirty else "")) or None
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU, cores, OS and library versions, and the date (UTC)."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    import hostpool_nb
+
+    return {
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": usable,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": _version("numpy"),
+        "numba": _version("numba"),
+        "torch": _version("torch"),
+        "hostpool_nb": hostpool_nb.__version__,
+        "git": git_revision(),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def machine_line(info: dict[str, Any], torch_used: bool = True) -> str:
+    torch = info["torch"] or "not installed"
+    if info["torch"] and not torch_used:
+        torch += " (not used)"
+    return (
+        f"{info['cpu_model']}, {info['cpus_usable']} cores; Python {info['python']}, numpy {info['numpy']}, "
+        f"numba {info['numba']}, torch {torch}; hostpool_nb {info['hostpool_nb']} "
+        f"({info['git'] or 'no git'}); {info['date']}"
+    )
+
+
+def write_json(path: str | os.PathLike[str], document: dict[str, Any]) -> None:
+    """Write the results document as indented JSON (NaN-free)."""
+    Path(path).write_text(json.dumps(document, indent=2, allow_nan=False, default=_jsonable) + "\n")
+
+
+def _jsonable(obj: Any) -> Any:
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+# -- plot ------------------------------------------------------------------
+
+
+def write_plot(path: str | os.PathLike[str], cells: list[dict[str, Any]], floors: dict[int, float], info: dict[str, Any]) -> None:
+    """Time per round trip against allocation size, log-log, one panel per page size.
+
+    ``cells`` are round-trip cells (``params`` with ``page_size`` and ``k``;
+    ``per_op`` per implementation); ``floors`` maps ``k`` to the copy floor.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit(
+            "--plot needs matplotlib: pip install matplotlib (or the bench extra: pip install -e '.[bench]')"
+        ) from None
+
+    page_sizes = sorted({c["params"]["page_size"] for c in cells})
+    fig, axes = plt.subplots(1, len(page_sizes), figsize=(4.6 * len(page_sizes), 4.2), sharey=True, squeeze=False)
+    styles = {"hostpool_nb": ("C0", "o"), "numpy": ("C1", "s"), "torch": ("C3", "^")}
+    for ax, ps in zip(axes[0], page_sizes):
+        mine = sorted((c for c in cells if c["params"]["page_size"] == ps), key=lambda c: c["params"]["k"])
+        for name in IMPL_COLUMNS:
+            pts = [(c["params"]["k"], c["per_op"][name]) for c in mine if name in c["per_op"]]
+            if pts:
+                color, marker = styles[name]
+                ax.plot(*zip(*pts), marker=marker, color=color, label=name)
+        fl = [(c["params"]["k"], floors[c["params"]["k"]]) for c in mine if c["params"]["k"] in floors]
+        if fl:
+            ax.plot(*zip(*fl), linestyle="--", color="0.5", label="copy floor (np.copyto)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"page size {ps}")
+        ax.set_xlabel("slots per alloc + free (k)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("seconds per round trip (alloc + free)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"round trip, median time per op - {info['cpu_model']}, {info['cpus_usable']} cores, {info['date']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

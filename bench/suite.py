@@ -1,0 +1,348 @@
+"""What to measure in each mode, and the run that turns it into result rows."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from . import report
+from .impls import HOSTPOOL, NUMPY, TORCH, implementations, torch_available
+from .memory import MEMORY_PAGE_SIZE, MEMORY_POOL_SLOTS, measure_memory
+from .startup import measure_startup
+from .timing import Progress
+from .workloads import MIB_SLOTS, Cell, make_trace, measure_floor, measure_roundtrip, measure_trace, roundtrip_pool_size
+
+WORKLOADS = ("roundtrip", "trace", "memory", "startup")
+
+# The headline cell: single-page round trip, page size 64, 1M-slot pool.
+TARGET_CELL = (64, 64, MIB_SLOTS)
+BIG_K = 65536
+
+
+@dataclass
+class Config:
+    """Sizes and repeat counts of one run."""
+
+    mode: str
+    roundtrip_cells: list[tuple[int, int, int]]  # (page_size, k, pool_slots)
+    roundtrip_repeats: int
+    roundtrip_min_loop_s: float
+    roundtrip_max_loop_s: float
+    trace_page_sizes: tuple[int, ...]
+    trace_pool_slots: int
+    trace_ops: int
+    trace_repeats: int
+    memory_pool_slots: int
+    memory_page_size: int
+    memory_torch_pool_slots: int
+    startup_repeats: int
+    startup_references: tuple[str, ...]
+    floor_repeats: int = 5
+    min_cycles: int = 3
+    seed: int = 0
+    workloads: tuple[str, ...] = WORKLOADS
+    notes: list[str] = field(default_factory=list)
+
+
+def _grid(page_size: int, full: bool) -> list[int]:
+    if not full:
+        return sorted({page_size, 1024, BIG_K})
+    ks, k = [], page_size
+    while k < BIG_K:
+        ks.append(k)
+        k *= 4
+    return ks + [BIG_K]
+
+
+def quick_config() -> Config:
+    cells = []
+    for ps in (1, 16, 64):
+        for k in _grid(ps, full=False):
+            pool = MIB_SLOTS if (ps, k) == TARGET_CELL[:2] else roundtrip_pool_size(ps, k, 4096)
+            cells.append((ps, k, pool))
+    return Config(
+        mode="quick",
+        roundtrip_cells=cells,
+        roundtrip_repeats=3,
+        roundtrip_min_loop_s=0.02,
+        roundtrip_max_loop_s=0.25,
+        trace_page_sizes=(64,),
+        trace_pool_slots=MIB_SLOTS,
+        trace_ops=30_000,
+        trace_repeats=3,
+        memory_pool_slots=MEMORY_POOL_SLOTS,
+        memory_page_size=MEMORY_PAGE_SIZE,
+        memory_torch_pool_slots=MIB_SLOTS,
+        startup_repeats=3,
+        startup_references=("python",),
+        floor_repeats=3,
+    )
+
+
+def full_config() -> Config:
+    cells = [(ps, k, roundtrip_pool_size(ps, k, 16384)) for ps in (1, 16, 64) for k in _grid(ps, full=True)]
+    return Config(
+        mode="full",
+        roundtrip_cells=cells,
+        roundtrip_repeats=7,
+        roundtrip_min_loop_s=0.1,
+        roundtrip_max_loop_s=2.0,
+        trace_page_sizes=(16, 64),
+        trace_pool_slots=MIB_SLOTS,
+        trace_ops=200_000,
+        trace_repeats=5,
+        memory_pool_slots=MEMORY_POOL_SLOTS,
+        memory_page_size=MEMORY_PAGE_SIZE,
+        memory_torch_pool_slots=MEMORY_POOL_SLOTS,
+        startup_repeats=7,
+        startup_references=("python", "numba"),
+        floor_repeats=9,
+    )
+
+
+def tiny_config(workloads: tuple[str, ...] = ("roundtrip", "trace", "memory")) -> Config:
+    """Seconds-long sizes for the smoke test (works under NUMBA_DISABLE_JIT=1)."""
+    return Config(
+        mode="tiny",
+        roundtrip_cells=[(16, 16, 1024), (16, 256, 4096)],
+        roundtrip_repeats=1,
+        roundtrip_min_loop_s=0.0,
+        roundtrip_max_loop_s=0.0,
+        trace_page_sizes=(16,),
+        trace_pool_slots=4096,
+        trace_ops=400,
+        trace_repeats=1,
+        memory_pool_slots=4096,
+        memory_page_size=16,
+        memory_torch_pool_slots=4096,
+        startup_repeats=1,
+        startup_references=(),
+        floor_repeats=1,
+        min_cycles=1,
+        workloads=workloads,
+    )
+
+
+def _steps(cfg: Config, nimpl: int) -> int:
+    n = 0
+    if "roundtrip" in cfg.workloads:
+        n += len(cfg.roundtrip_cells) * cfg.roundtrip_repeats * nimpl + len({k for _, k, _ in cfg.roundtrip_cells})
+    if "trace" in cfg.workloads:
+        n += len(cfg.trace_page_sizes) * cfg.trace_repeats * nimpl
+    if "memory" in cfg.workloads:
+        n += 3 * nimpl
+    if "startup" in cfg.workloads:
+        n += cfg.startup_repeats * (2 + (nimpl > 2) + len(cfg.startup_references))
+    return n
+
+
+def _at_least(ratios: dict[str, float], name: str, bound: float) -> bool | None:
+    r = ratios.get(name)
+    return None if r is None else r >= bound
+
+
+def _slots(n: int) -> str:
+    return f"{n >> 20}M" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def run_suite(
+    cfg: Config, with_torch: bool | None = None, progress: Progress | None = None, torch_threads: int | None = 1
+) -> dict[str, Any]:
+    """Run every workload of ``cfg``; return the results document.
+
+    ``torch_threads`` sets torch's intra-op threads (``None``: torch's
+    default). One thread by default: hostpool_nb and numpy use one, and on a
+    shared 2-core machine torch's OpenMP threads wait for each other when a
+    core is busy elsewhere (a 1M-slot ``torch.cat`` measured ~125 ms with 2
+    threads under load against ~8 ms with 1), which would flatter the ratios.
+    """
+    if with_torch is None:
+        with_torch = torch_available()
+    if with_torch and torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(torch_threads)
+    impls = implementations(with_torch)
+    names = list(impls)
+    progress = progress or Progress(_steps(cfg, len(names)), enabled=False)
+    tick = progress.step
+    t_start = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    raw: dict[str, Any] = {}
+    notes = list(cfg.notes)
+
+    if "roundtrip" in cfg.workloads:
+        cells: list[Cell] = []
+        for ps, k, pool in cfg.roundtrip_cells:
+            progress.label(f"round trip p{ps} k={k}")
+            cells.append(
+                measure_roundtrip(
+                    impls, ps, k, pool, cfg.roundtrip_repeats, cfg.min_cycles, cfg.roundtrip_min_loop_s, tick,
+                    max_loop_s=cfg.roundtrip_max_loop_s,
+                )
+            )
+        floors = {}
+        for k in sorted({k for _, k, _ in cfg.roundtrip_cells}):
+            progress.label(f"copy floor k={k}")
+            floors[k] = measure_floor(k, cfg.floor_repeats, cfg.roundtrip_min_loop_s)
+            tick()
+        for c in cells:
+            p = c.params
+            target, met = "", None
+            if (p["page_size"], p["k"], p["pool_slots"]) == TARGET_CELL:
+                target = ">=5x torch, >=2x numpy"
+                r = report.row("", "", "s/op", c.per_op)["ratios"]
+                parts = [_at_least(r, NUMPY, 2.0), _at_least(r, TORCH, 5.0)]
+                met = None if parts[0] is None else all(x for x in parts if x is not None)
+            elif p["k"] == BIG_K:
+                target = ">=1x torch"
+                met = _at_least(report.row("", "", "s/op", c.per_op)["ratios"], TORCH, 1.0)
+            rows.append(
+                report.row(
+                    "round trip",
+                    f"p{p['page_size']} k={p['k']} pool={_slots(p['pool_slots'])}",
+                    "s/op",
+                    c.per_op,
+                    target,
+                    met,
+                    samples=c.samples,
+                    cycles_per_loop=p["cycles_per_loop"],
+                )
+            )
+        # The memory-traffic floor of the largest allocation, and how far
+        # hostpool_nb is from it at each page size.
+        kb = max((c.params["k"] for c in cells if HOSTPOOL in c.per_op), default=None)
+        if kb is not None:
+            fl = floors[kb]
+            over = {
+                c.params["page_size"]: c.per_op[HOSTPOOL] / fl["copy"]
+                for c in cells
+                if c.params["k"] == kb and HOSTPOOL in c.per_op
+            }
+            rows.append(
+                report.row(
+                    "memory floor",
+                    f"k={kb}: np.copyto, write+read once",
+                    "s/op",
+                    {HOSTPOOL: fl["copy"]},
+                    "hostpool_nb/floor: " + ", ".join(f"p{ps} {x:.1f}x" for ps, x in sorted(over.items(), reverse=True)),
+                    None,
+                    columns=(HOSTPOOL,),
+                    floor_fresh_buffer=fl["fresh"],
+                    hostpool_over_floor={f"p{ps}": x for ps, x in over.items()},
+                )
+            )
+        raw["roundtrip"] = [asdict(c) for c in cells]
+        raw["floors"] = floors
+
+    if "trace" in cfg.workloads:
+        raw["trace"] = []
+        for ps in cfg.trace_page_sizes:
+            progress.label(f"trace p{ps}: generating")
+            trace = make_trace(cfg.trace_pool_slots, ps, cfg.trace_ops, cfg.seed)
+            progress.label(f"trace p{ps}: {len(trace.ops)} ops")
+            c = measure_trace(impls, trace, cfg.trace_repeats, tick)
+            raw["trace"].append(asdict(c))
+            ratios = report.row("", "", "s/op", c.per_op)["ratios"]
+            rows.append(
+                report.row(
+                    "KV-cache trace",
+                    f"p{ps} pool={_slots(cfg.trace_pool_slots)} {len(trace.ops) // 1000}K ops",
+                    "s/op",
+                    c.per_op,
+                    ">=3x torch",
+                    _at_least(ratios, TORCH, 3.0),
+                    samples=c.samples,
+                    trace=trace.stats,
+                    merges=c.extra["merges_per_replay"],
+                )
+            )
+            st = trace.stats
+            notes.append(
+                f"trace p{ps}: {st['ops']} ops ({st['allocs']} allocs, {st['frees']} frees, {st['failed_allocs']} allocs "
+                f"answered None then retried), mean request {st['mean_request_slots']:.0f} slots, "
+                f"pool {st['mean_fill']:.0%} full on average at arrivals, {st['pool_cycles']:.1f} pool cycles, merges per replay {c.extra['merges_per_replay']}"
+                + ("" if st["ops"] >= 100_000 else "; quick mode: fewer than 100,000 ops (--full runs 200,000)")
+            )
+
+    if "memory" in cfg.workloads:
+        mem = {}
+        for name, make in impls.items():
+            size = cfg.memory_torch_pool_slots if name == TORCH else cfg.memory_pool_slots
+            progress.label(f"memory {name} {_slots(size)} slots")
+            mem[name] = measure_memory(make, size, cfg.memory_page_size, cfg.seed, tick=tick)
+        raw["memory"] = mem
+        params = f"{_slots(cfg.memory_pool_slots)} slots p{cfg.memory_page_size}"
+        built = {n: m["built_per_page"] for n, m in mem.items()}
+        peak = {n: m["peak_per_page"] for n, m in mem.items()}
+        rows.append(report.row("metadata held", params + " built", "B/page", built))
+        rows.append(
+            report.row(
+                "metadata peak",
+                params + " merge",
+                "B/page",
+                peak,
+                "<=24 B/page",
+                peak[HOSTPOOL] <= 24.0,
+                released_per_page={n: m["released_per_page"] for n, m in mem.items()},
+            )
+        )
+        if TORCH in mem and cfg.memory_torch_pool_slots != cfg.memory_pool_slots:
+            notes.append(
+                f"memory: torch measured on {_slots(cfg.memory_torch_pool_slots)} slots in {cfg.mode} mode "
+                "(one-page torch frees are slow; bytes per page do not depend on the pool size); --full uses "
+                f"{_slots(cfg.memory_pool_slots)}"
+            )
+        notes.append(
+            "memory peak: every page freed one per call in random order, then an alloc forces the merge; "
+            "baselines' release list holds one array object per chunk, and the merge copies the whole free list"
+        )
+
+    if "startup" in cfg.workloads:
+        progress.label("start-up (fresh processes)")
+        su = measure_startup(cfg.startup_repeats, with_torch, cfg.startup_references, tick)
+        raw["startup"] = su
+        torch_s = su[TORCH]["median"] if TORCH in su else None
+        for key, label, target in (("warm", "warm cache", "< 0.5x import torch"), ("cold", "empty cache", "")):
+            values = {HOSTPOOL: su[key]["median"]}
+            if torch_s is not None:
+                values[TORCH] = torch_s
+            met = None
+            if target and torch_s is not None:
+                met = su[key]["median"] < 0.5 * torch_s
+            rows.append(
+                report.row(
+                    "start-up",
+                    f"{label}, vs import torch",
+                    "s",
+                    values,
+                    target or "info",
+                    met,
+                    columns=(HOSTPOOL, TORCH),
+                )
+            )
+        refs = ", ".join(f"{n}: {report.fmt_time(su[n]['median'])}" for n in cfg.startup_references if n in su)
+        notes.append(
+            f"start-up: fresh `python -c` processes, median of {cfg.startup_repeats}, snippet: "
+            "import hostpool_nb; p=LogicalHostPool(1<<20,64); p.free(p.alloc(64))"
+            + (f"; references ({refs})" if refs else "")
+        )
+
+    if with_torch:
+        import torch
+
+        notes.append(f"torch runs with {torch.get_num_threads()} intra-op thread(s) (--torch-threads)")
+    progress.close()
+    return {
+        "schema": 1,
+        "mode": cfg.mode,
+        "machine": report.machine_info(),
+        "torch": with_torch,
+        "torch_threads": torch_threads,
+        "config": asdict(cfg),
+        "rows": rows,
+        "notes": notes,
+        "raw": raw,
+        "elapsed_s": time.perf_counter() - t_start,
+    }

@@ -1,0 +1,311 @@
+"""Timed workloads: the alloc/free round trip and a KV-cache trace.
+
+Every timed loop covers a whole number of pool cycles (three at least), so
+each measurement contains exactly as many of the baselines' deferred merges
+as cycles: the concatenation is paid inside the measurement, never outside.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .impls import merges_of
+from .timing import gc_paused, interleaved, median, timed
+
+MIB_SLOTS = 1 << 20  # the 1M-slot pool of the targets
+
+
+# -- round trip ------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    """One measured configuration and its medians (seconds per operation)."""
+
+    workload: str
+    params: dict[str, Any]
+    per_op: dict[str, float] = field(default_factory=dict)
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def roundtrip_loop(pool: Any, k: int, n: int) -> None:
+    """``n`` times: ``free(alloc(k))`` on ``pool``."""
+    alloc = pool.alloc
+    free = pool.free
+    for _ in range(n):
+        free(alloc(k))
+
+
+def roundtrip_pool_size(page_size: int, k: int, max_ops_per_cycle: int, pool_slots: int = MIB_SLOTS) -> int:
+    """Pool size for a round-trip cell: 1M slots unless a cycle gets too long.
+
+    One cycle (every slot handed out once) takes ``pool / k`` round trips;
+    for small ``k`` the pool shrinks to ``k * max_ops_per_cycle`` so that
+    several cycles still fit the time budget. The amortised merge cost per
+    round trip is proportional to ``k`` either way.
+    """
+    size = min(pool_slots, k * max_ops_per_cycle)
+    size = max(size, k)
+    return size - size % page_size
+
+
+def measure_roundtrip(
+    impls: dict[str, Callable[[int, int], Any]],
+    page_size: int,
+    k: int,
+    pool_slots: int,
+    repeats: int,
+    min_cycles: int = 3,
+    min_loop_s: float = 0.02,
+    tick: Callable[[], None] | None = None,
+    workload: str = "round trip",
+    max_loop_s: float = 0.25,
+) -> Cell:
+    """Median seconds per ``alloc(k)`` + ``free`` for each implementation.
+
+    Each implementation gets its own pool, warmed up by one full cycle
+    (which also loads or compiles kernels). A timed loop is ``cycles`` whole
+    cycles, ``cycles >= min_cycles`` and long enough that the fastest
+    implementation's loop lasts ``min_loop_s``, unless that would make the
+    slowest one's loop exceed ``max_loop_s``. Repeats are interleaved.
+    """
+    ops_per_cycle = pool_slots // k
+    pools = {name: make(pool_slots, page_size) for name, make in impls.items()}
+    cycle_s = {}
+    for name, pool in pools.items():
+        roundtrip_loop(pool, k, ops_per_cycle)  # warm-up: compile/load, first merge
+        cycle_s[name] = timed(roundtrip_loop, pool, k, ops_per_cycle)
+    fastest = max(min(cycle_s.values()), 1e-9)
+    slowest = max(max(cycle_s.values()), 1e-9)
+    cycles = max(min_cycles, min(math.ceil(min_loop_s / fastest), int(max_loop_s / slowest)))
+    n = cycles * ops_per_cycle
+
+    def runner(pool: Any) -> Callable[[], float]:
+        return lambda: timed(roundtrip_loop, pool, k, n) / n
+
+    merges_before = {name: merges_of(pool) for name, pool in pools.items()}
+    samples = interleaved({name: runner(pool) for name, pool in pools.items()}, repeats, tick)
+    merges = {}
+    for name, pool in pools.items():
+        before, after = merges_before[name], merges_of(pool)
+        if before is not None and after is not None:
+            merges[name] = (after - before) / repeats
+    return Cell(
+        workload=workload,
+        params={"page_size": page_size, "k": k, "pool_slots": pool_slots, "ops_per_loop": n, "cycles_per_loop": cycles},
+        per_op={name: median(s) for name, s in samples.items()},
+        samples=samples,
+        extra={"merges_per_loop": merges},
+    )
+
+
+def measure_floor(k: int, repeats: int, min_loop_s: float = 0.02) -> dict[str, float]:
+    """Memory-traffic floor of a ``k``-slot round trip, seconds per op.
+
+    ``copy``: ``np.copyto`` of ``k`` int64 into a preallocated buffer: the
+    returned slots written once and the freed slots read once, nothing else.
+    ``fresh``: the same into a new ``np.empty`` buffer each time, as an
+    ``alloc`` that returns caller-owned memory must.
+    """
+    src = np.arange(k, dtype=np.int64)
+    dst = np.empty_like(src)
+
+    def copy_loop(n: int) -> None:
+        for _ in range(n):
+            np.copyto(dst, src)
+
+    def fresh_loop(n: int) -> None:
+        for _ in range(n):
+            np.copyto(np.empty(k, dtype=np.int64), src)
+
+    out = {}
+    for name, loop in (("copy", copy_loop), ("fresh", fresh_loop)):
+        loop(10)
+        n = 1
+        while timed(loop, n) < min_loop_s and n < 1 << 24:
+            n *= 4
+        out[name] = median([timed(loop, n) / n for _ in range(repeats)])
+    return out
+
+
+# -- KV-cache trace --------------------------------------------------------
+
+
+@dataclass
+class Trace:
+    """A pre-generated request trace, replayed identically on every pool.
+
+    ``ops`` is a list of ``(k, slot)`` pairs: ``k > 0`` allocates ``k`` slots
+    and holds them in ``held[slot]``; ``k == 0`` frees ``held[slot]``;
+    ``k < 0`` is an ``alloc(-k)`` that must return ``None`` (the pool is too
+    full: the generator then retires random held requests until the request
+    fits, and retries). ``nslots`` bounds the concurrently held requests.
+    """
+
+    ops: list[tuple[int, int]]
+    nslots: int
+    pool_slots: int
+    page_size: int
+    seed: int
+    stats: dict[str, Any]
+
+
+def make_trace(pool_slots: int, page_size: int, n_ops: int, seed: int = 0, p_arrive: float = 0.55) -> Trace:
+    """Generate a KV-cache trace of at least ``n_ops`` pool calls.
+
+    Requests arrive with probability ``p_arrive`` per step, else a random
+    held request finishes, so arrivals outpace completions and the pool
+    stays near full. A request needs prompt + decode tokens (lognormal,
+    medians 600 and 200 tokens), rounded up to whole pages. When it does not
+    fit, the trace records the failing ``alloc`` (which returns ``None`` on
+    every implementation, since all report the same ``available_size()``),
+    then retires random held requests until it fits, then allocates.
+    Retirements pick a random held request, so frees come in an order
+    unlike arrivals.
+    """
+    rng = np.random.default_rng(seed)
+    capacity = pool_slots // page_size
+    n_draw = n_ops + 16
+    tokens = rng.lognormal(math.log(600), 1.0, n_draw) + rng.lognormal(math.log(200), 0.9, n_draw)
+    pages = np.minimum(np.ceil(tokens / page_size).astype(np.int64), max(capacity // 8, 1))
+    pages = np.maximum(pages, 1).tolist()
+    arrive = (rng.random(n_draw * 2) < p_arrive).tolist()
+    picks = rng.random(n_draw * 4).tolist()
+
+    ops: list[tuple[int, int]] = []
+    held: list[tuple[int, int]] = []  # (slot, pages); random removal by swap
+    spare: list[int] = []  # free slot ids of ``held`` storage
+    nslots = 0
+    avail = capacity
+    i_req = i_step = i_pick = 0
+    failed = retired = finished = 0
+    fill_sum = 0  # held pages summed over arrivals: how full the pool runs
+
+    def retire() -> None:
+        nonlocal avail, i_pick
+        j = int(picks[i_pick % len(picks)] * len(held))
+        i_pick += 1
+        slot, npages = held[j]
+        held[j] = held[-1]
+        held.pop()
+        ops.append((0, slot))
+        spare.append(slot)
+        avail += npages
+
+    while len(ops) < n_ops:
+        if held and not arrive[i_step % len(arrive)]:
+            retire()
+            finished += 1
+        else:
+            npages = pages[i_req % len(pages)]
+            i_req += 1
+            fill_sum += capacity - avail
+            if npages > avail:
+                ops.append((-npages * page_size, 0))
+                failed += 1
+                while npages > avail:
+                    retire()
+                    retired += 1
+            if spare:
+                slot = spare.pop()
+            else:
+                slot = nslots
+                nslots += 1
+            held.append((slot, npages))
+            ops.append((npages * page_size, slot))
+            avail -= npages
+        i_step += 1
+    allocs = sum(1 for k, _ in ops if k > 0)
+    stats = {
+        "ops": len(ops),
+        "allocs": allocs,
+        "frees": sum(1 for k, _ in ops if k == 0),
+        "failed_allocs": failed,
+        "retired_for_space": retired,
+        "finished": finished,
+        "mean_request_slots": float(np.mean([k for k, _ in ops if k > 0])) if allocs else 0.0,
+        "slots_allocated": int(sum(k for k, _ in ops if k > 0)),
+        "pool_cycles": sum(k for k, _ in ops if k > 0) / pool_slots,
+        "max_held_requests": nslots,
+        "mean_fill": fill_sum / max(i_req, 1) / capacity,
+    }
+    return Trace(ops, nslots, pool_slots, page_size, seed, stats)
+
+
+class TraceDivergence(RuntimeError):
+    """An implementation answered an ``alloc`` differently from the trace."""
+
+
+def replay(pool: Any, trace: Trace, record: list[Any] | None = None) -> None:
+    """Run ``trace`` on ``pool``; ``record`` collects every ``alloc`` result."""
+    alloc = pool.alloc
+    free = pool.free
+    held: list[Any] = [None] * trace.nslots
+    if record is None:
+        for k, slot in trace.ops:
+            if k > 0:
+                r = alloc(k)
+                if r is None:
+                    raise TraceDivergence(f"alloc({k}) returned None")
+                held[slot] = r
+            elif k == 0:
+                free(held[slot])
+                held[slot] = None
+            elif alloc(-k) is not None:
+                raise TraceDivergence(f"alloc({-k}) succeeded where the trace expects None")
+        return
+    for k, slot in trace.ops:
+        if k > 0:
+            r = alloc(k)
+            record.append(r)
+            if r is None:
+                raise TraceDivergence(f"alloc({k}) returned None")
+            held[slot] = r
+        elif k == 0:
+            free(held[slot])
+            held[slot] = None
+        else:
+            r = alloc(-k)
+            record.append(r)
+            if r is not None:
+                raise TraceDivergence(f"alloc({-k}) succeeded where the trace expects None")
+
+
+def measure_trace(
+    impls: dict[str, Callable[[int, int], Any]],
+    trace: Trace,
+    repeats: int,
+    tick: Callable[[], None] | None = None,
+) -> Cell:
+    """Median seconds per trace operation for each implementation.
+
+    Every replay starts on a fresh pool (built outside the timed region), so
+    all implementations see the identical sequence of calls.
+    """
+
+    def runner(make: Callable[[int, int], Any]) -> Callable[[], float]:
+        def run() -> float:
+            pool = make(trace.pool_slots, trace.page_size)
+            return timed(replay, pool, trace) / len(trace.ops)
+
+        return run
+
+    merges = {}
+    for name, make in impls.items():  # warm-up, and count merges once
+        pool = make(trace.pool_slots, trace.page_size)
+        with gc_paused():
+            replay(pool, trace)
+        merges[name] = merges_of(pool)
+    samples = interleaved({name: runner(make) for name, make in impls.items()}, repeats, tick)
+    return Cell(
+        workload="KV-cache trace",
+        params={"page_size": trace.page_size, "pool_slots": trace.pool_slots, "seed": trace.seed, **trace.stats},
+        per_op={name: median(s) for name, s in samples.items()},
+        samples=samples,
+        extra={"merges_per_replay": merges},
+    )
