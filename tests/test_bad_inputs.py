@@ -1,0 +1,440 @@
+"""Every misuse in SPEC's table and issue 2 item 4, and the inputs that are fine.
+
+Each bad call must raise the documented type, with a message naming the
+offending value, and leave the pool's state exactly as it was. Setup for the
+free cases: size 64, page_size 16; pages 0 and 1 held by the caller, page 2
+freed (on the release list), page 3 never allocated.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hostpool_nb import (
+    AlignmentError,
+    DoubleFreeError,
+    HostPoolError,
+    LogicalHostPool,
+    PartialPageError,
+    SlotRangeError,
+)
+
+PS = 16
+SIZE = 64
+
+
+def page(p: int) -> list[int]:
+    return list(range(p * PS, (p + 1) * PS))
+
+
+@pytest.fixture
+def pool() -> LogicalHostPool:
+    pool = LogicalHostPool(SIZE, PS)
+    held = pool.alloc(3 * PS)
+    assert held is not None and held.tolist() == page(0) + page(1) + page(2)
+    assert pool.free(held[2 * PS :]) == PS
+    assert pool.available_size() == 2 * PS
+    return pool
+
+
+def exact(text: str) -> str:
+    return "^" + re.escape(text) + "$"
+
+
+def test_error_hierarchy() -> None:
+    assert issubclass(HostPoolError, ValueError)
+    for cls in (AlignmentError, DoubleFreeError, PartialPageError, SlotRangeError):
+        assert issubclass(cls, HostPoolError) and issubclass(cls, ValueError)
+
+
+# -- free -------------------------------------------------------------------
+
+FREE_CASES = [
+    # SPEC table: the same page freed twice (page 2 was freed in the fixture).
+    pytest.param(page(2), DoubleFreeError, ["page 2", "32..47", "not allocated"], id="double-free"),
+    pytest.param(page(0) + page(0), DoubleFreeError, ["page 0", "0..15", "twice"], id="twice-in-one-call"),
+    pytest.param(page(0) + page(1) + page(0), DoubleFreeError, ["page 0", "indices[32]"], id="twice-apart"),
+    pytest.param(page(3), DoubleFreeError, ["page 3", "48..63"], id="never-allocated"),
+    # A valid page first: its release must be rolled back.
+    pytest.param(page(0) + page(3), DoubleFreeError, ["page 3", "indices[16]"], id="valid-then-unallocated"),
+    # SPEC table: slot outside [0, size).
+    pytest.param(list(range(-PS, 0)), SlotRangeError, ["-16", "[0, 64)"], id="negative-slot"),
+    pytest.param(list(range(SIZE, SIZE + PS)), SlotRangeError, ["64", "[0, 64)"], id="slot-at-size"),
+    pytest.param(page(0) + [10**6 + j for j in range(PS)], SlotRangeError, ["1000000"], id="slot-far-out"),
+    pytest.param(np.full(PS, 2**63, dtype=np.uint64), SlotRangeError, ["9223372036854775808"], id="uint64-huge"),
+    # SPEC table: 16 slots straddling two pages; partial and unordered pages.
+    pytest.param(list(range(8, 24)), PartialPageError, ["slot 8", "page_size=16"], id="straddle"),
+    pytest.param(page(0)[:8] + page(1)[:8], PartialPageError, ["slot 16", "expected 8"], id="two-half-pages"),
+    pytest.param(page(0)[::-1], PartialPageError, ["slot 15"], id="reversed-page"),
+    pytest.param([0, 2, 1] + page(0)[3:], PartialPageError, ["slot 2", "expected 1", "page 0"], id="swapped"),
+    pytest.param(page(0)[:15] + [15 + 100], PartialPageError, ["slot 115", "expected 15"], id="bad-last-slot"),
+    pytest.param(page(1) + page(0)[1:] + [0], PartialPageError, ["indices[16]", "slot 1,"], id="rotated-second-page"),
+    # Alignment of the flattened length, with sglang's exact message.
+    pytest.param(
+        page(0)[:8],
+        AlignmentError,
+        [exact("LogicalHostPool free must be page-aligned, got len(indices)=8, page_size=16")],
+        id="misaligned-length",
+    ),
+    pytest.param(
+        np.arange(24).reshape(2, 12),
+        AlignmentError,
+        [exact("LogicalHostPool free must be page-aligned, got len(indices)=24, page_size=16")],
+        id="misaligned-2d",
+    ),
+    # Non-integer data (issue 2 item 4): TypeError naming the dtype.
+    pytest.param(np.arange(PS, dtype=np.float64), TypeError, ["float64"], id="float64"),
+    pytest.param(np.arange(PS, dtype=np.float32), TypeError, ["float32"], id="float32"),
+    pytest.param([float(s) for s in page(0)], TypeError, ["float64"], id="float-list"),
+    pytest.param(np.ones(PS, dtype=bool), TypeError, ["bool"], id="bool"),
+    pytest.param([True] * PS, TypeError, ["bool"], id="bool-list"),
+    pytest.param(np.arange(PS).astype(object), TypeError, ["object"], id="object"),
+    pytest.param(np.array([str(s) for s in page(0)]), TypeError, ["<U2"], id="str-array"),
+    pytest.param(np.arange(PS) + 0j, TypeError, ["complex128"], id="complex"),
+    pytest.param(np.arange(PS).astype("timedelta64[s]"), TypeError, ["timedelta64"], id="timedelta"),
+    pytest.param("0123456789abcdef", TypeError, ["str"], id="str"),
+    pytest.param(b"0123456789abcdef", TypeError, ["bytes"], id="bytes"),
+    # Scalars and shapes numpy cannot make an array of.
+    pytest.param(0, TypeError, ["scalar 0"], id="int-scalar"),
+    pytest.param(np.int64(5), TypeError, ["scalar", "5"], id="numpy-scalar"),
+    pytest.param(np.array(7), TypeError, ["scalar", "7"], id="0d-array"),
+    pytest.param(None, TypeError, ["None"], id="none"),
+    pytest.param([page(0), page(1)[:3]], TypeError, ["list"], id="ragged"),
+]
+
+
+@pytest.mark.parametrize(("indices", "error", "needles"), FREE_CASES)
+def test_bad_free(pool: LogicalHostPool, indices: Any, error: type, needles: list[str], snapshot: Any, unchanged: Any) -> None:
+    before = snapshot(pool)
+    available = pool.available_size()
+    with pytest.raises(error) as info:
+        pool.free(indices)
+    assert type(info.value) is error
+    if issubclass(error, HostPoolError):
+        assert isinstance(info.value, ValueError)
+    message = str(info.value)
+    for needle in needles:
+        if needle.startswith("^"):
+            assert re.search(needle, message), message
+        else:
+            assert needle in message, message
+    unchanged(pool, before)
+    assert pool.available_size() == available
+    # The held pages are still held: freeing them now works.
+    assert pool.free(page(0) + page(1)) == 2 * PS
+    assert pool.available_size() == SIZE
+
+
+def test_free_after_clear(pool: LogicalHostPool, snapshot: Any, unchanged: Any) -> None:
+    pool.clear()
+    assert pool.available_size() == SIZE
+    before = snapshot(pool)
+    for p in range(SIZE // PS):  # held, released and never-allocated pages alike
+        with pytest.raises(DoubleFreeError, match=rf"page {p} \(slots {p * PS}\.\.{p * PS + PS - 1}\)"):
+            pool.free(page(p))
+        unchanged(pool, before)
+    # clear() restored ascending order.
+    assert pool.alloc(SIZE).tolist() == list(range(SIZE))
+
+
+def test_free_python_ints_beyond_int64_are_range_errors(pool: LogicalHostPool, snapshot: Any, unchanged: Any) -> None:
+    """Out-of-range slots given as Python ints are a SlotRangeError, whatever their size.
+
+    Like ``np.full(16, 2**63, dtype=np.uint64)`` (a SlotRangeError naming the
+    slot), a list holding a slot beyond the int64 range is a slot outside
+    ``[0, size)`` (SPEC table, issue 2 item 4: a ValueError subclass).
+    """
+    # The last list mixes signs: numpy infers float64 for it, but every entry
+    # is a Python int, and the first slot is out of range.
+    for bad in ([2**64] * PS, [-(2**63) - 1] * PS, [2**63] * PS, [2**63] + [-1] * (PS - 1)):
+        before = snapshot(pool)
+        with pytest.raises(SlotRangeError) as info:
+            pool.free(bad)
+        assert str(bad[0]) in str(info.value)
+        unchanged(pool, before)
+
+
+# -- alloc ----------------------------------------------------------------------
+
+ALLOC_CASES = [
+    # SPEC table: alloc(-16) with page 16, size 64 corrupted the original.
+    pytest.param(-16, HostPoolError, ["need_size=-16"], id="negative-aligned"),
+    pytest.param(-(2**70), HostPoolError, [str(-(2**70))], id="negative-huge"),
+    pytest.param(
+        -8,
+        AlignmentError,
+        [exact("LogicalHostPool allocation must be page-aligned, got need_size=-8, page_size=16")],
+        id="negative-misaligned",
+    ),
+    pytest.param(
+        8,
+        AlignmentError,
+        [exact("LogicalHostPool allocation must be page-aligned, got need_size=8, page_size=16")],
+        id="misaligned",
+    ),
+    pytest.param(
+        SIZE + 8,
+        AlignmentError,  # alignment is checked before capacity
+        [exact("LogicalHostPool allocation must be page-aligned, got need_size=72, page_size=16")],
+        id="misaligned-over-capacity",
+    ),
+    pytest.param(16.0, TypeError, ["need_size", "16.0"], id="float"),
+    pytest.param(np.float64(16), TypeError, ["need_size", "16.0"], id="numpy-float"),
+    pytest.param("16", TypeError, ["need_size", "'16'"], id="str"),
+    pytest.param(None, TypeError, ["need_size", "None"], id="none"),
+    pytest.param(True, TypeError, ["need_size", "True"], id="bool"),
+    pytest.param(np.bool_(True), TypeError, ["need_size", "True"], id="numpy-bool"),
+    pytest.param(np.array(16), TypeError, ["need_size", "array(16)"], id="0d-array"),
+    pytest.param([16], TypeError, ["need_size", "[16]"], id="list"),
+    pytest.param(16 + 0j, TypeError, ["need_size", "16+0j"], id="complex"),
+]
+
+
+@pytest.mark.parametrize(("need", "error", "needles"), ALLOC_CASES)
+def test_bad_alloc(pool: LogicalHostPool, need: Any, error: type, needles: list[str], snapshot: Any, unchanged: Any) -> None:
+    before = snapshot(pool)
+    with pytest.raises(error) as info:
+        pool.alloc(need)
+    assert type(info.value) is error
+    message = str(info.value)
+    for needle in needles:
+        if needle.startswith("^"):
+            assert re.search(needle, message), message
+        else:
+            assert needle in message, message
+    unchanged(pool, before)
+
+
+@pytest.mark.parametrize("need", [SIZE, 3 * PS, 2**70], ids=["size", "available+16", "huge"])
+def test_alloc_over_capacity_returns_none(pool: LogicalHostPool, need: int, snapshot: Any, unchanged: Any) -> None:
+    before = snapshot(pool)
+    assert pool.alloc(need) is None
+    unchanged(pool, before)
+
+
+@pytest.mark.parametrize("kind", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64])
+def test_alloc_accepts_numpy_integers(pool: LogicalHostPool, kind: type) -> None:
+    out = pool.alloc(kind(PS))
+    # The FIFO order of SPEC: the free list (page 3) before the release list (page 2).
+    assert out is not None and out.tolist() == page(3)
+    assert pool.alloc(kind(PS)).tolist() == page(2)
+    assert pool.available_size() == 0
+    pool.check_invariants()
+
+
+# -- constructor ----------------------------------------------------------------
+
+CTOR_CASES = [
+    # SPEC table: page_size=0 was a ZeroDivisionError in the original.
+    pytest.param(SIZE, 0, HostPoolError, ["page_size=0"], id="page-size-0"),
+    pytest.param(SIZE, -1, HostPoolError, ["page_size=-1"], id="page-size-negative"),
+    pytest.param(-16, PS, HostPoolError, ["size=-16"], id="size-negative"),
+    pytest.param(-15, PS, HostPoolError, ["size=-15"], id="size-negative-misaligned"),
+    pytest.param(
+        20,
+        PS,
+        AlignmentError,
+        [exact("LogicalHostPool size must be page-aligned, got size=20, page_size=16")],
+        id="size-misaligned",
+    ),
+    pytest.param(
+        1, 2, AlignmentError, [exact("LogicalHostPool size must be page-aligned, got size=1, page_size=2")], id="size-1"
+    ),
+    pytest.param(64.0, PS, TypeError, ["size", "64.0"], id="float-size"),
+    pytest.param(SIZE, 16.0, TypeError, ["page_size", "16.0"], id="float-page-size"),
+    pytest.param(True, 1, TypeError, ["size", "True"], id="bool-size"),
+    pytest.param(SIZE, True, TypeError, ["page_size", "True"], id="bool-page-size"),
+    pytest.param("64", PS, TypeError, ["size", "'64'"], id="str-size"),
+    pytest.param(SIZE, None, TypeError, ["page_size", "None"], id="none-page-size"),
+    pytest.param(np.array(64), PS, TypeError, ["size", "array(64)"], id="0d-array-size"),
+    pytest.param(SIZE, np.float32(16), TypeError, ["page_size", "16.0"], id="numpy-float-page-size"),
+]
+
+
+@pytest.mark.parametrize(("size", "page_size", "error", "needles"), CTOR_CASES)
+def test_bad_constructor(size: Any, page_size: Any, error: type, needles: list[str]) -> None:
+    with pytest.raises(error) as info:
+        LogicalHostPool(size, page_size)
+    assert type(info.value) is error
+    message = str(info.value)
+    for needle in needles:
+        if needle.startswith("^"):
+            assert re.search(needle, message), message
+        else:
+            assert needle in message, message
+
+
+def test_page_size_beyond_int64_is_a_value_error() -> None:
+    """A page_size the pool cannot represent is caller misuse: ValueError, not OverflowError.
+
+    SPEC section 2: misuse by the caller is ValueError/TypeError with the
+    offending value in the message.
+    """
+    for size, page_size in ((0, 2**63), (2**63, 2**63)):
+        with pytest.raises(ValueError, match=str(page_size)):
+            LogicalHostPool(size, page_size)
+
+
+def test_numpy_integer_constructor_arguments() -> None:
+    pool = LogicalHostPool(np.int64(64), np.uint8(16))
+    assert type(pool.size) is int and type(pool.page_size) is int
+    assert (pool.size, pool.page_size, pool.available_size()) == (64, 16, 64)
+
+
+# -- inputs that are fine ----------------------------------------------------------
+
+
+def test_2d_indices_free_whole_rows(pool: LogicalHostPool) -> None:
+    """SPEC table: shape (2, 16) is 32 slots, two pages, flattened in C order."""
+    assert pool.alloc(2 * PS).tolist() == page(3) + page(2)  # now everything is held
+    indices = np.array([page(3), page(0)])
+    assert indices.shape == (2, PS)
+    assert pool.free(indices) == 2 * PS
+    assert pool.available_size() == 2 * PS
+    pool.check_invariants()
+    assert pool.alloc(2 * PS).tolist() == page(3) + page(0)  # release order = row order
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", ">i8", ">u2"])
+def test_any_integer_dtype(pool: LogicalHostPool, dtype: str) -> None:
+    indices = np.array(page(1) + page(0), dtype=dtype)
+    assert pool.free(indices) == 2 * PS
+    assert pool.available_size() == SIZE
+    pool.check_invariants()
+    assert pool.alloc(SIZE).tolist() == page(3) + page(2) + page(1) + page(0)
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32"])
+def test_readonly_input(pool: LogicalHostPool, dtype: str) -> None:
+    indices = np.array(page(1), dtype=dtype)
+    indices.flags.writeable = False
+    assert pool.free(indices) == PS
+    assert indices.tolist() == page(1)
+    pool.check_invariants()
+    assert pool.available_size() == 3 * PS
+
+
+def _layouts() -> list[Any]:
+    rows = np.array([page(1), page(0)], dtype=np.int64)  # C-order flattening: page 1, page 0
+    wide = np.zeros((2, 2 * PS), dtype=np.int64)
+    wide[:, ::2] = rows
+    unaligned = np.zeros(2 * PS * 8 + 1, dtype=np.uint8)[1:].view(np.int64)
+    unaligned[:] = rows.reshape(-1)
+    return [
+        pytest.param(np.asfortranarray(rows), id="fortran"),
+        pytest.param(np.ascontiguousarray(rows.T).T, id="transposed"),
+        pytest.param(wide[:, ::2], id="strided"),
+        pytest.param(np.ascontiguousarray(rows.reshape(-1)[::-1])[::-1], id="negative-stride"),
+        pytest.param(rows.reshape(2, 4, 4), id="3d"),
+        pytest.param(unaligned, id="unaligned"),
+        pytest.param(tuple(rows.reshape(-1).tolist()), id="tuple"),
+        pytest.param([np.int32(s) for s in rows.reshape(-1)], id="list-of-numpy-ints"),
+    ]
+
+
+@pytest.mark.parametrize("indices", _layouts())
+def test_any_layout_flattened_in_c_order(pool: LogicalHostPool, indices: Any) -> None:
+    assert pool.free(indices) == 2 * PS
+    pool.check_invariants()
+    # Released after page 2, in C order: page 1 then page 0.
+    assert pool.alloc(SIZE).tolist() == page(3) + page(2) + page(1) + page(0)
+
+
+class _HasArray:
+    def __init__(self, values: list[int]) -> None:
+        self.values = values
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return np.array(self.values, dtype=np.int16 if dtype is None else dtype)
+
+
+def test_object_with_array_protocol(pool: LogicalHostPool) -> None:
+    assert pool.free(_HasArray(page(0))) == PS
+    pool.check_invariants()
+    assert pool.available_size() == 3 * PS
+    with pytest.raises(DoubleFreeError, match="page 0"):
+        pool.free(_HasArray(page(0)))
+
+
+@pytest.mark.parametrize(
+    "empty",
+    [[], (), [[]], np.empty(0, dtype=np.int64), np.empty((0, PS), dtype=np.int32), np.empty((3, 0), dtype=np.uint8)],
+    ids=["list", "tuple", "nested-list", "int64", "2d-int32", "3x0-uint8"],
+)
+def test_empty_free_changes_nothing(pool: LogicalHostPool, empty: Any, snapshot: Any, unchanged: Any) -> None:
+    before = snapshot(pool)
+    assert pool.free(empty) == 0
+    unchanged(pool, before)
+
+
+def test_empty_float_array_is_still_a_type_error(pool: LogicalHostPool, snapshot: Any, unchanged: Any) -> None:
+    before = snapshot(pool)
+    with pytest.raises(TypeError, match="float64"):
+        pool.free(np.empty(0))
+    unchanged(pool, before)
+
+
+def test_zero_size_pool(snapshot: Any, unchanged: Any) -> None:
+    pool = LogicalHostPool(0, PS)
+    pool.check_invariants()
+    assert pool.available_size() == 0
+    out = pool.alloc(0)
+    assert isinstance(out, np.ndarray) and out.dtype == np.int64 and out.shape == (0,)
+    assert pool.alloc(PS) is None
+    assert pool.free([]) == 0
+    before = snapshot(pool)
+    with pytest.raises(SlotRangeError, match=r"\[0, 0\)"):
+        pool.free(page(0))
+    unchanged(pool, before)
+    pool.clear()
+    pool.check_invariants()
+    assert pool.available_size() == 0
+
+
+# -- SPEC section 1: attributes and data-plane hooks ------------------------------------
+
+
+@pytest.mark.parametrize("layout", [None, "page_first", ("any", "object")])
+def test_attributes(layout: Any) -> None:
+    pool = LogicalHostPool(SIZE, PS) if layout is None else LogicalHostPool(SIZE, PS, layout=layout)
+    expected_layout = "layer_first" if layout is None else layout
+    assert pool.layout == expected_layout
+    assert (pool.size, pool.logical_size, pool.page_size) == (SIZE, SIZE, PS)
+    assert pool.device == "cpu"
+    assert isinstance(pool.dtype, np.dtype) and pool.dtype == np.dtype(np.uint8)
+    assert (pool.layer_num, pool.start_layer, pool.end_layer, pool.size_per_token) == (0, 0, 0, 0)
+    for name in ("layer_num", "start_layer", "end_layer", "size_per_token"):
+        assert type(getattr(pool, name)) is int
+    assert pool.kv_buffer is None and pool.allocator is None
+    assert pool.can_use_write_back_jit is True
+    assert type(pool.lock) is type(threading.RLock())
+    # An RLock: the owner may take it again (a plain Lock would deadlock here).
+    with pool.lock:
+        assert pool.lock.acquire(blocking=False)
+        pool.lock.release()
+        assert pool.alloc(PS) is not None  # state changes re-enter the lock
+
+
+def test_layout_keyword_positional() -> None:
+    assert LogicalHostPool(SIZE, PS, "page_first").layout == "page_first"
+
+
+def test_data_plane_hooks(pool: LogicalHostPool, snapshot: Any, unchanged: Any) -> None:
+    before = snapshot(pool)
+    slots = np.array(page(0))
+    assert pool.backup_from_device_all_layer(object(), slots, slots, "kernel") is None
+    assert pool.load_to_device_per_layer(object(), slots, slots, 0, "direct") is None
+    assert pool.load_to_device_per_layer(object(), slots, slots, 3, "direct", is_draft=True) is None
+    for data_page in (pool.get_data_page(0), pool.get_data_page(5, flat=False), pool.get_dummy_flat_data_page()):
+        assert isinstance(data_page, np.ndarray)
+        assert data_page.dtype == np.uint8 and data_page.size == 0
+    assert pool.set_from_flat_data_page(0, np.empty(0, dtype=np.uint8)) is None
+    assert pool.get_page_buffer_meta(slots) is None
+    assert pool.get_ksize_per_token() == 0 and type(pool.get_ksize_per_token()) is int
+    assert pool.destroy() is None
+    unchanged(pool, before)

@@ -1,0 +1,48 @@
+"""Packaging facts: no torch at import, a consistent public API, typing marker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import hostpool_nb
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_import_does_not_load_torch() -> None:
+    code = (
+        "import json, sys\n"
+        "import hostpool_nb\n"
+        "pool = hostpool_nb.LogicalHostPool(32, 16)\n"
+        "pool.free(pool.alloc(16))\n"  # the kernels run without pulling torch in either
+        "print(json.dumps({'torch': sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')),"
+        " 'file': hostpool_nb.__file__}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["torch"] == []
+    assert Path(result["file"]).resolve().parent == Path(hostpool_nb.__file__).resolve().parent
+
+
+def test_all_names_exist() -> None:
+    assert len(hostpool_nb.__all__) == len(set(hostpool_nb.__all__))
+    for name in hostpool_nb.__all__:
+        assert hasattr(hostpool_nb, name), name
+    for name in ("LogicalHostPool", "HostPoolError", "AlignmentError", "DoubleFreeError", "PartialPageError", "SlotRangeError"):
+        assert name in hostpool_nb.__all__
+
+
+def test_version_is_a_string() -> None:
+    assert isinstance(hostpool_nb.__version__, str)
+    assert hostpool_nb.__version__.strip() and hostpool_nb.__version__[0].isdigit()
+
+
+def test_py_typed_ships_in_the_package() -> None:
+    marker = Path(hostpool_nb.__file__).resolve().parent / "py.typed"
+    assert marker.is_file()
