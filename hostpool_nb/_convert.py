@@ -53,7 +53,7 @@ def as_slots(indices: Any) -> np.ndarray:
         arr = indices
         if arr.dtype == _INT64 and arr.ndim == 1 and arr.flags.c_contiguous:
             return arr  # the hot path: no copy
-    elif isinstance(indices, (str, bytes)):
+    elif isinstance(indices, (str, bytes, bytearray)):
         raise TypeError(f"indices must be an array of integer slot ids, got {type(indices).__name__}")
     else:
         try:
@@ -96,10 +96,10 @@ def _raise_if_big_ints(arr: np.ndarray) -> None:
     """
     flat = arr.reshape(-1)
     values = flat.tolist()
-    if not all(type(v) is int for v in values):
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
         return
     for pos, v in enumerate(values):
-        if not -_INT64_MAX - 1 <= v <= _INT64_MAX:
+        if not -_INT64_MAX - 1 <= int(v) <= _INT64_MAX:
             raise SlotRangeError(
                 f"free got slot {v} at indices[{pos}] (flattened), outside the int64 range"
             )

@@ -99,6 +99,8 @@ FREE_CASES = [
     pytest.param(np.arange(PS).astype("timedelta64[s]"), TypeError, ["timedelta64"], id="timedelta"),
     pytest.param("0123456789abcdef", TypeError, ["str"], id="str"),
     pytest.param(b"0123456789abcdef", TypeError, ["bytes"], id="bytes"),
+    # A bytearray would otherwise pass as uint8 slot ids, unlike bytes.
+    pytest.param(bytearray(range(16)), TypeError, ["bytearray"], id="bytearray"),
     # Scalars and shapes numpy cannot make an array of.
     pytest.param(0, TypeError, ["scalar 0"], id="int-scalar"),
     pytest.param(np.int64(5), TypeError, ["scalar", "5"], id="numpy-scalar"),
@@ -157,6 +159,12 @@ def test_free_python_ints_beyond_int64_are_range_errors(pool: LogicalHostPool, s
             pool.free(bad)
         assert str(bad[0]) in str(info.value)
         unchanged(pool, before)
+    # numpy ints beside one Python int beyond int64: dtype object, same error.
+    mixed = [np.int64(1)] * (PS - 1) + [2**64]
+    before = snapshot(pool)
+    with pytest.raises(SlotRangeError, match=rf"{2**64} at indices\[{PS - 1}\]"):
+        pool.free(mixed)
+    unchanged(pool, before)
 
 
 # -- alloc ----------------------------------------------------------------------

@@ -136,6 +136,11 @@ def _wave(tmp: Path, cache_dir: Path, name: str, timeout: float) -> list[dict]:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+            # Unclosed pipes of killed children would surface later as
+            # ResourceWarnings (errors here) blamed on an unrelated test.
+            for pipe in (p.stdout, p.stderr):
+                if pipe is not None:
+                    pipe.close()
 
 
 def test_concurrent_cold_then_warm_cache(tmp_path: Path) -> None:
