@@ -243,9 +243,11 @@ def alloc_pages(st, out):
             return _fail(E_CORRUPT, i)
         owner[p] = OWNER_ALLOCATED
         base = p * page_size
-        k = i * page_size  # written as base + j so LLVM vectorises the fill
+        # Filling a slice view lets LLVM vectorise the loop (indexing ``out``
+        # directly ran about 4x slower: it could not rule out aliasing).
+        dst = out[i * page_size : (i + 1) * page_size]
         for j in range(page_size):
-            out[k + j] = base + j
+            dst[j] = base + j
         pos = pos + 1 if pos + 1 < n else 0
     if need > st[H_NFREE]:
         merge(st)
@@ -299,9 +301,10 @@ def free_pages(st, slots):
             break
         # One branch-free pass per page (vectorised); the scan for the exact
         # position runs only when the page is already known to be wrong.
+        run = slots[start : start + page_size]
         bad = 0
         for j in range(page_size):
-            bad |= slots[start + j] ^ (first + j)
+            bad |= run[j] ^ (first + j)
         if bad != 0:
             for j in range(1, page_size):
                 if slots[start + j] != first + j:
