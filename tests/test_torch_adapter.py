@@ -13,10 +13,6 @@ this machine has no GPU.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +23,7 @@ torch = pytest.importorskip("torch")
 
 import hostpool_nb  # noqa: E402
 import hostpool_nb.torch as hpt  # noqa: E402
+from tests.test_torch_missing import run_child  # noqa: E402
 from hostpool_nb.torch import (  # noqa: E402
     AlignmentError,
     DoubleFreeError,
@@ -95,16 +92,6 @@ def rng() -> np.random.Generator:
 
 
 # -- import behaviour ----------------------------------------------------
-
-def run_child(code: str) -> dict[str, Any]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
 
 def test_import_core_does_not_import_torch_even_when_installed() -> None:
     code = (
@@ -362,7 +349,8 @@ def test_free_two_rows_of_a_page_is_two_pages() -> None:
 def test_free_non_contiguous_tensors(page_size: int) -> None:
     size = 8 * page_size
     pool, core = LogicalHostPool(size, page_size), hostpool_nb.LogicalHostPool(size, page_size)
-    a, b = pool.alloc(size), core.alloc(size)
+    a = pool.alloc(size)
+    core.alloc(size)  # the core pool mirrors the adapter's state
     # Fortran-ordered (pages, page_size): values in C order are pages 0, 1.
     fortran = a[: 2 * page_size].view(-1, page_size).T.contiguous().T
     # Every other element of a larger buffer: pages 2, 3 as int32.
