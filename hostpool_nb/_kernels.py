@@ -98,6 +98,14 @@ def _fail(code, position):
     return -1 - ((position << 4) | code)
 
 
+@_jit("i8(i8[::1])")
+def _ring_tail(st):
+    """Ring position just past the release list: where ``free`` appends."""
+    n = st[H_NPAGES]
+    tail = st[H_HEAD] + st[H_NFREE] + st[H_NREL]
+    return tail - n if tail >= n else tail
+
+
 @_jit("u1[::1](i8[::1])")
 def owner_view(st):
     """The per-page owner flags: a uint8 view of the tail of ``st``."""
@@ -197,9 +205,7 @@ def _free_single_slot_pages(st, slots):
         for c in range(done):
             owner[slots[c]] = OWNER_ALLOCATED
         return status
-    tail = st[H_HEAD] + st[H_NFREE] + st[H_NREL]
-    if tail >= n:
-        tail -= n
+    tail = _ring_tail(st)
     first = min(count, n - tail)
     st[HEADER + tail : HEADER + tail + first] = slots[:first]
     st[HEADER : HEADER + count - first] = slots[first:]
@@ -326,9 +332,7 @@ def free_pages(st, slots):
         return status
     # Pass 2: append to the release list. Every page was allocated, so the
     # ring has room for all of them.
-    tail = st[H_HEAD] + st[H_NFREE] + st[H_NREL]
-    if tail >= n:
-        tail -= n
+    tail = _ring_tail(st)
     for c in range(count):
         first = slots[c * page_size]
         st[HEADER + tail] = first >> shift if shift >= 0 else first // page_size

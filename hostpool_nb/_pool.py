@@ -13,20 +13,19 @@ from typing import Any
 import numpy as np
 
 from . import _kernels as K
-from ._convert import as_count, as_slots
+from ._convert import _INT64_MAX, as_count, as_slots
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
 
 _alloc_pages = K.entry_point(K.alloc_pages)
 _free_pages = K.entry_point(K.free_pages)
 _reset = K.entry_point(K.reset)
 
-_EMPTY_U8 = np.dtype(np.uint8)
+_UINT8 = np.dtype(np.uint8)
 # Builtin dtypes are singletons, so ``arr.dtype is _INT64`` is an exact,
 # cheap test for native-endian int64.
 _INT64 = np.dtype(np.int64)
 _STATUS_SHORT = -1 - K.E_SHORT
 _STRIDES_1D = (8,)
-_INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 class LogicalHostPool:
@@ -333,7 +332,7 @@ class LogicalHostPool:
 
     def _uint8_dtype(self) -> Any:
         """The ``dtype`` attribute; the torch adapter returns ``torch.uint8``."""
-        return _EMPTY_U8
+        return _UINT8
 
     def _empty_page(self) -> Any:
         """An empty data page; the torch adapter returns a torch tensor."""
