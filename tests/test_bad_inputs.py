@@ -46,6 +46,15 @@ def exact(text: str) -> str:
     return "^" + re.escape(text) + "$"
 
 
+def assert_names(message: str, needles: list[str]) -> None:
+    """Each needle is in ``message``: a substring, or a regex if it starts with ``^``."""
+    for needle in needles:
+        if needle.startswith("^"):
+            assert re.search(needle, message), message
+        else:
+            assert needle in message, message
+
+
 def test_error_hierarchy() -> None:
     assert issubclass(HostPoolError, ValueError)
     for cls in (AlignmentError, DoubleFreeError, PartialPageError, SlotRangeError):
@@ -119,12 +128,7 @@ def test_bad_free(pool: LogicalHostPool, indices: Any, error: type, needles: lis
     assert type(info.value) is error
     if issubclass(error, HostPoolError):
         assert isinstance(info.value, ValueError)
-    message = str(info.value)
-    for needle in needles:
-        if needle.startswith("^"):
-            assert re.search(needle, message), message
-        else:
-            assert needle in message, message
+    assert_names(str(info.value), needles)
     unchanged(pool, before)
     assert pool.available_size() == available
     # The held pages are still held: freeing them now works.
@@ -209,12 +213,7 @@ def test_bad_alloc(pool: LogicalHostPool, need: Any, error: type, needles: list[
     with pytest.raises(error) as info:
         pool.alloc(need)
     assert type(info.value) is error
-    message = str(info.value)
-    for needle in needles:
-        if needle.startswith("^"):
-            assert re.search(needle, message), message
-        else:
-            assert needle in message, message
+    assert_names(str(info.value), needles)
     unchanged(pool, before)
 
 
@@ -269,12 +268,7 @@ def test_bad_constructor(size: Any, page_size: Any, error: type, needles: list[s
     with pytest.raises(error) as info:
         LogicalHostPool(size, page_size)
     assert type(info.value) is error
-    message = str(info.value)
-    for needle in needles:
-        if needle.startswith("^"):
-            assert re.search(needle, message), message
-        else:
-            assert needle in message, message
+    assert_names(str(info.value), needles)
 
 
 def test_page_size_beyond_int64_is_a_value_error() -> None:
