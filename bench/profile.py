@@ -23,6 +23,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from .cli import Parser
 from .timing import gc_paused, median
 
 
@@ -243,13 +244,35 @@ def render(title: str, rows: list[tuple[str, float | None, str]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.splitlines()[0])
-    ap.add_argument("--page-size", type=int, default=64)
-    ap.add_argument("--k", type=int, default=64)
-    ap.add_argument("--pool", type=int, default=1 << 20)
-    ap.add_argument("--big-k", type=int, default=65536)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, checked: sizes the pools cannot take exit with one line, not a traceback mid-run."""
+    ap = Parser("python -m bench.profile", __doc__)
+    ap.add_argument("--page-size", type=int, default=64, metavar="N", help="slots per page (default 64)")
+    ap.add_argument("--k", type=int, default=64, metavar="N", help="slots per alloc in the single round trip (default 64)")
+    ap.add_argument("--pool", type=int, default=1 << 20, metavar="N", help="pool size in slots (default 1048576)")
+    ap.add_argument(
+        "--big-k",
+        type=int,
+        default=65536,
+        metavar="N",
+        help="slots per alloc in the large round trips, at page size 1 and --page-size (default 65536)",
+    )
     args = ap.parse_args(argv)
+    ps = args.page_size
+    if ps < 1:
+        ap.error(f"--page-size must be at least 1, not {ps}")
+    for option, k in (("--k", args.k), ("--big-k", args.big_k)):
+        if k < ps or k % ps:
+            ap.error(f"{option} must be a positive multiple of --page-size ({ps}), not {k}")
+        if args.pool < 2 * k:
+            ap.error(f"--pool must hold at least two allocations of {option} ({2 * k} slots), not {args.pool}")
+    if args.pool % ps:
+        ap.error(f"--pool must be a multiple of --page-size ({ps}), not {args.pool}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     print(render(f"single round trip, page size {args.page_size}, k={args.k}, pool={args.pool}", profile_roundtrip(args.page_size, args.k, args.pool)))
     print()
     for ps in sorted({1, args.page_size}):

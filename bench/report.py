@@ -6,7 +6,12 @@ A result row is a plain dict (so the JSON is the rows as they are):
 or ``"s"``), ``values`` (implementation -> number, missing when not run),
 ``ratios`` (baseline -> baseline / hostpool_nb: above 1 means hostpool_nb is
 faster or smaller), ``target`` (text, empty when the row only informs),
-``met`` (True, False or None) and ``note``.
+``met`` (True, False or None) and ``note``; optionally ``columns`` (the
+implementations the row is about) and extra figures for the JSON.
+
+Every ratio points one way - baseline / hostpool_nb, higher is better - and
+targets are written as bounds on those same ratios (``>=2x torch``), so a
+reader never has to work out which way a figure goes.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
+
+from .cli import TABLE_WIDTH, wrap
 
 IMPL_COLUMNS = ("hostpool_nb", "numpy", "torch")
 
@@ -98,36 +105,59 @@ def fmt_met(met: bool | None) -> str:
     return {True: "yes", False: "NO", None: "-"}[met]
 
 
-def render_table(rows: Iterable[dict[str, Any]], torch_present: bool) -> str:
-    """The results as one fixed-width text table.
+# Longest params and target texts shown in their cells; longer ones become a
+# numbered note under the table, so that a new workload with a long text
+# cannot widen the table past TABLE_WIDTH (the columns add up to at most 111
+# with a 16-character workload name).
+PARAMS_MAX = 28
+TARGET_MAX = 26
+TABLE_HEADER = ("workload", "params", "hostpool_nb", "x numpy", "x torch", "target", "met?")
 
-    A row shows the implementations in its ``columns`` (all by default);
-    torch's columns read ``n/a`` when torch is not installed.
+
+def render_table(rows: Iterable[dict[str, Any]], torch_present: bool) -> str:
+    """The results as one fixed-width text table, at most ``TABLE_WIDTH`` wide.
+
+    Each row shows hostpool_nb's value and the ratios to the baselines
+    (``baseline / hostpool_nb``); the baselines' own values, the paired
+    ratios and everything else stay in the JSON, since the ratios are what
+    the targets are about. A cell reads ``-`` when the row does not apply to
+    that implementation (its ``columns`` leave it out, or the row has no
+    target) and ``n/a`` when torch was not run. Params and targets longer
+    than their column become ``[n]`` with the text in a note below.
     """
-    header = ["workload", "params", "hostpool_nb", "numpy", "x numpy", "torch", "x torch", "target", "met?"]
+    footnotes: list[str] = []
+
+    def fit(text: str, limit: int) -> str:
+        if len(text) <= limit:
+            return text
+        footnotes.append(text)
+        return f"[{len(footnotes)}]"
+
     lines = []
     for r in rows:
-        v, q, unit = r["values"], r["ratios"], r["unit"]
         shown = r.get("columns", IMPL_COLUMNS)
-        cells = [fmt_value(v.get("hostpool_nb"), unit) if "hostpool_nb" in shown else ""]
+        cells = [fmt_value(r["values"].get("hostpool_nb"), r["unit"]) if "hostpool_nb" in shown else "-"]
         for name in IMPL_COLUMNS[1:]:
             if name not in shown:
-                cells += ["", ""]
+                cells.append("-")
             elif name == "torch" and not torch_present:
-                cells += ["n/a", "n/a"]
+                cells.append("n/a")
             else:
-                cells += [fmt_value(v.get(name), unit), fmt_ratio(q.get(name))]
-        lines.append([r["workload"], r["params"], *cells, r["target"], fmt_met(r["met"])])
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
-    right = {2, 3, 4, 5, 6}
+                cells.append(fmt_ratio(r["ratios"].get(name)))
+        params = fit(r["params"], PARAMS_MAX) or "-"
+        target = fit(r["target"], TARGET_MAX) or "-"
+        lines.append([r["workload"], params, *cells, target, fmt_met(r["met"])])
+    widths = [max(len(x) for x in col) for col in zip(TABLE_HEADER, *lines)]
+    right = {2, 3, 4}
 
-    def fmt(cols: list[str]) -> str:
-        return "  ".join(
-            str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(cols, widths))
-        ).rstrip()
+    def fmt(cols: list[str] | tuple[str, ...]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cols, widths))).rstrip()
 
-    sep = "  ".join("-" * w for w in widths)
-    return "\n".join([fmt(header), sep, *(fmt(line) for line in lines)])
+    out = [fmt(TABLE_HEADER), "  ".join("-" * w for w in widths), *(fmt(line) for line in lines)]
+    for i, text in enumerate(footnotes, 1):
+        first = f"[{i}] "
+        out.append(wrap(text, first, " " * len(first), TABLE_WIDTH))
+    return "\n".join(out)
 
 
 # -- machine and JSON --------------------------------------------------------

@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TextIO
 
 
 def median(samples: Sequence[float]) -> float:
@@ -67,76 +67,52 @@ def interleaved(
 
 
 class Progress:
-    """A progress bar on stderr: tqdm when importable, else a tiny one.
+    """A tqdm progress bar on stderr, shown only where someone watches it.
 
-    Counts abstract steps; :meth:`step` advances by one and shows a label.
-    The fallback redraws one line on a terminal and prints a line per label
-    change otherwise (so logs stay readable), all on stderr.
+    Counts abstract steps: :meth:`step` advances, :meth:`label` names what is
+    measured now. The bar is drawn only when the stream is a terminal:
+    tqdm redraws its line with carriage returns, which in a redirected log
+    pile up as one long line of frames. tqdm comes with the ``bench`` extra;
+    without it the run is the same, only without a bar.
     """
 
-    def __init__(self, total: int, enabled: bool = True, stream: Any = None, use_tqdm: bool = True) -> None:
-        self.total = max(int(total), 1)
-        self.done = 0
-        self.enabled = enabled
-        self.stream = stream if stream is not None else sys.stderr
-        self._tqdm = None
-        self._label = ""
-        self._last_label = None
-        self._start = time.perf_counter()
-        if not enabled:
+    def __init__(self, total: int, enabled: bool = True, stream: TextIO | None = None) -> None:
+        stream = sys.stderr if stream is None else stream
+        self._bar: Any = None
+        if not (enabled and _is_tty(stream)):
             return
-        tqdm = None
-        if use_tqdm:
-            try:
-                from tqdm import tqdm  # optional: the ``bench`` extra lists it
-            except ImportError:
-                pass
-        if tqdm is not None:
-            self._tqdm = tqdm(total=self.total, file=self.stream, unit="step", leave=False)
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return
+        self._bar = tqdm(total=max(int(total), 1), file=stream, unit="step", leave=False, dynamic_ncols=True)
+
+    @property
+    def shown(self) -> bool:
+        """Whether a bar is being drawn."""
+        return self._bar is not None
 
     def label(self, text: str) -> None:
         """Show what is being measured now, without advancing."""
-        self._label = text
-        if self._tqdm is not None:
-            self._tqdm.set_description_str(text, refresh=True)
-        else:
-            self._draw()
+        if self._bar is not None:
+            self._bar.set_description_str(text, refresh=True)
 
     def step(self, n: int = 1) -> None:
         """Advance by ``n`` steps."""
-        self.done = min(self.done + n, self.total)
-        if self._tqdm is not None:
-            self._tqdm.update(n)
-        else:
-            self._draw()
+        if self._bar is not None:
+            self._bar.update(n)
 
     def close(self) -> None:
-        """Finish the bar, leaving the terminal line clean."""
-        if not self.enabled:
-            return
-        if self._tqdm is not None:
-            self._tqdm.close()
-        elif self._is_tty():
-            self.stream.write("\r" + " " * 79 + "\r")
-            self.stream.flush()
+        """Remove the bar, leaving the terminal line clean; later calls do nothing."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
-    def _is_tty(self) -> bool:
-        isatty = getattr(self.stream, "isatty", None)
+
+def _is_tty(stream: Any) -> bool:
+    # sys.stderr is None under pythonw, and file-likes may lack isatty.
+    isatty = getattr(stream, "isatty", None)
+    try:
         return bool(isatty and isatty())
-
-    def _draw(self) -> None:
-        if not self.enabled:
-            return
-        elapsed = time.perf_counter() - self._start
-        frac = self.done / self.total
-        width = 24
-        fill = int(round(frac * width))
-        line = f"[{'#' * fill}{'.' * (width - fill)}] {frac:4.0%} {elapsed:5.1f}s {self._label}"
-        if self._is_tty():
-            self.stream.write("\r" + line[:79].ljust(79))
-        elif self._label != self._last_label:
-            self.stream.write(line + "\n")
-            self._last_label = self._label
-        else:
-            return
-        self.stream.flush()
+    except (OSError, ValueError):  # a closed or detached stream
+        return False

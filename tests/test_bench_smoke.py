@@ -4,7 +4,7 @@ No timing is asserted (speed is never a test); these check that what the
 benchmark compares is comparable - the trace replays to identical slot
 sequences on hostpool_nb and on the baselines, the counted baselines behave
 exactly as the shared ones, the memory accounting agrees with tracemalloc -
-and that the JSON, table, plot and progress bar are produced. Fast, and
+and that the JSON, table, plot, progress bar and command line behave. Fast, and
 passes under ``NUMBA_DISABLE_JIT=1``.
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 import io
 import json
 import random
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +22,31 @@ import pytest
 
 from bench import report
 from bench.baselines import NumpyHostPool
-from bench.impls import NumpyBaseline, implementations, merges_of
+from bench.cli import TABLE_WIDTH
+from bench.impls import (
+    HOSTPOOL,
+    NUMPY,
+    TORCH,
+    NumpyBaseline,
+    implementations,
+    merges_of,
+)
 from bench.memory import measure_memory
-from bench.suite import run_suite, tiny_config
+from bench.suite import (
+    BIG_K,
+    METADATA_TARGET,
+    STARTUP_PARAMS,
+    STARTUP_TARGET,
+    TRACE_TARGET,
+    floor_params,
+    full_config,
+    memory_params,
+    roundtrip_params,
+    roundtrip_target,
+    run_suite,
+    tiny_config,
+    trace_params,
+)
 from bench.timing import Progress, interleaved
 from bench.workloads import TraceDivergence, make_trace, measure_roundtrip, replay
 from hostpool_nb import LogicalHostPool
@@ -145,7 +169,7 @@ def test_suite_json_table_and_plot(tmp_path: Path) -> None:
 
     table = report.render_table(loaded["rows"], torch_present=False)
     header = table.splitlines()[0]
-    for col in ("workload", "params", "hostpool_nb", "numpy", "x numpy", "torch", "x torch", "target", "met?"):
+    for col in report.TABLE_HEADER:
         assert col in header
     trace_line = next(line for line in table.splitlines() if line.startswith("KV-cache trace"))
     assert "n/a" in trace_line  # torch columns without torch
@@ -158,9 +182,24 @@ def test_suite_json_table_and_plot(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_progress_fallback_and_interleaving() -> None:
-    out = io.StringIO()
-    bar = Progress(4, stream=out, use_tqdm=False)
+class _Terminal(io.StringIO):
+    """A stream that says it is a terminal, as stderr does in an interactive shell."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def _drive(bar: Progress) -> None:
+    bar.label("measuring x")
+    bar.step()
+    bar.step(3)
+    bar.label("measured")  # redraws at once: tqdm throttles the redraws of step()
+    bar.close()
+    bar.close()  # idempotent: main and run_suite both close
+
+
+def test_progress_interleaving() -> None:
+    bar = Progress(4, stream=io.StringIO())
     order: list[str] = []
     samples = interleaved(
         {n: (lambda n=n: order.append(n) or 1.0) for n in ("a", "b")},
@@ -170,12 +209,215 @@ def test_progress_fallback_and_interleaving() -> None:
     bar.close()
     assert samples == {"a": [1.0, 1.0], "b": [1.0, 1.0]}
     assert order == ["a", "b", "b", "a"]  # each repeat starts elsewhere
-    assert "100%" in out.getvalue() or "[" in out.getvalue()
 
 
-def test_cli_rejects_unknown_workload() -> None:
+def test_progress_writes_nothing_to_a_log() -> None:
+    """Redirected stderr gets no bar: tqdm's carriage-return frames would pile up in the log."""
+    out = io.StringIO()
+    bar = Progress(4, stream=out)
+    assert not bar.shown
+    _drive(bar)
+    assert out.getvalue() == ""
+
+
+def test_progress_on_a_terminal_uses_tqdm() -> None:
+    pytest.importorskip("tqdm")
+    out = _Terminal()
+    bar = Progress(4, stream=out)
+    assert bar.shown
+    _drive(bar)
+    assert not bar.shown
+    text = out.getvalue()
+    assert "measuring x" in text and "\r" in text  # a redrawn line, labelled
+    assert "measured: 100%" in text and "4/4" in text  # the steps reached the bar
+
+
+def test_progress_disabled_or_without_tqdm_draws_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = _Terminal()
+    off = Progress(4, enabled=False, stream=out)  # --no-progress
+    _drive(off)
+    assert not off.shown and out.getvalue() == ""
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm raises ImportError
+    bare = Progress(4, stream=out)
+    _drive(bare)
+    assert not bare.shown and out.getvalue() == ""
+
+
+# -- the command line --------------------------------------------------------
+
+
+def _cli_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """stderr of ``python -m bench argv``, which must exit 2 with one line, before measuring."""
+    from bench.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("python -m bench: error: "), err
+    return err
+
+
+@pytest.fixture
+def no_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if the suite starts: user mistakes must be caught before it."""
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("measured despite a bad command line")
+
+    monkeypatch.setattr("bench.__main__.run_suite", boom)
+
+
+def test_cli_rejects_unknown_workload(capsys: pytest.CaptureFixture[str], no_measuring: None) -> None:
     from bench.__main__ import parse_args
 
-    with pytest.raises(SystemExit):
-        parse_args(["--only", "nonsense"])
+    err = _cli_error(capsys, ["--only", "nonsense"])
+    assert "nonsense" in err and "roundtrip" in err
     assert parse_args(["--only", "trace,memory"]).only == ("trace", "memory")
+
+
+def test_cli_checks_output_paths_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_measuring: None
+) -> None:
+    missing = tmp_path / "nonexistent" / "x.json"
+    err = _cli_error(capsys, ["--json", str(missing)])
+    assert f"cannot write --json {missing}: directory {missing.parent} does not exist" in err
+    assert "is a directory" in _cli_error(capsys, ["--json", str(tmp_path)])
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    assert "not a directory" in _cli_error(capsys, ["--plot", str(a_file / "x.png")])
+    same = str(tmp_path / "x")
+    assert "same file" in _cli_error(capsys, ["--json", same, "--plot", same])
+
+
+def test_cli_plot_without_matplotlib(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], no_measuring: None
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert "needs matplotlib" in _cli_error(capsys, ["--plot", str(tmp_path / "x.png")])
+
+
+def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.__main__ import main as bench_main
+    from bench.profile import main as profile_main
+
+    for main, options in ((bench_main, ()), (profile_main, ("--page-size", "--k", "--pool", "--big-k"))):
+        with pytest.raises(SystemExit) as exc:
+            main(["--help"])
+        assert exc.value.code == 0
+        text = capsys.readouterr().out
+        assert "``" not in text
+        for opt in options:  # each profile option says what it is and its default
+            line = next(x for x in text.splitlines() if x.lstrip().startswith(opt + " "))
+            assert len(line.split(maxsplit=2)) == 3, line
+        if options:
+            assert text.count("(default") == len(options)
+
+
+def test_profile_rejects_sizes_the_pool_cannot_take(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.profile import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--k", "10"])  # not a multiple of the page size, 64
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m bench.profile: error: --k") and len(err.splitlines()) == 1
+
+
+def test_main_output_fits_and_has_no_carriage_returns(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The whole main job on tiny sizes, stdout and stderr redirected as in a log."""
+    import bench.__main__ as cli
+
+    monkeypatch.setattr(cli, "quick_config", tiny_config)
+    out_json = tmp_path / "r.json"
+    assert cli.main(["--no-torch", "--json", str(out_json)]) == 0
+    out, err = capsys.readouterr()
+    assert "\r" not in out + err
+    assert err == ""
+    assert all(len(line) <= TABLE_WIDTH for line in out.splitlines()), max(out.splitlines(), key=len)
+    assert "KV-cache trace" in out and f"results written to {out_json}" in out
+    assert json.loads(out_json.read_text())["rows"]
+
+
+# -- the table ---------------------------------------------------------------
+
+
+def _full_run_rows() -> list[dict]:
+    """Rows shaped like a --full run's: every row suite.run_suite makes, with its texts.
+
+    Values are chosen for the widest cells the formatters produce (three
+    digits before the unit, four- and five-digit ratios).
+    """
+    cfg = full_config()
+    t = {HOSTPOOL: 123e-6, NUMPY: 0.123, TORCH: 1.23}  # ratios 1000x and 10000x
+    rows = []
+    for ps, k, pool in cfg.roundtrip_cells:
+        ratios = report.row("", "", "s/op", t)["ratios"]
+        target, met = roundtrip_target(ps, k, pool, ratios)
+        samples = {n: [v, v * 1.1] for n, v in t.items()}
+        rows.append(report.row("round trip", roundtrip_params(ps, k, pool), "s/op", t, target, met, samples=samples))
+    rows.append(report.row("memory floor", floor_params(BIG_K), "s/op", {HOSTPOOL: 18.4e-6}, columns=(HOSTPOOL,)))
+    for ps in cfg.trace_page_sizes:
+        # Failed allocs are retried, so a trace has more ops than asked for.
+        rows.append(
+            report.row("KV-cache trace", trace_params(ps, cfg.trace_pool_slots, 10 * cfg.trace_ops), "s/op", t, TRACE_TARGET, False)
+        )
+    b = {HOSTPOOL: 9.0, NUMPY: 1161.0, TORCH: 12345.0}
+    rows.append(report.row("metadata held", memory_params(cfg.memory_pool_slots, cfg.memory_page_size, "built"), "B/page", b))
+    rows.append(
+        report.row("metadata peak", memory_params(cfg.memory_pool_slots, cfg.memory_page_size, "merge"), "B/page", b, METADATA_TARGET, True)
+    )
+    for key in ("warm", "cold"):
+        s = {HOSTPOOL: 10.9, TORCH: 321.0}
+        rows.append(report.row("start-up", STARTUP_PARAMS[key], "s", s, STARTUP_TARGET if key == "warm" else "", None, columns=(HOSTPOOL, TORCH)))
+    # What the issue tracker plans next, and a target too long for its column.
+    rows.append(report.row("batch alloc", "p16 256 reqs", "s/op", t, ">=50x torch", True))
+    rows.append(report.row("paged allocator", "p16 256 reqs pool=1M", "s/op", t, ">=50x torch, >=10x numpy, in every batch size", True))
+    return rows
+
+
+def _ratio_cell(r: dict, name: str, torch_present: bool) -> str:
+    """What the table must show for ``name``'s ratio in row ``r``."""
+    if name not in r.get("columns", report.IMPL_COLUMNS):
+        return "-"
+    if name == TORCH and not torch_present:
+        return "n/a"
+    return report.fmt_ratio(r["ratios"][name])
+
+
+@pytest.mark.parametrize("torch_present", [True, False])
+def test_table_fits_120_columns_and_shows_every_row(torch_present: bool) -> None:
+    rows = _full_run_rows()
+    table = report.render_table(rows, torch_present)
+    lines = table.splitlines()
+    assert all(len(line) <= TABLE_WIDTH for line in lines), max(lines, key=len)
+    assert lines[0].split() == ["workload", "params", "hostpool_nb", "x", "numpy", "x", "torch", "target", "met?"]
+    body = lines[2 : 2 + len(rows)]
+    footnotes = "\n".join(lines[2 + len(rows) :])
+    for r, line in zip(rows, body):
+        # Columns are two spaces apart and no cell is empty or holds two spaces.
+        workload, params, ours, x_numpy, x_torch, target, met = re.split(r"\s{2,}", line.strip())
+        assert (workload, ours, x_numpy, x_torch, met) == (
+            r["workload"],
+            report.fmt_value(r["values"][HOSTPOOL], r["unit"]),
+            _ratio_cell(r, NUMPY, torch_present),
+            _ratio_cell(r, TORCH, torch_present),
+            report.fmt_met(r["met"]),
+        )
+        for cell, text in ((params, r["params"]), (target, r["target"] or "-")):
+            if cell != text:  # moved to a numbered note under the table
+                assert re.fullmatch(r"\[\d+\]", cell), (cell, text)
+                assert " ".join(footnotes.split()).count(f"{cell} {text}") == 1
+    assert "[1] >=50x torch, >=10x numpy, in every batch size" in footnotes
+
+
+def test_every_target_reads_as_a_bound_on_the_ratios() -> None:
+    """One direction everywhere: ratio = baseline / hostpool_nb, targets as lower bounds on it."""
+    targets = {r["target"] for r in _full_run_rows()[:-2]} - {"", METADATA_TARGET}
+    for target in targets:
+        for part in target.split(", "):
+            assert re.fullmatch(r">=\d+(\.\d+)?x (numpy|torch)", part), target
