@@ -7,7 +7,14 @@ arrays, and raises a clear error for every misuse the original accepts.
 optional adapter for code that passes torch tensors.
 """
 
-from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
+from ._errors import (
+    AlignmentError,
+    DoubleFreeError,
+    HostPoolError,
+    KernelCacheWarning,
+    PartialPageError,
+    SlotRangeError,
+)
 from ._pool import LogicalHostPool
 
 __version__ = "0.1.0"
@@ -16,6 +23,7 @@ __all__ = [
     "AlignmentError",
     "DoubleFreeError",
     "HostPoolError",
+    "KernelCacheWarning",
     "LogicalHostPool",
     "PartialPageError",
     "SlotRangeError",

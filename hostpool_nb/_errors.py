@@ -1,4 +1,4 @@
-"""Exceptions raised by hostpool_nb.
+"""Exceptions raised by hostpool_nb, and the warning it issues.
 
 Every caller mistake is a :class:`HostPoolError`, which is a ``ValueError``:
 code written for sglang's pool (``except ValueError``) keeps working, and new
@@ -34,10 +34,20 @@ class DoubleFreeError(HostPoolError):
     """
 
 
+class KernelCacheWarning(UserWarning):
+    """The kernels could not use numba's on-disk cache and were compiled in memory.
+
+    Not an error: the pool works the same, but every start compiles the
+    kernels again (about 10 s). The message says how to get the cache back.
+    Issued at most once per process.
+    """
+
+
 __all__ = [
     "AlignmentError",
     "DoubleFreeError",
     "HostPoolError",
+    "KernelCacheWarning",
     "PartialPageError",
     "SlotRangeError",
 ]

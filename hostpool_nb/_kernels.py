@@ -1,7 +1,8 @@
 """Numba kernels that own every change to a pool's page state.
 
 This module is the only place that touches the state array, and the only
-place that uses numba. Kernels move integers and return status codes; they
+one with numba kernels (their numba options live in ``_jit.py``). Kernels
+move integers and return status codes; they
 never raise and never allocate Python objects, so the class in ``_pool.py``
 can validate, lock, and turn a status code into the right exception.
 
@@ -41,7 +42,10 @@ exactly as it was before the call, byte for byte.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+# Compiles a kernel from an explicit signature (nogil, on-disk cache with a
+# fallback to compiling in memory); numba's options live in _jit.py.
+from ._jit import kernel as _jit
 
 # Header offsets into ``st``.
 H_HEAD = 0  # ring position of the first free page
@@ -63,18 +67,6 @@ E_PARTIAL = 4  # the slots after a page's first are not that page's, in order
 E_NOT_ALLOCATED = 5  # page is free or released: double free / never allocated
 E_DUPLICATE = 6  # page appears twice in one free call
 E_CORRUPT = 7  # internal state is inconsistent (never through the public API)
-
-
-def _jit(signature):
-    """Compile a kernel: the one place that sets numba options.
-
-    An explicit signature documents the array contract and compiles at
-    import (from the cache after the first run). ``nogil`` lets other
-    threads run while a kernel works (the pool's lock already serialises
-    state changes); ``cache`` keeps start-up to a cache load. No
-    ``fastmath``: this is integer code.
-    """
-    return njit(signature, nogil=True, cache=True)
 
 
 def state_length(num_pages: int) -> int:

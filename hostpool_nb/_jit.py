@@ -1,0 +1,174 @@
+"""Numba options and the on-disk kernel cache: the one place that sets them.
+
+Every kernel compiles at import from an explicit signature. ``nogil`` lets
+other threads run while a kernel works (the pool's lock already serialises
+state changes); ``cache`` turns the ~10 s of compiling on every start into
+a cache load. No ``fastmath``: the kernels are integer code.
+
+The cache is a speed-up, never a requirement, so no cache problem may stop
+``import hostpool_nb``:
+
+* No writable cache directory (a read-only install with an unwritable HOME
+  and no NUMBA_CACHE_DIR): numba raises "no locator available" while setting
+  up the cache. The kernel is compiled in memory instead.
+* A corrupt or truncated cache file: loading it raises whatever unpickling
+  raises. The kernel's cache index is emptied and the kernel compiled again,
+  which rewrites its files; only if that fails too is it compiled in memory.
+* The cache cannot be written (disk full): the kernel, already compiled, is
+  kept.
+
+Each fallback costs start-up time, so it is reported by one
+:class:`KernelCacheWarning` per process that says how to get the cache back.
+Only these cache paths fall back: a kernel that fails to compile, and
+``MemoryError`` or ``KeyboardInterrupt`` anywhere, propagate. The private
+numba attributes used for recovery are read with ``getattr`` fallbacks, so a
+numba change degrades to compiling in memory, not to a failed import.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from numba import njit
+
+from ._errors import KernelCacheWarning
+
+# (reason, remedy) for the warning; see _warn_once.
+_Problem = tuple[str, str]
+
+# Set once the warning is out: one per process for all kernels. Kernels are
+# compiled while their module is imported, which the import lock serialises.
+_warned = False
+
+
+def kernel(signature: str) -> Callable[[Callable[..., Any]], Any]:
+    """Decorator: compile a kernel for ``signature``, cached on disk if possible.
+
+    Returns numba's dispatcher, or the function itself under
+    ``NUMBA_DISABLE_JIT=1``. See the module docstring for the fallbacks.
+    """
+
+    def decorate(func: Callable[..., Any]) -> Any:
+        compiled, problem = _compile(func, signature)
+        if problem is not None:
+            _warn_once(*problem)
+        return compiled
+
+    return decorate
+
+
+def _compile(func: Callable[..., Any], signature: str) -> tuple[Any, _Problem | None]:
+    """Compile ``func`` through the cache; return it and the cache problem, if any."""
+    try:
+        # No signature yet: this only creates the dispatcher and sets up its
+        # cache, which is where numba fails when it has nowhere to write.
+        dispatcher = _njit(None, cache=True)(func)
+    except (RuntimeError, OSError) as exc:
+        # A non-cache error raises again from the in-memory compile.
+        return _in_memory(func, signature), (
+            f"numba has no writable cache directory ({exc})",
+            "set NUMBA_CACHE_DIR to a writable directory",
+        )
+    if dispatcher is func:  # NUMBA_DISABLE_JIT=1: njit hands the function back
+        return func, None
+
+    error = _try_compile(dispatcher, signature)
+    if error is not None and not _compiled(dispatcher) and _forget_index(dispatcher):
+        # Loading failed. With the index empty, this compiles and rewrites
+        # the kernel's cache files.
+        error = _try_compile(dispatcher, signature)
+    if error is None:
+        dispatcher.disable_compile()  # as njit(signature) does: no lazy compiles
+        return dispatcher, None
+
+    where = _cache_dir(dispatcher)
+    if _compiled(dispatcher):  # compiled, then failed to save: usable
+        dispatcher.disable_compile()
+        return dispatcher, (
+            f"numba could not write its cache in {where} ({error!r})",
+            f"make {where} writable or set NUMBA_CACHE_DIR to a writable directory",
+        )
+    return _in_memory(func, signature), (
+        f"the numba cache in {where} is corrupt and could not be rebuilt ({error!r})",
+        f"delete the directory {where}",
+    )
+
+
+def _try_compile(dispatcher: Any, signature: str) -> Exception | None:
+    """Compile ``signature``; return the error if the cache failed, raise if the compiler did.
+
+    numba counts a cache miss just before compiling and adds the compiled
+    overload just before saving it to the cache. So an error with no miss
+    counted came from loading the cache, and one with the overload in place
+    from saving it; an error in between is the compiler's and propagates.
+    """
+    try:
+        dispatcher.compile(signature)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        stats = getattr(dispatcher, "stats", None)
+        misses = sum(getattr(stats, "cache_misses", {}).values())
+        if misses and not _compiled(dispatcher):
+            raise
+        return exc
+    return None
+
+
+def _compiled(dispatcher: Any) -> bool:
+    """Whether the dispatcher holds compiled code (it only ever gets one signature)."""
+    return bool(getattr(dispatcher, "overloads", None))
+
+
+def _forget_index(dispatcher: Any) -> bool:
+    """Empty the kernel's cache index so the next compile ignores its broken files.
+
+    numba's ``Cache.flush`` (reached through the private ``_cache``) writes
+    an empty index; the compile that follows then misses, compiles and
+    overwrites the data file. Returns False if that was not possible.
+    """
+    flush = getattr(getattr(dispatcher, "_cache", None), "flush", None)
+    if not callable(flush):
+        return False
+    try:
+        flush()
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 - whatever stops the rewrite, recovery is off
+        return False
+    return True
+
+
+def _cache_dir(dispatcher: Any) -> str:
+    """The directory holding the kernel's cache files, for the warning."""
+    path = getattr(getattr(dispatcher, "stats", None), "cache_path", None)
+    return str(path) if path else "numba's cache directory"
+
+
+def _in_memory(func: Callable[..., Any], signature: str) -> Any:
+    """Compile without the on-disk cache."""
+    return _njit(signature, cache=False)(func)
+
+
+def _njit(signature: str | None, *, cache: bool) -> Callable[[Callable[..., Any]], Any]:
+    """numba's ``njit`` with the package's options, set here and nowhere else.
+
+    ``signature=None`` gives a dispatcher that compiles nothing until asked.
+    """
+    return njit(signature, nogil=True, cache=cache)
+
+
+def _warn_once(reason: str, remedy: str) -> None:
+    """Emit the process's one :class:`KernelCacheWarning`; later calls do nothing."""
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    warnings.warn(
+        f"hostpool_nb: numba kernels are compiled in memory on every start (about 10 s) "
+        f"because {reason}. To enable the on-disk cache, {remedy}.",
+        KernelCacheWarning,
+        stacklevel=3,  # the kernel's definition
+    )
