@@ -21,22 +21,25 @@ as few arguments as possible):
     merged). Their concatenation is the FIFO order that allocation follows,
     as in the original pool, where merging appends released chunks after
     the remaining free slots. Ring entries outside that live window are
-    stale and never read.
+    scratch: ``free`` stages the page ids it has validated there, right
+    behind the release list, and releases them by moving the window's end.
 ``st[HEADER + n:]``, viewed as uint8 (:func:`owner_view`)
     One flag per page: ``OWNER_ALLOCATED`` for a page a caller holds,
     ``OWNER_FREE`` for a page on the free or release list.
 
-Because ``free`` pushes a page on the ring only after its flag said it was
-allocated, the ring never holds a page twice and never overflows. Metadata
-costs 9 bytes per page, and no operation allocates more.
+Because ``free`` stages a page on the ring only after its flag said it was
+allocated, the ring never holds a page twice and never overflows: the spare
+part always has room for every page a caller holds. Metadata costs 9 bytes
+per page, and no operation allocates more.
 
 Status codes
 ------------
 A kernel returns a value ``>= 0`` on success. A failure is encoded as
 ``-1 - (position << 4 | code)``, where ``code`` is one of the ``E_*``
 constants and ``position`` is the offending index into the kernel's input
-(0 when there is none); see :func:`decode_status`. On failure ``st`` is
-exactly as it was before the call, byte for byte.
+(0 when there is none); see :func:`decode_status`. On failure the pool's
+state is as it was before the call: the header, the live window and the
+owner flags byte for byte; only the scratch outside the window may differ.
 """
 
 from __future__ import annotations
@@ -167,40 +170,68 @@ def _alloc_single_slot_pages(st, out):
     return need
 
 
+@_jit("i8(i8[::1], i8, i8, i8, i8)")
+def _staged_twice(ring, tail, done, page, position):
+    """The failure for a ``page`` that ``free`` found not allocated.
+
+    ``E_DUPLICATE`` if this call staged it already (it is among the ``done``
+    pages staged from ring position ``tail``), else ``E_NOT_ALLOCATED``.
+    Error path only; it reads the pool's ring, never the caller's input.
+    """
+    n = ring.shape[0]
+    pos = tail
+    for _ in range(done):
+        if ring[pos] == page:
+            return _fail(E_DUPLICATE, position)
+        pos = pos + 1 if pos + 1 < n else 0
+    return _fail(E_NOT_ALLOCATED, position)
+
+
+@_jit("void(i8[::1], u1[::1], i8, i8)")
+def _unstage(ring, owner, tail, done):
+    """Roll back a failed free: flag the ``done`` staged pages allocated again.
+
+    The staged ids (from ring position ``tail``) stay outside the live
+    window, so they are left as unread scratch.
+    """
+    n = ring.shape[0]
+    pos = tail
+    for _ in range(done):
+        owner[ring[pos]] = OWNER_ALLOCATED
+        pos = pos + 1 if pos + 1 < n else 0
+
+
 @_jit("i8(i8[::1], i8[::1])")
 def _free_single_slot_pages(st, slots):
     """``free_pages`` for ``page_size == 1``, where a page id is a slot id.
 
-    Validates and flags in one loop, then appends ``slots`` to the ring in
-    at most two block copies. Same contract as ``free_pages``.
+    Same contract and the same single read of each input element as
+    ``free_pages``; without page runs to check, one loop validates, flags
+    and stages each slot.
     """
     n = st[H_NPAGES]
     count = slots.shape[0]
     owner = owner_view(st)
+    ring = st[HEADER : HEADER + n]
+    tail = _ring_tail(st)
+    pos = tail
     status = 0
     done = 0
     for c in range(count):
-        p = slots[c]
+        p = slots[c]  # the only read of this element
         if p < 0 or p >= n:
             status = _fail(E_RANGE, c)
             break
         if owner[p] != OWNER_ALLOCATED:
-            status = _fail(E_NOT_ALLOCATED, c)
-            for e in range(c):  # error path: was it freed earlier in this call?
-                if slots[e] == p:
-                    status = _fail(E_DUPLICATE, c)
-                    break
+            status = _staged_twice(ring, tail, done, p, c)
             break
         owner[p] = OWNER_FREE
+        ring[pos] = p
+        pos = pos + 1 if pos + 1 < n else 0
         done += 1
     if status != 0:
-        for c in range(done):
-            owner[slots[c]] = OWNER_ALLOCATED
+        _unstage(ring, owner, tail, done)
         return status
-    tail = _ring_tail(st)
-    first = min(count, n - tail)
-    st[HEADER + tail : HEADER + tail + first] = slots[:first]
-    st[HEADER : HEADER + count - first] = slots[first:]
     st[H_NREL] += count
     return count
 
@@ -264,7 +295,15 @@ def free_pages(st, slots):
     Pages may come in any order; they are appended to the release list in
     the order given. Returns the number of slots released, or a failure
     (``E_RANGE``, ``E_MISALIGNED``, ``E_PARTIAL``, ``E_NOT_ALLOCATED``,
-    ``E_DUPLICATE``) at the offending position, with ``st`` unchanged.
+    ``E_DUPLICATE``) at the offending position, with the state unchanged.
+
+    ``slots`` may be a caller's array that another thread writes while this
+    kernel runs without the GIL. So each page's id is derived from one read
+    of its first slot, checked, and staged in the ring's spare part (pool
+    memory, outside the live window) before anything else happens; the
+    staging, the roll-back of a failure and the release read only those
+    staged ids, never ``slots`` again. A racing writer can make the call
+    fail, but never make it act on a value it did not validate.
     """
     page_size = st[H_PAGE_SIZE]
     if page_size == 1:
@@ -275,9 +314,12 @@ def free_pages(st, slots):
     size = n * page_size
     count = slots.shape[0] // page_size
     owner = owner_view(st)
-    # Pass 1: validate each page and flag it free at once, so a page named
-    # twice in this call fails its second check. On failure the flags of
-    # the pages already passed are set back before returning.
+    ring = st[HEADER : HEADER + n]
+    # A page can only be staged after its flag said "allocated", and every
+    # allocated page is off the live window, so the spare part of the ring
+    # (from the tail on) always has room for the pages staged here.
+    tail = _ring_tail(st)
+    pos = tail
     status = 0
     done = 0
     for c in range(count):
@@ -298,37 +340,34 @@ def free_pages(st, slots):
             status = _fail(E_MISALIGNED, start)
             break
         # One branch-free pass per page (vectorised); the scan for the exact
-        # position runs only when the page is already known to be wrong.
+        # position runs only when the page is already known to be wrong. It
+        # compares against ``first`` as read above, so an element changed
+        # since then fails the page rather than slipping through.
         run = slots[start : start + page_size]
         bad = 0
         for j in range(page_size):
             bad |= run[j] ^ (first + j)
         if bad != 0:
-            for j in range(1, page_size):
-                if slots[start + j] != first + j:
+            # A writer may have restored the value by now: report the page
+            # at its second slot then, still a partial page.
+            status = _fail(E_PARTIAL, start + 1)
+            for j in range(page_size):
+                if run[j] != first + j:
                     status = _fail(E_PARTIAL, start + j)
                     break
             break
         if owner[p] != OWNER_ALLOCATED:
-            status = _fail(E_NOT_ALLOCATED, start)
-            for e in range(c):  # error path: was it freed earlier in this call?
-                if slots[e * page_size] == first:
-                    status = _fail(E_DUPLICATE, start)
-                    break
+            status = _staged_twice(ring, tail, done, p, start)
             break
         owner[p] = OWNER_FREE
+        ring[pos] = p
+        pos = pos + 1 if pos + 1 < n else 0
         done += 1
     if status != 0:
-        for c in range(done):
-            owner[slots[c * page_size] // page_size] = OWNER_ALLOCATED
+        _unstage(ring, owner, tail, done)
         return status
-    # Pass 2: append to the release list. Every page was allocated, so the
-    # ring has room for all of them.
-    tail = _ring_tail(st)
-    for c in range(count):
-        first = slots[c * page_size]
-        st[HEADER + tail] = first >> shift if shift >= 0 else first // page_size
-        tail = tail + 1 if tail + 1 < n else 0
+    # Every page is validated, flagged and staged right behind the release
+    # list: releasing them is one counter.
     st[H_NREL] += count
     return count * page_size
 

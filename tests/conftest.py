@@ -46,26 +46,40 @@ def _profile_name() -> str:
 settings.load_profile(_profile_name())
 
 
-def take_snapshot(pool: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Copies of the two arrays that fully determine a pool's logical state."""
-    return pool._st.copy(), pool._owner.copy()
+Snapshot = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def assert_unchanged(pool: Any, before: tuple[np.ndarray, np.ndarray]) -> None:
-    """The pool's state equals ``before`` and its invariants hold."""
-    st, owner = before
-    assert np.array_equal(pool._st, st), f"state changed: {st} -> {pool._st}"
-    assert np.array_equal(pool._owner, owner), f"owners changed: {owner} -> {pool._owner}"
+def take_snapshot(pool: Any) -> Snapshot:
+    """Copies of what fully determines a pool's logical state.
+
+    The header, the live window of the ring (free list then release list,
+    in order) and the owner flags. The ring's other entries are scratch
+    (``free`` stages validated page ids there), so they are left out.
+    """
+    from hostpool_nb import _kernels as K
+
+    st = pool._st
+    n = int(st[K.H_NPAGES])
+    head, live = int(st[K.H_HEAD]), int(st[K.H_NFREE] + st[K.H_NREL])
+    window = st[K.HEADER : K.HEADER + n][(head + np.arange(live)) % max(n, 1)]
+    return st[: K.HEADER].copy(), window.copy(), pool._owner.copy()
+
+
+def assert_unchanged(pool: Any, before: Snapshot) -> None:
+    """The pool's logical state equals ``before`` and its invariants hold."""
+    after = take_snapshot(pool)
+    for name, old, new in zip(("header", "free+release window", "owner flags"), before, after):
+        assert np.array_equal(old, new), f"{name} changed: {old} -> {new}"
     pool.check_invariants()
 
 
 @pytest.fixture
-def snapshot() -> Callable[[Any], tuple[np.ndarray, np.ndarray]]:
+def snapshot() -> Callable[[Any], Snapshot]:
     """``snapshot(pool)`` -> an opaque state copy for :func:`unchanged`."""
     return take_snapshot
 
 
 @pytest.fixture
-def unchanged() -> Callable[[Any, tuple[np.ndarray, np.ndarray]], None]:
+def unchanged() -> Callable[[Any, Snapshot], None]:
     """``unchanged(pool, before)`` asserts the pool still equals ``before``."""
     return assert_unchanged

@@ -52,7 +52,7 @@ def test_writing_into_results_never_reaches_the_pool(page_size: int) -> None:
     pool = LogicalHostPool(4 * page_size, page_size)
     out = pool.alloc(4 * page_size)
     kept = out.copy()
-    before = (pool._st.copy(), pool._owner.copy())
+    before = (pool._st.copy(), pool._owner.copy())  # byte for byte, scratch included
     out[:] = -12345
     out.resize(0, refcheck=False)  # owning the buffer means it may even be resized
     assert np.array_equal(pool._st, before[0]) and np.array_equal(pool._owner, before[1])

@@ -24,6 +24,7 @@ torch = pytest.importorskip("torch")
 import hostpool_nb  # noqa: E402
 import hostpool_nb.torch as hpt  # noqa: E402
 from tests.test_torch_missing import run_child  # noqa: E402
+from tests.conftest import Snapshot, take_snapshot  # noqa: E402
 from hostpool_nb.torch import (  # noqa: E402
     AlignmentError,
     DoubleFreeError,
@@ -49,17 +50,17 @@ INT_DTYPES = [
 # -- helpers -------------------------------------------------------------
 
 
-def state(pool: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Copies of the arrays that determine a pool's logical state."""
-    return pool._st.copy(), pool._owner.copy()
+def state(pool: Any) -> Snapshot:
+    """Copies of what determines a pool's logical state (conftest's snapshot)."""
+    return take_snapshot(pool)
 
 
 def assert_same_state(a: Any, b: Any) -> None:
-    """Two pools (or a pool and a saved state) are in the same state."""
+    """Two pools (or a pool and a saved state) are in the same logical state."""
     sa = state(a) if not isinstance(a, tuple) else a
     sb = state(b) if not isinstance(b, tuple) else b
-    assert np.array_equal(sa[0], sb[0]), f"{sa[0]} != {sb[0]}"
-    assert np.array_equal(sa[1], sb[1]), f"{sa[1]} != {sb[1]}"
+    for x, y in zip(sa, sb):
+        assert np.array_equal(x, y), f"{x} != {y}"
 
 
 def page_slots(pages: list[int], page_size: int) -> np.ndarray:
