@@ -8,6 +8,7 @@ accept.
 from __future__ import annotations
 
 import operator
+import sys
 from typing import Any
 
 import numpy as np
@@ -20,20 +21,44 @@ _EMPTY_SLOTS = np.empty(0, dtype=np.int64)
 _EMPTY_SLOTS.flags.writeable = False
 
 
+# Protocols that make an object an array (numpy, torch, JAX, CuPy, ...). Many
+# such arrays also define ``__index__`` for one-element contents, so
+# ``operator.index`` alone would read ``tensor([[16]])`` as 16.
+_ARRAY_PROTOCOLS = ("__array__", "__array_interface__", "__array_struct__", "__dlpack__", "__cuda_array_interface__")
+
+
+def is_array_like(value: Any) -> bool:
+    """Whether ``value`` is an array of any library (numpy scalars excluded)."""
+    if isinstance(value, np.generic):
+        return False
+    cls = type(value)
+    return isinstance(value, np.ndarray) or any(hasattr(cls, attr) for attr in _ARRAY_PROTOCOLS)
+
+
 def as_count(value: Any, name: str) -> int:
     """Return ``value`` as a Python int, or raise ``TypeError`` naming ``name``.
 
-    Accepts ``int`` and anything with ``__index__`` (numpy integer scalars);
-    rejects ``bool`` (an int subclass that is almost always a bug here),
-    floats, strings, ``None`` and arrays, including 0-d ones.
+    Accepts ``int``, numpy integer scalars and other objects with
+    ``__index__``; rejects ``bool`` (an int subclass that is almost always a
+    bug here), floats, strings, ``None`` and arrays of every library,
+    including 0-d and one-element ones, whatever their ``__index__`` says.
     """
     if type(value) is int:  # the hot path
         return value
-    if isinstance(value, (bool, np.bool_, np.ndarray)):
+    if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if isinstance(value, np.integer):
+        return int(value)
+    if is_array_like(value):
+        raise TypeError(
+            f"{name} must be an integer, got {type(value).__name__} {value!r}; "
+            "pass a Python int (e.g. int(x)) for a count held in an array"
+        )
     try:
         return operator.index(value)
-    except TypeError:
+    except MemoryError:
+        raise
+    except Exception:  # TypeError, or whatever a broken __index__ raises
         raise TypeError(
             f"{name} must be an integer, got {type(value).__name__} {value!r}"
         ) from None
@@ -56,9 +81,12 @@ def as_slots(indices: Any) -> np.ndarray:
     elif isinstance(indices, (str, bytes, bytearray)):
         raise TypeError(f"indices must be an array of integer slot ids, got {type(indices).__name__}")
     else:
+        _reject_masked(indices)
         try:
             arr = np.asarray(indices)
-        except (TypeError, ValueError) as exc:  # ragged lists, odd objects
+        except MemoryError:
+            raise
+        except Exception as exc:  # ragged lists; an __array__ that raises
             raise TypeError(
                 f"indices must be an array of integer slot ids, got {type(indices).__name__}: {exc}"
             ) from None
@@ -85,6 +113,20 @@ def as_slots(indices: Any) -> np.ndarray:
             f"free got slot {int(flat[pos])} at indices[{pos}] (flattened), outside the int64 range"
         )
     return np.ascontiguousarray(flat, dtype=np.int64)
+
+
+def _reject_masked(indices: Any) -> None:
+    """Refuse masked arrays: ``np.asarray`` would free their masked entries too.
+
+    ``numpy.ma`` is looked up in ``sys.modules`` rather than imported: a
+    masked array can only exist once it has been imported.
+    """
+    ma = sys.modules.get("numpy.ma")
+    if ma is not None and isinstance(indices, ma.MaskedArray):
+        raise TypeError(
+            "indices must not be a masked array: free would also free its masked entries; "
+            "pass indices.compressed() to free only the unmasked slots"
+        )
 
 
 def _raise_if_big_ints(arr: np.ndarray) -> None:

@@ -7,6 +7,7 @@ their status codes into exceptions.
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -26,6 +27,28 @@ _UINT8 = np.dtype(np.uint8)
 _INT64 = np.dtype(np.int64)
 _STATUS_SHORT = -1 - K.E_SHORT
 _STRIDES_1D = (8,)
+# Above this many slots, ``alloc`` checks capacity before allocating its
+# output: 256 KiB, past which np.empty maps fresh memory (microseconds, or a
+# MemoryError for absurd sizes) instead of reusing the allocator's free
+# blocks (about 100 ns, less than the extra lock round trip would cost).
+_PRECHECK_SLOTS = 1 << 15
+
+
+def _new_state(size: int, page_size: int, num_pages: int) -> np.ndarray:
+    """A zeroed state array, or a clear error for a pool too large to hold."""
+    words = K.state_length(num_pages)
+    if words * 8 > sys.maxsize:  # numpy's own error would be about "dimensions"
+        raise HostPoolError(
+            f"LogicalHostPool(size={size}, page_size={page_size}) is too large: its {num_pages} pages "
+            f"need {words * 8} bytes of metadata (9 per page), more than this platform can address"
+        )
+    try:
+        return np.zeros(words, dtype=np.int64)
+    except MemoryError as exc:
+        raise MemoryError(
+            f"LogicalHostPool(size={size}, page_size={page_size}) needs {words * 8 / 2**30:.3g} GiB "
+            f"of metadata for its {num_pages} pages (9 bytes per page): {exc}"
+        ) from exc
 
 
 class LogicalHostPool:
@@ -102,7 +125,7 @@ class LogicalHostPool:
         self.lock = threading.RLock()
 
         num_pages = size // page_size
-        self._st = np.zeros(K.state_length(num_pages), dtype=np.int64)
+        self._st = _new_state(size, page_size, num_pages)
         self._st[K.H_NPAGES] = num_pages
         self._st[K.H_PAGE_SIZE] = page_size
         self._st[K.H_PAGE_SHIFT] = K.page_shift(page_size)
@@ -164,11 +187,18 @@ class LogicalHostPool:
             raise HostPoolError(f"need_size must be non-negative, got need_size={need_size}")
         if need_size > self.size:
             return None
+        lock = self.lock
+        if need_size > _PRECHECK_SLOTS:
+            # A refused request must cost microseconds whatever its size, not
+            # a huge np.empty (or a MemoryError) first.
+            st = self._st
+            with lock:
+                if need_size > (st[K.H_NFREE] + st[K.H_NREL]) * page_size:
+                    return None
         # The output is allocated before taking the lock, so its page faults
         # are not paid while other threads wait; the kernel checks capacity
-        # and reports E_SHORT without touching the state.
+        # again and reports E_SHORT without touching the state.
         out = np.empty(need_size, dtype=_INT64)
-        lock = self.lock
         lock.acquire()  # acquire/release: measurably cheaper than ``with``
         try:
             status = _alloc_pages(self._st, out)

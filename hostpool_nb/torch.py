@@ -33,9 +33,10 @@ try:
 except ImportError as exc:
     raise ImportError(
         f"hostpool_nb.torch needs torch, which could not be imported ({exc}). "
-        'Install it with: pip install "hostpool_nb[torch]" '
-        "(install the torch build you need first, e.g. the CPU or CUDA wheel); "
-        "the torch-free pool is hostpool_nb.LogicalHostPool."
+        "Install the torch build you need, e.g. pip install torch==2.13.0 for the CPU one "
+        "(an unpinned torch may pull a multi-GB CUDA build); from a clone of hostpool_nb, "
+        'pip install ".[torch]" then adds the extra. '
+        "The torch-free pool is hostpool_nb.LogicalHostPool."
     ) from exc
 
 import numpy as np
@@ -44,22 +45,33 @@ from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPage
 from ._pool import LogicalHostPool as _CorePool
 
 _Tensor = torch.Tensor
+_INT64 = np.dtype(np.int64)
 _from_numpy = torch.from_numpy
 _strided = torch.strided
 
 
-def _tensor_count(value: torch.Tensor) -> Any:
-    """Reject the tensors the core would reject as numpy values.
+def _tensor_count(value: torch.Tensor) -> int:
+    """A count given as a tensor: a 0-d integer tensor on a device with data.
 
-    torch's ``__index__`` accepts bool tensors and one-element tensors of
-    any shape; the core refuses ``bool`` and arrays (even 0-d ones), so a
-    count given as a tensor must be a 0-d integer tensor. Those are passed on
-    as they are: the core's ``as_count`` reads them through ``__index__``
-    and raises its own ``TypeError`` for a 0-d float tensor.
+    The core refuses arrays as counts; code written for sglang may hold a
+    count in a 0-d tensor, so the adapter reads those (``.item()``, exact
+    for every integer dtype, ``uint64`` included, where torch's own
+    ``__index__`` fails beyond int64). torch's ``__index__`` would also
+    accept bool tensors and one-element tensors of any shape: those are a
+    ``TypeError`` here, as for the core.
     """
-    if value.ndim != 0 or value.dtype is torch.bool:
+    dtype = value.dtype
+    if value.ndim != 0 or dtype is torch.bool or dtype.is_floating_point or dtype.is_complex:
+        raise TypeError(
+            f"need_size must be an integer, got {type(value).__name__} {value!r}; "
+            "a count given as a tensor must be 0-d with an integer dtype"
+        )
+    if value.device.type == "meta":
+        raise TypeError("need_size must be an integer, got a tensor on the meta device, which holds no value")
+    count = value.item()
+    if type(count) is not int:  # a quantized or otherwise unusual integer tensor
         raise TypeError(f"need_size must be an integer, got {type(value).__name__} {value!r}")
-    return value
+    return count
 
 
 def _tensor_as_numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -75,6 +87,9 @@ def _tensor_as_numpy(tensor: torch.Tensor) -> np.ndarray:
         raise TypeError(
             f"indices must be a dense tensor, got layout {tensor.layout}; call .to_dense() first"
         )
+    if tensor.device.type == "meta":
+        raise TypeError("indices must hold slot ids, got a tensor on the meta device, which holds no data")
+    _check_tensor_dtype(tensor.dtype)
     tensor = tensor.detach()
     if not tensor.is_cpu:
         # One device-to-host copy, keeping the dtype so the core sees the
@@ -84,11 +99,20 @@ def _tensor_as_numpy(tensor: torch.Tensor) -> np.ndarray:
     tensor = tensor.resolve_conj().resolve_neg()
     try:
         return tensor.numpy()
-    except TypeError:  # bfloat16, float8, complex32, quantized: no numpy dtype
+    except (TypeError, NotImplementedError):  # quantized and other dtypes numpy lacks
         raise TypeError(
             f"indices must hold integers, got dtype {tensor.dtype}; "
-            "convert with .to(torch.int64) if the values are whole slot ids"
+            "convert with .long() (or .to(torch.int64)) if the values are whole slot ids"
         ) from None
+
+
+def _check_tensor_dtype(dtype: torch.dtype) -> None:
+    """Refuse non-integer tensors with advice a torch user can follow."""
+    if dtype is torch.bool or dtype.is_floating_point or dtype.is_complex:
+        raise TypeError(
+            f"indices must hold integers, got dtype {dtype}; "
+            "convert with .long() (or .to(torch.int64)) if the values are whole slot ids"
+        )
 
 
 class LogicalHostPool(_CorePool):
@@ -198,10 +222,13 @@ class LogicalHostPool(_CorePool):
         if isinstance(indices, _Tensor):
             try:
                 # The hot path: a CPU tensor viewed as a numpy array, no copy.
-                indices = indices.numpy()
+                arr = indices.numpy()
             except (RuntimeError, TypeError):
                 # Another device, requires grad, sparse, a dtype numpy lacks.
-                indices = _tensor_as_numpy(indices)
+                arr = _tensor_as_numpy(indices)
+            if arr.dtype is not _INT64:  # one identity test on the hot path
+                _check_tensor_dtype(indices.dtype)
+            indices = arr
         return super().free(indices)
 
     def _uint8_dtype(self) -> torch.dtype:

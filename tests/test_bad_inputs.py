@@ -61,6 +61,48 @@ def test_error_hierarchy() -> None:
         assert issubclass(cls, HostPoolError) and issubclass(cls, ValueError)
 
 
+class _Unconvertible:
+    """An array-like whose conversion fails, as a meta-device tensor's does."""
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        raise RuntimeError("no data here")
+
+
+class _Count:
+    """Something with ``__index__``, as torch and JAX arrays have."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.value})"
+
+
+class _ArrayWithIndex(_Count):
+    """A one-element array that also offers ``__index__`` (torch.tensor([[16]]))."""
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return np.array([[self.value]], dtype=dtype)
+
+
+class _DlpackWithIndex(_Count):
+    """An array known only by the DLPack protocol, plus ``__index__``."""
+
+    def __dlpack__(self) -> Any:
+        raise NotImplementedError
+
+
+class _BrokenIndex:
+    def __index__(self) -> int:
+        raise RuntimeError("broken __index__")
+
+    def __repr__(self) -> str:
+        return "_BrokenIndex()"
+
+
 # -- free -------------------------------------------------------------------
 
 FREE_CASES = [
@@ -116,6 +158,10 @@ FREE_CASES = [
     pytest.param(np.array(7), TypeError, ["scalar", "7"], id="0d-array"),
     pytest.param(None, TypeError, ["None"], id="none"),
     pytest.param([page(0), page(1)[:3]], TypeError, ["list"], id="ragged"),
+    # A masked array would otherwise free its masked entries too.
+    pytest.param(np.ma.array(page(0), mask=[False] * 15 + [True]), TypeError, ["masked", "compressed()"], id="masked"),
+    # Whatever an __array__ raises is the caller's argument failing to convert.
+    pytest.param(_Unconvertible(), TypeError, ["_Unconvertible", "no data here"], id="array-raises"),
 ]
 
 
@@ -204,6 +250,12 @@ ALLOC_CASES = [
     pytest.param(np.array(16), TypeError, ["need_size", "array(16)"], id="0d-array"),
     pytest.param([16], TypeError, ["need_size", "[16]"], id="list"),
     pytest.param(16 + 0j, TypeError, ["need_size", "16+0j"], id="complex"),
+    # Arrays of any library are refused even when their __index__ would
+    # read a one-element array as a count (torch.tensor([[16]]) does).
+    pytest.param(np.array([[16]]), TypeError, ["need_size", "array([[16]])"], id="2d-array"),
+    pytest.param(_ArrayWithIndex(16), TypeError, ["need_size", "_ArrayWithIndex(16)", "int(x)"], id="array-like-index"),
+    pytest.param(_DlpackWithIndex(16), TypeError, ["need_size", "_DlpackWithIndex(16)"], id="dlpack-index"),
+    pytest.param(_BrokenIndex(), TypeError, ["need_size", "_BrokenIndex()"], id="index-raises"),
 ]
 
 
@@ -222,6 +274,31 @@ def test_alloc_over_capacity_returns_none(pool: LogicalHostPool, need: int, snap
     before = snapshot(pool)
     assert pool.alloc(need) is None
     unchanged(pool, before)
+
+
+def test_refused_huge_alloc_allocates_nothing(snapshot: Any, unchanged: Any) -> None:
+    """A request the pool cannot serve is refused before its output is allocated.
+
+    With 2**40 slots of 2**20 pages and one page held, ``alloc(2**40)`` once
+    asked numpy for 8 TiB (a MemoryError) before checking capacity.
+    """
+    import tracemalloc
+
+    pool = LogicalHostPool(2**40, 2**20)
+    held = pool.alloc(2**20)
+    assert held is not None
+    before = snapshot(pool)
+    for need in (2**40, 2**40 - 2**20 + 2**20, 2**39 * 2):
+        tracemalloc.start()
+        try:
+            assert pool.alloc(need) is None
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 1 << 16, f"a refused alloc({need}) allocated {peak} bytes"
+        unchanged(pool, before)
+    # A request that fits is still served.
+    assert pool.alloc(2**20) is not None
 
 
 @pytest.mark.parametrize("kind", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64])
@@ -269,6 +346,21 @@ def test_bad_constructor(size: Any, page_size: Any, error: type, needles: list[s
         LogicalHostPool(size, page_size)
     assert type(info.value) is error
     assert_names(str(info.value), needles)
+
+
+def test_pool_too_large_to_address_is_a_host_pool_error() -> None:
+    """numpy's "Maximum allowed dimension exceeded" would not say what is wrong."""
+    for size, page_size in ((2**63 - 1, 1), (2**62, 2)):
+        with pytest.raises(HostPoolError, match=rf"size={size}, page_size={page_size}\) is too large") as info:
+            LogicalHostPool(size, page_size)
+        assert type(info.value) is HostPoolError
+
+
+def test_pool_too_large_for_memory_is_a_memory_error_naming_the_pool() -> None:
+    # 2**50 pages need 9 PiB of metadata: more than any address space here.
+    with pytest.raises(MemoryError, match=r"LogicalHostPool\(size=1125899906842624, page_size=1\) needs") as info:
+        LogicalHostPool(2**50, 1)
+    assert isinstance(info.value.__cause__, MemoryError)
 
 
 def test_page_size_beyond_int64_is_a_value_error() -> None:

@@ -194,6 +194,62 @@ def test_alloc_rejects_tensors_that_are_not_0d_integers(bad: Any) -> None:
     assert pool.free(held) == 16
 
 
+def test_alloc_reads_uint64_counts_beyond_int64_exactly() -> None:
+    """torch's ``__index__`` raises its RuntimeError for these; the adapter reads the value."""
+    if not hasattr(torch, "uint64"):
+        pytest.skip("this torch has no uint64")
+    pool = LogicalHostPool(64, 16)
+    before = state(pool)
+    with pytest.raises(AlignmentError, match=f"need_size={2**64 - 1}, page_size=16"):
+        pool.alloc(torch.tensor(2**64 - 1, dtype=torch.uint64))
+    assert pool.alloc(torch.tensor(2**64 - 16, dtype=torch.uint64)) is None  # aligned, too large
+    assert_same_state(pool, before)
+    ones = LogicalHostPool(64, 1)
+    assert ones.alloc(torch.tensor(2**64 - 1, dtype=torch.uint64)) is None
+
+
+def test_alloc_and_free_of_meta_tensors_are_type_errors() -> None:
+    pool = LogicalHostPool(64, 16)
+    held = pool.alloc(16)
+    before = state(pool)
+    with pytest.raises(TypeError, match="need_size.*meta device"):
+        pool.alloc(torch.empty((), dtype=torch.int64, device="meta"))
+    with pytest.raises(TypeError, match="indices.*meta device"):
+        pool.free(torch.empty(16, dtype=torch.int64, device="meta"))
+    assert_same_state(pool, before)
+    assert pool.free(held) == 16
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [torch.tensor(True), torch.tensor([[16]]), torch.tensor(16), torch.empty(16, dtype=torch.int64, device="meta")],
+    ids=["bool", "2-d", "0-d", "meta"],
+)
+def test_core_pool_refuses_tensor_counts_and_meta_indices(bad: Any) -> None:
+    """The core treats every array as an array: no count through ``__index__``."""
+    pool = hostpool_nb.LogicalHostPool(64, 16)
+    held = pool.alloc(16)
+    before = state(pool)
+    with pytest.raises(TypeError, match="need_size"):
+        pool.alloc(bad)
+    if bad.ndim == 1:
+        with pytest.raises(TypeError, match="indices"):
+            pool.free(bad)
+    assert_same_state(pool, before)
+    assert pool.free(held) == 16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.bool, torch.complex64], ids=str)
+def test_non_integer_tensors_get_torch_advice(dtype: Any) -> None:
+    pool = LogicalHostPool(64, 16)
+    held = pool.alloc(16)
+    with pytest.raises(TypeError) as info:
+        pool.free(held.to(dtype))
+    message = str(info.value)
+    assert str(dtype) in message and ".long()" in message and "astype" not in message
+    assert pool.free(held) == 16
+
+
 def test_alloc_keeps_core_checks() -> None:
     pool = LogicalHostPool(64, 16)
     before = state(pool)
