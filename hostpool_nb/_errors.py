@@ -29,8 +29,16 @@ class SlotRangeError(HostPoolError):
 class DoubleFreeError(HostPoolError):
     """A freed page is not currently allocated.
 
-    Raised for a page freed twice (in two calls or within one), a page freed
-    after ``clear()``, and a page that was never handed out.
+    Raised for a page freed twice while it is still free (in two calls or
+    within one), a page freed after ``clear()``, and a page that was never
+    handed out.
+
+    What it cannot catch: the pool knows whether each page is allocated now,
+    not to whom. Once a freed page has been handed out again, freeing it a
+    second time through a stale copy of the first owner's slots is a valid
+    free of an allocated page: it is accepted, and releases the page under
+    its new owner. Catching that would need a generation tag per
+    allocation, carried by the caller; the pool keeps none.
     """
 
 
