@@ -96,7 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     progress.close()
 
     info = doc["machine"]
-    print(wrap(f"hostpool_nb benchmark, {doc['mode']} mode ({doc['elapsed_s']:.0f} s); {report.machine_line(info, with_torch)}"))
+    print(
+        wrap(
+            f"hostpool_nb benchmark, {doc['mode']} mode ({doc['elapsed_s']:.0f} s); "
+            f"{report.machine_line(info, with_torch)}"
+        )
+    )
     print(
         wrap(
             "x numpy, x torch = baseline / hostpool_nb, of time (of bytes on the metadata rows): above 1x, "

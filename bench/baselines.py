@@ -30,10 +30,7 @@ class NumpyHostPool:
 
     def __init__(self, size: int, page_size: int) -> None:
         if size % page_size != 0:
-            raise ValueError(
-                "LogicalHostPool size must be page-aligned, "
-                f"got size={size}, page_size={page_size}"
-            )
+            raise ValueError(f"LogicalHostPool size must be page-aligned, got size={size}, page_size={page_size}")
         self.size = size
         self.page_size = page_size
         self.lock = threading.RLock()
@@ -95,10 +92,7 @@ class TorchHostPool:
 
         self._torch = torch
         if size % page_size != 0:
-            raise ValueError(
-                "LogicalHostPool size must be page-aligned, "
-                f"got size={size}, page_size={page_size}"
-            )
+            raise ValueError(f"LogicalHostPool size must be page-aligned, got size={size}, page_size={page_size}")
         self.size = size
         self.page_size = page_size
         self.lock = threading.RLock()

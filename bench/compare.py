@@ -21,9 +21,10 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from io import BytesIO
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .cli import Parser
 from .report import fmt_ratio, fmt_time
@@ -32,7 +33,14 @@ from .workloads import MIB_SLOTS, measure_roundtrip
 ROOT = Path(__file__).resolve().parent.parent
 # (page_size, k, pool slots): the single-page headline cell and the
 # 65,536-slot cells of every page size, the two ends the issues track.
-DEFAULT_CELLS = [(64, 64, MIB_SLOTS), (16, 16, MIB_SLOTS), (1, 1, 1 << 16), (64, 65536, MIB_SLOTS), (16, 65536, MIB_SLOTS), (1, 65536, MIB_SLOTS)]
+DEFAULT_CELLS = [
+    (64, 64, MIB_SLOTS),
+    (16, 16, MIB_SLOTS),
+    (1, 1, 1 << 16),
+    (64, 65536, MIB_SLOTS),
+    (16, 65536, MIB_SLOTS),
+    (1, 65536, MIB_SLOTS),
+]
 
 
 def _git(*args: str) -> bytes:
@@ -66,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = Parser("python -m bench.compare", __doc__ or "")
     ap.add_argument("rev", nargs="?", default="HEAD", help="git revision to compare against (default: HEAD)")
     ap.add_argument("--repeats", type=int, default=7, help="interleaved repeats per cell (default: 7)")
-    ap.add_argument("--min-loop", type=float, default=0.05, metavar="S", help="shortest timed loop, seconds (default: 0.05)")
+    ap.add_argument(
+        "--min-loop", type=float, default=0.05, metavar="S", help="shortest timed loop, seconds (default: 0.05)"
+    )
     args = ap.parse_args(argv)
     from hostpool_nb import LogicalHostPool
 
@@ -77,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     for ps, k, pool in DEFAULT_CELLS:
         cell = measure_roundtrip(impls, ps, k, pool, args.repeats, min_loop_s=args.min_loop, max_loop_s=1.0)
         a, b = cell.samples["this"], cell.samples[short]
-        paired = sorted(y / x for x, y in zip(a, b))
+        paired = sorted(y / x for x, y in zip(a, b, strict=True))
         print(
             f"{ps:>4}  {k:>6}  {pool:>8}  {fmt_time(cell.per_op['this']):>9}  {fmt_time(cell.per_op[short]):>10}  "
             f"{fmt_ratio(cell.per_op[short] / cell.per_op['this']):>6}  {paired[0]:.2f}..{paired[-1]:.2f}"

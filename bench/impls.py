@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .baselines import NumpyHostPool, TorchHostPool
 
@@ -20,14 +21,14 @@ NUMPY = "numpy"
 TORCH = "torch"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def torch_available() -> bool:
     """Whether torch imports (a broken install counts as absent)."""
     if importlib.util.find_spec("torch") is None:
         return False
     try:
         import torch  # noqa: F401
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever a broken torch install raises, torch is absent
         return False
     return True
 

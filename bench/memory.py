@@ -27,7 +27,8 @@ from __future__ import annotations
 import gc
 import sys
 import tracemalloc
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -48,9 +49,7 @@ def pool_bytes(pool: Any) -> int:
     once (views share their base's), plus each array object and the list.
     """
     if hasattr(pool, "_st"):
-        return sum(
-            int(v.nbytes) for v in vars(pool).values() if isinstance(v, np.ndarray) and v.base is None
-        )
+        return sum(int(v.nbytes) for v in vars(pool).values() if isinstance(v, np.ndarray) and v.base is None)
     arrays = [pool.free_slots, *pool.release_list]
     total = sys.getsizeof(pool.release_list)
     if _is_torch(pool.free_slots):
@@ -61,7 +60,8 @@ def pool_bytes(pool: Any) -> int:
             total += sys.getsizeof(t)
         return total + sum(storages.values())
     seen: set[int] = set()
-    for a in arrays:
+    for arr in arrays:
+        a = arr
         while a is not None and id(a) not in seen:
             seen.add(id(a))
             total += sys.getsizeof(a)  # includes the data when ``a`` owns it
@@ -79,7 +79,7 @@ def _caller_bytes(arr: Any) -> int:
 class _Tracer:
     """tracemalloc deltas from a starting point, started only if needed."""
 
-    def __enter__(self) -> "_Tracer":
+    def __enter__(self) -> _Tracer:
         gc.collect()
         self.owner = not tracemalloc.is_tracing()
         if self.owner:

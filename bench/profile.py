@@ -19,7 +19,8 @@ import argparse
 import sys
 import threading
 import timeit
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -86,7 +87,7 @@ def profile_roundtrip(
                 if setup is not None:
                     setup()
                 fn()
-            except Exception as exc:  # a renamed private piece: report, don't fail
+            except Exception as exc:  # noqa: BLE001 - a renamed private piece: report, don't fail
                 fn, comment = None, f"unavailable: {type(exc).__name__}: {exc}"
         pieces.append(Piece(name, fn, comment, n, setup))
 
@@ -119,7 +120,13 @@ def profile_roundtrip(
 
     a_append = a_held.append
     add("  alloc(k) alone", lambda: a_append(apool.alloc(k)), "incl. a list append (~30 ns)", n_split, a_setup)
-    add("  free(result) alone", lambda: fpool.free(next(f_todo[0])), "incl. next() on an iterator (~30 ns)", n_split, f_setup)
+    add(
+        "  free(result) alone",
+        lambda: fpool.free(next(f_todo[0])),
+        "incl. next() on an iterator (~30 ns)",
+        n_split,
+        f_setup,
+    )
 
     class _Dummy:
         def method(self, x: Any) -> Any:
@@ -166,12 +173,20 @@ def profile_roundtrip(
     try:
         ep_alloc = K.entry_point(K.alloc_pages)
         ep_free = K.entry_point(K.free_pages)
-    except Exception:
+    except Exception:  # noqa: BLE001 - numba internals moved: leave these pieces out
         ep_alloc = ep_free = None
     empty = np.empty(0, dtype=np.int64)
     if ep_alloc is not None and ep_free is not None:
-        add("kernels via entry point: alloc_pages + free_pages", lambda: (ep_alloc(kst, kout), ep_free(kst, kout)), "both kernels, k slots of work")
-        add("kernels via dispatcher: alloc_pages + free_pages", lambda: (K.alloc_pages(kst, kout), K.free_pages(kst, kout)), "numba type resolution per call")
+        add(
+            "kernels via entry point: alloc_pages + free_pages",
+            lambda: (ep_alloc(kst, kout), ep_free(kst, kout)),
+            "both kernels, k slots of work",
+        )
+        add(
+            "kernels via dispatcher: alloc_pages + free_pages",
+            lambda: (K.alloc_pages(kst, kout), K.free_pages(kst, kout)),
+            "numba type resolution per call",
+        )
         add("alloc_pages entry point, k=0 (call only)", lambda: ep_alloc(kst, empty), "2 array args, no work")
         add("alloc_pages dispatcher, k=0 (call only)", lambda: K.alloc_pages(kst, empty))
     try:
@@ -181,7 +196,7 @@ def profile_roundtrip(
         add("entry point, 1 array arg", lambda: tiny[1](a))
         add("entry point, 2 array args", lambda: tiny[2](a, a))
         add("entry point, 3 array args", lambda: tiny[3](a, a, a), "cost per array arg = slope of these")
-    except Exception as exc:  # NUMBA_DISABLE_JIT=1, or numba internals moved
+    except Exception as exc:  # noqa: BLE001 - NUMBA_DISABLE_JIT=1, or numba internals moved
         add("entry point per array argument", None, f"unavailable: {type(exc).__name__}: {exc}")
     return _interleaved_ns(pieces, repeat)
 
@@ -200,7 +215,9 @@ def _interleaved_ns(pieces: list[Piece], repeat: int) -> list[tuple[str, float |
     return [(p.name, median(samples[i]) if i in samples else None, p.comment) for i, p in enumerate(pieces)]
 
 
-def profile_big(page_size: int = 64, k: int = 65536, pool_slots: int = 1 << 20, repeat: int = 7) -> list[tuple[str, float | None, str]]:
+def profile_big(
+    page_size: int = 64, k: int = 65536, pool_slots: int = 1 << 20, repeat: int = 7
+) -> list[tuple[str, float | None, str]]:
     """Pieces of a large round trip: the output buffer, the kernels, the copy floor."""
     import hostpool_nb._kernels as K
     from hostpool_nb import LogicalHostPool
@@ -248,7 +265,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options, checked: sizes the pools cannot take exit with one line, not a traceback mid-run."""
     ap = Parser("python -m bench.profile", __doc__)
     ap.add_argument("--page-size", type=int, default=64, metavar="N", help="slots per page (default 64)")
-    ap.add_argument("--k", type=int, default=64, metavar="N", help="slots per alloc in the single round trip (default 64)")
+    ap.add_argument(
+        "--k", type=int, default=64, metavar="N", help="slots per alloc in the single round trip (default 64)"
+    )
     ap.add_argument("--pool", type=int, default=1 << 20, metavar="N", help="pool size in slots (default 1048576)")
     ap.add_argument(
         "--big-k",
@@ -273,10 +292,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    print(render(f"single round trip, page size {args.page_size}, k={args.k}, pool={args.pool}", profile_roundtrip(args.page_size, args.k, args.pool)))
+    print(
+        render(
+            f"single round trip, page size {args.page_size}, k={args.k}, pool={args.pool}",
+            profile_roundtrip(args.page_size, args.k, args.pool),
+        )
+    )
     print()
     for ps in sorted({1, args.page_size}):
-        print(render(f"large round trip, page size {ps}, k={args.big_k}, pool={args.pool}", profile_big(ps, args.big_k, args.pool)))
+        print(
+            render(
+                f"large round trip, page size {ps}, k={args.big_k}, pool={args.pool}",
+                profile_big(ps, args.big_k, args.pool),
+            )
+        )
         print()
     return 0
 

@@ -22,9 +22,10 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .cli import TABLE_WIDTH, wrap
 
@@ -57,9 +58,13 @@ def row(
         paired = {}
         for name in IMPL_COLUMNS[1:]:
             if name in samples:
-                rs = sorted(b / a for a, b in zip(samples["hostpool_nb"], samples[name]) if a > 0)
+                rs = sorted(b / a for a, b in zip(samples["hostpool_nb"], samples[name], strict=True) if a > 0)
                 if rs:
-                    paired[name] = {"min": rs[0], "median": rs[len(rs) // 2] if len(rs) % 2 else (rs[len(rs) // 2 - 1] + rs[len(rs) // 2]) / 2, "max": rs[-1]}
+                    paired[name] = {
+                        "min": rs[0],
+                        "median": rs[len(rs) // 2] if len(rs) % 2 else (rs[len(rs) // 2 - 1] + rs[len(rs) // 2]) / 2,
+                        "max": rs[-1],
+                    }
         extra["paired_ratios"] = paired
     return {
         "workload": workload,
@@ -147,11 +152,13 @@ def render_table(rows: Iterable[dict[str, Any]], torch_present: bool) -> str:
         params = fit(r["params"], PARAMS_MAX) or "-"
         target = fit(r["target"], TARGET_MAX) or "-"
         lines.append([r["workload"], params, *cells, target, fmt_met(r["met"])])
-    widths = [max(len(x) for x in col) for col in zip(TABLE_HEADER, *lines)]
+    widths = [max(len(x) for x in col) for col in zip(TABLE_HEADER, *lines, strict=True)]
     right = {2, 3, 4}
 
     def fmt(cols: list[str] | tuple[str, ...]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cols, widths))).rstrip()
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cols, widths, strict=True))
+        ).rstrip()
 
     out = [fmt(TABLE_HEADER), "  ".join("-" * w for w in widths), *(fmt(line) for line in lines)]
     for i, text in enumerate(footnotes, 1):
@@ -185,10 +192,15 @@ def git_revision() -> str | None:
     root = Path(__file__).resolve().parent.parent
     try:
         rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=False
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
@@ -245,7 +257,9 @@ def _jsonable(obj: Any) -> Any:
 # -- plot ------------------------------------------------------------------
 
 
-def write_plot(path: str | os.PathLike[str], cells: list[dict[str, Any]], floors: dict[int, float], info: dict[str, Any]) -> None:
+def write_plot(
+    path: str | os.PathLike[str], cells: list[dict[str, Any]], floors: dict[int, float], info: dict[str, Any]
+) -> None:
     """Time per round trip against allocation size, log-log, one panel per page size.
 
     ``cells`` are round-trip cells (``params`` with ``page_size`` and ``k``;
@@ -264,16 +278,16 @@ def write_plot(path: str | os.PathLike[str], cells: list[dict[str, Any]], floors
     page_sizes = sorted({c["params"]["page_size"] for c in cells})
     fig, axes = plt.subplots(1, len(page_sizes), figsize=(4.6 * len(page_sizes), 4.2), sharey=True, squeeze=False)
     styles = {"hostpool_nb": ("C0", "o"), "numpy": ("C1", "s"), "torch": ("C3", "^")}
-    for ax, ps in zip(axes[0], page_sizes):
+    for ax, ps in zip(axes[0], page_sizes, strict=True):
         mine = sorted((c for c in cells if c["params"]["page_size"] == ps), key=lambda c: c["params"]["k"])
         for name in IMPL_COLUMNS:
             pts = [(c["params"]["k"], c["per_op"][name]) for c in mine if name in c["per_op"]]
             if pts:
                 color, marker = styles[name]
-                ax.plot(*zip(*pts), marker=marker, color=color, label=name)
+                ax.plot(*zip(*pts, strict=True), marker=marker, color=color, label=name)
         fl = [(c["params"]["k"], floors[c["params"]["k"]]) for c in mine if c["params"]["k"] in floors]
         if fl:
-            ax.plot(*zip(*fl), linestyle="--", color="0.5", label="copy floor (np.copyto)")
+            ax.plot(*zip(*fl, strict=True), linestyle="--", color="0.5", label="copy floor (np.copyto)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(f"page size {ps}")
@@ -281,7 +295,9 @@ def write_plot(path: str | os.PathLike[str], cells: list[dict[str, Any]], floors
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("seconds per round trip (alloc + free)")
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"round trip, median time per op - {info['cpu_model']}, {info['cpus_usable']} cores, {info['date']}", fontsize=9)
+    fig.suptitle(
+        f"round trip, median time per op - {info['cpu_model']}, {info['cpus_usable']} cores, {info['date']}", fontsize=9
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -15,14 +15,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .timing import interleaved, median
 
-POOL_SNIPPET = (
-    "import hostpool_nb; p = hostpool_nb.LogicalHostPool(1 << 20, 64); p.free(p.alloc(64))"
-)
+POOL_SNIPPET = "import hostpool_nb; p = hostpool_nb.LogicalHostPool(1 << 20, 64); p.free(p.alloc(64))"
 SNIPPETS = {
     "python": "pass",
     "numba": "import numba",
@@ -48,9 +46,9 @@ def run_python(code: str, cache_dir: str | None = None, timeout: float = 300.0) 
         [sys.executable, "-c", code],
         cwd=str(package_root()),
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        capture_output=True,
         timeout=timeout,
+        check=False,  # a failure is reported below, with its stderr
     )
     dt = time.perf_counter() - t0
     if proc.returncode != 0:

@@ -52,7 +52,7 @@ def _grid(page_size: int, full: bool) -> list[int]:
     while k < BIG_K:
         ks.append(k)
         k *= 4
-    return ks + [BIG_K]
+    return [*ks, BIG_K]
 
 
 def quick_config() -> Config:
@@ -143,7 +143,13 @@ def _at_least(ratios: dict[str, float], name: str, bound: float) -> bool | None:
 
 
 def _slots(n: int) -> str:
-    return f"{n >> 20}M" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+    return (
+        f"{n >> 20}M"
+        if n >= 1 << 20 and n % (1 << 20) == 0
+        else f"{n // 1024}K"
+        if n >= 1024 and n % 1024 == 0
+        else str(n)
+    )
 
 
 # -- the texts of the rows ---------------------------------------------------
@@ -217,7 +223,14 @@ def run_suite(
             progress.label(f"round trip p{ps} k={k}")
             cells.append(
                 measure_roundtrip(
-                    impls, ps, k, pool, cfg.roundtrip_repeats, cfg.min_cycles, cfg.roundtrip_min_loop_s, tick,
+                    impls,
+                    ps,
+                    k,
+                    pool,
+                    cfg.roundtrip_repeats,
+                    cfg.min_cycles,
+                    cfg.roundtrip_min_loop_s,
+                    tick,
                     max_loop_s=cfg.roundtrip_max_loop_s,
                 )
             )
@@ -299,9 +312,11 @@ def run_suite(
             )
             st = trace.stats
             notes.append(
-                f"trace p{ps}: {st['ops']} ops ({st['allocs']} allocs, {st['frees']} frees, {st['failed_allocs']} allocs "
-                f"answered None then retried), mean request {st['mean_request_slots']:.0f} slots, "
-                f"pool {st['mean_fill']:.0%} full on average at arrivals, {st['pool_cycles']:.1f} pool cycles, merges per replay {c.extra['merges_per_replay']}"
+                f"trace p{ps}: {st['ops']} ops ({st['allocs']} allocs, {st['frees']} frees, "
+                f"{st['failed_allocs']} allocs answered None then retried), "
+                f"mean request {st['mean_request_slots']:.0f} slots, "
+                f"pool {st['mean_fill']:.0%} full on average at arrivals, {st['pool_cycles']:.1f} pool cycles, "
+                f"merges per replay {c.extra['merges_per_replay']}"
                 + ("" if st["ops"] >= 100_000 else "; quick mode: fewer than 100,000 ops (--full runs 200,000)")
             )
 
@@ -315,7 +330,9 @@ def run_suite(
         built = {n: m["built_per_page"] for n, m in mem.items()}
         peak = {n: m["peak_per_page"] for n, m in mem.items()}
         rows.append(
-            report.row("metadata held", memory_params(cfg.memory_pool_slots, cfg.memory_page_size, "built"), "B/page", built)
+            report.row(
+                "metadata held", memory_params(cfg.memory_pool_slots, cfg.memory_page_size, "built"), "B/page", built
+            )
         )
         rows.append(
             report.row(
@@ -350,13 +367,14 @@ def run_suite(
                 values[TORCH] = torch_s
             target = STARTUP_TARGET if key == "warm" else ""
             met = _at_least(report.row("", "", "s", values)["ratios"], TORCH, 2.0) if target else None
-            rows.append(report.row("start-up", STARTUP_PARAMS[key], "s", values, target, met, columns=(HOSTPOOL, TORCH)))
+            rows.append(
+                report.row("start-up", STARTUP_PARAMS[key], "s", values, target, met, columns=(HOSTPOOL, TORCH))
+            )
         refs = ", ".join(f"{n}: {report.fmt_time(su[n]['median'])}" for n in cfg.startup_references if n in su)
         notes.append(
             f"start-up: wall time of a fresh `python -c` process, median of {cfg.startup_repeats}, running "
             "import hostpool_nb; p=LogicalHostPool(1<<20,64); p.free(p.alloc(64)) - "
-            "x torch = the same for `import torch` / hostpool_nb's"
-            + (f"; references ({refs})" if refs else "")
+            "x torch = the same for `import torch` / hostpool_nb's" + (f"; references ({refs})" if refs else "")
         )
 
     if with_torch:

@@ -14,8 +14,9 @@ import gc
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence, TextIO
+from typing import Any, TextIO
 
 
 def median(samples: Sequence[float]) -> float:

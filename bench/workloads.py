@@ -8,8 +8,9 @@ as cycles: the concatenation is paid inside the measurement, never outside.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -81,7 +82,7 @@ def measure_roundtrip(
         roundtrip_loop(pool, k, ops_per_cycle)  # warm-up: compile/load, first merge
         cycle_s[name] = timed(roundtrip_loop, pool, k, ops_per_cycle)
     fastest = max(min(cycle_s.values()), 1e-9)
-    slowest = max(max(cycle_s.values()), 1e-9)
+    slowest = max(*cycle_s.values(), 1e-9)
     cycles = max(min_cycles, min(math.ceil(min_loop_s / fastest), int(max_loop_s / slowest)))
     n = cycles * ops_per_cycle
 

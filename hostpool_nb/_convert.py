@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ._errors import SlotRangeError
 
@@ -58,13 +59,11 @@ def as_count(value: Any, name: str) -> int:
         return operator.index(value)
     except MemoryError:
         raise
-    except Exception:  # TypeError, or whatever a broken __index__ raises
-        raise TypeError(
-            f"{name} must be an integer, got {type(value).__name__} {value!r}"
-        ) from None
+    except Exception:  # noqa: BLE001 - TypeError, or whatever a broken __index__ raises: all become TypeError
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
 
 
-def as_slots(indices: Any) -> np.ndarray:
+def as_slots(indices: Any) -> NDArray[np.int64]:
     """Flatten ``indices`` (C order) into a C-contiguous int64 array.
 
     Accepts numpy arrays and anything ``np.asarray`` understands (lists,
@@ -86,17 +85,14 @@ def as_slots(indices: Any) -> np.ndarray:
             arr = np.asarray(indices)
         except MemoryError:
             raise
-        except Exception as exc:  # ragged lists; an __array__ that raises
+        except Exception as exc:  # noqa: BLE001 - ragged lists, an __array__ that raises: all become TypeError
             raise TypeError(
                 f"indices must be an array of integer slot ids, got {type(indices).__name__}: {exc}"
             ) from None
         if arr.size == 0 and isinstance(indices, (list, tuple)):
             return _EMPTY_SLOTS
     if arr.ndim == 0:
-        raise TypeError(
-            f"indices must be an array of integer slot ids, got a scalar {indices!r}; "
-            "wrap it in a list"
-        )
+        raise TypeError(f"indices must be an array of integer slot ids, got a scalar {indices!r}; wrap it in a list")
     if arr.dtype.kind in "fO" and arr is not indices:
         # numpy stores Python ints beyond int64 as objects, or as floats when
         # mixed with negative ones: look at the values the caller gave.
@@ -109,9 +105,7 @@ def as_slots(indices: Any) -> np.ndarray:
     flat = arr.reshape(-1)
     if arr.dtype.kind == "u" and flat.size and int(flat.max()) > _INT64_MAX:
         pos = int(np.argmax(flat > _INT64_MAX))
-        raise SlotRangeError(
-            f"free got slot {int(flat[pos])} at indices[{pos}] (flattened), outside the int64 range"
-        )
+        raise SlotRangeError(f"free got slot {int(flat[pos])} at indices[{pos}] (flattened), outside the int64 range")
     return np.ascontiguousarray(flat, dtype=np.int64)
 
 
@@ -129,7 +123,7 @@ def _reject_masked(indices: Any) -> None:
         )
 
 
-def _raise_if_big_ints(arr: np.ndarray) -> None:
+def _raise_if_big_ints(arr: NDArray[np.object_]) -> None:
     """Report Python ints too large for int64 as the range errors they are.
 
     ``arr`` holds the caller's values as objects. Without this check such
@@ -142,6 +136,4 @@ def _raise_if_big_ints(arr: np.ndarray) -> None:
         return
     for pos, v in enumerate(values):
         if not -_INT64_MAX - 1 <= int(v) <= _INT64_MAX:
-            raise SlotRangeError(
-                f"free got slot {v} at indices[{pos}] (flattened), outside the int64 range"
-            )
+            raise SlotRangeError(f"free got slot {v} at indices[{pos}] (flattened), outside the int64 range")

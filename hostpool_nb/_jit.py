@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from numba import njit
 
@@ -38,23 +38,30 @@ from ._errors import KernelCacheWarning
 # (reason, remedy) for the warning; see _warn_once.
 _Problem = tuple[str, str]
 
+# A kernel's Python function type. The compiled kernel is typed as that
+# function: a dispatcher (and its entry point) takes the same arguments and
+# returns the same values, numba's scalars boxed as Python ones.
+_F = TypeVar("_F", bound=Callable[..., Any])
+
 # Set once the warning is out: one per process for all kernels. Kernels are
 # compiled while their module is imported, which the import lock serialises.
 _warned = False
 
 
-def kernel(signature: str) -> Callable[[Callable[..., Any]], Any]:
+def kernel(signature: str) -> Callable[[_F], _F]:
     """Decorator: compile a kernel for ``signature``, cached on disk if possible.
 
     Returns numba's dispatcher, or the function itself under
     ``NUMBA_DISABLE_JIT=1``. See the module docstring for the fallbacks.
+    The Python annotations are for type checkers only: numba compiles from
+    ``signature`` and never reads them.
     """
 
-    def decorate(func: Callable[..., Any]) -> Any:
+    def decorate(func: _F) -> _F:
         compiled, problem = _compile(func, signature)
         if problem is not None:
             _warn_once(*problem)
-        return compiled
+        return cast("_F", compiled)
 
     return decorate
 
@@ -162,7 +169,7 @@ def _njit(signature: str | None, *, cache: bool) -> Callable[[Callable[..., Any]
 
 def _warn_once(reason: str, remedy: str) -> None:
     """Emit the process's one :class:`KernelCacheWarning`; later calls do nothing."""
-    global _warned
+    global _warned  # noqa: PLW0603 - one flag per process, by design (see its definition)
     if _warned:
         return
     _warned = True

@@ -44,11 +44,21 @@ owner flags byte for byte; only the scratch outside the window may differ.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
 import numpy as np
+from numpy.typing import NDArray
 
 # Compiles a kernel from an explicit signature (nogil, on-disk cache with a
 # fallback to compiling in memory); numba's options live in _jit.py.
 from ._jit import kernel as _jit
+
+# The kernels' Python annotations are for type checkers only: numba compiles
+# each kernel from its signature string and never reads them. A local
+# annotated ``int`` holds an array element or a shape entry, which numpy's
+# stubs type as Any; local annotations compile to no bytecode at all.
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 # Header offsets into ``st``.
 H_HEAD = 0  # ring position of the first free page
@@ -89,32 +99,32 @@ def decode_status(status: int) -> tuple[int, int]:
 
 
 @_jit("i8(i8, i8)")
-def _fail(code, position):
+def _fail(code: int, position: int) -> int:
     return -1 - ((position << 4) | code)
 
 
 @_jit("i8(i8[::1])")
-def _ring_tail(st):
+def _ring_tail(st: NDArray[np.int64]) -> int:
     """Ring position just past the release list: where ``free`` appends."""
-    n = st[H_NPAGES]
-    tail = st[H_HEAD] + st[H_NFREE] + st[H_NREL]
+    n: int = st[H_NPAGES]
+    tail: int = st[H_HEAD] + st[H_NFREE] + st[H_NREL]
     return tail - n if tail >= n else tail
 
 
 @_jit("u1[::1](i8[::1])")
-def owner_view(st):
+def owner_view(st: NDArray[np.int64]) -> NDArray[np.uint8]:
     """The per-page owner flags: a uint8 view of the tail of ``st``."""
     n = st[H_NPAGES]
     return st[HEADER + n :].view(np.uint8)[:n]
 
 
 @_jit("i8(i8[::1])")
-def reset(st):
+def reset(st: NDArray[np.int64]) -> int:
     """Make every page free, in ascending order, and empty the release list.
 
     Returns the number of free pages.
     """
-    n = st[H_NPAGES]
+    n: int = st[H_NPAGES]
     owner = owner_view(st)
     for p in range(n):
         st[HEADER + p] = p
@@ -126,14 +136,14 @@ def reset(st):
 
 
 @_jit("i8(i8[::1])")
-def merge(st):
+def merge(st: NDArray[np.int64]) -> int:
     """Fold the release list into the free list, after the free pages.
 
     The release list already sits right behind the free list on the ring, in
     the order it was freed, so merging moves a boundary and copies nothing.
     Returns the number of pages merged.
     """
-    moved = st[H_NREL]
+    moved: int = st[H_NREL]
     if moved > 0:
         st[H_NFREE] += moved
         st[H_NREL] = 0
@@ -142,7 +152,7 @@ def merge(st):
 
 
 @_jit("i8(i8[::1], i8[::1])")
-def _alloc_single_slot_pages(st, out):
+def _alloc_single_slot_pages(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     """``alloc_pages`` for ``page_size == 1``, where a page id is a slot id.
 
     Copies the ring window into ``out`` in at most two block copies, then
@@ -150,7 +160,7 @@ def _alloc_single_slot_pages(st, out):
     three times as much here. Same contract as ``alloc_pages``.
     """
     n = st[H_NPAGES]
-    need = out.shape[0]
+    need: int = out.shape[0]
     head = st[H_HEAD]
     first = min(need, n - head)
     out[:first] = st[HEADER + head : HEADER + head + first]
@@ -171,7 +181,7 @@ def _alloc_single_slot_pages(st, out):
 
 
 @_jit("i8(i8[::1], i8, i8, i8, i8)")
-def _staged_twice(ring, tail, done, page, position):
+def _staged_twice(ring: NDArray[np.int64], tail: int, done: int, page: int, position: int) -> int:
     """The failure for a ``page`` that ``free`` found not allocated.
 
     ``E_DUPLICATE`` if this call staged it already (it is among the ``done``
@@ -188,7 +198,7 @@ def _staged_twice(ring, tail, done, page, position):
 
 
 @_jit("void(i8[::1], u1[::1], i8, i8)")
-def _unstage(ring, owner, tail, done):
+def _unstage(ring: NDArray[np.int64], owner: NDArray[np.uint8], tail: int, done: int) -> None:
     """Roll back a failed free: flag the ``done`` staged pages allocated again.
 
     The staged ids (from ring position ``tail``) stay outside the live
@@ -202,7 +212,7 @@ def _unstage(ring, owner, tail, done):
 
 
 @_jit("i8(i8[::1], i8[::1])")
-def _free_single_slot_pages(st, slots):
+def _free_single_slot_pages(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     """``free_pages`` for ``page_size == 1``, where a page id is a slot id.
 
     Same contract and the same single read of each input element as
@@ -210,7 +220,7 @@ def _free_single_slot_pages(st, slots):
     and stages each slot.
     """
     n = st[H_NPAGES]
-    count = slots.shape[0]
+    count: int = slots.shape[0]
     owner = owner_view(st)
     ring = st[HEADER : HEADER + n]
     tail = _ring_tail(st)
@@ -237,7 +247,7 @@ def _free_single_slot_pages(st, slots):
 
 
 @_jit("i8(i8[::1], i8[::1])")
-def alloc_pages(st, out):
+def alloc_pages(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     """Pop ``len(out) // page_size`` pages from the front of the free list.
 
     ``out`` (int64, caller-provided, length a multiple of ``page_size``)
@@ -247,9 +257,9 @@ def alloc_pages(st, out):
     (``E_SHORT``, or ``E_CORRUPT`` if a listed page is not free) with ``st``
     unchanged; ``out`` is then partly written and should be discarded.
     """
-    page_size = st[H_PAGE_SIZE]
+    page_size: int = st[H_PAGE_SIZE]
     n = st[H_NPAGES]
-    need = out.shape[0] // page_size
+    need: int = out.shape[0] // page_size
     if need == 0:
         return 0
     if need > st[H_NFREE] + st[H_NREL]:
@@ -286,7 +296,7 @@ def alloc_pages(st, out):
 
 
 @_jit("i8(i8[::1], i8[::1])")
-def free_pages(st, slots):
+def free_pages(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     """Validate ``slots`` as whole allocated pages, then release them.
 
     ``slots`` (int64, length a multiple of ``page_size``) is read in runs of
@@ -305,14 +315,14 @@ def free_pages(st, slots):
     staged ids, never ``slots`` again. A racing writer can make the call
     fail, but never make it act on a value it did not validate.
     """
-    page_size = st[H_PAGE_SIZE]
+    page_size: int = st[H_PAGE_SIZE]
     if page_size == 1:
         return _free_single_slot_pages(st, slots)
     shift = st[H_PAGE_SHIFT]
     mask = page_size - 1
     n = st[H_NPAGES]
     size = n * page_size
-    count = slots.shape[0] // page_size
+    count: int = slots.shape[0] // page_size
     owner = owner_view(st)
     ring = st[HEADER : HEADER + n]
     # A page can only be staged after its flag said "allocated", and every
@@ -372,7 +382,7 @@ def free_pages(st, slots):
     return count * page_size
 
 
-def entry_point(kernel):
+def entry_point(kernel: _F) -> _F:
     """Return the fastest callable for a kernel compiled from one signature.
 
     numba's dispatcher resolves argument types on every call, which costs
@@ -386,4 +396,4 @@ def entry_point(kernel):
     if not overloads or len(overloads) != 1:
         return kernel
     (compiled,) = overloads.values()
-    return getattr(compiled, "entry_point", kernel)
+    return cast("_F", getattr(compiled, "entry_point", kernel))

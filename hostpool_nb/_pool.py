@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from . import _kernels as K
 from ._convert import _INT64_MAX, as_count, as_slots
@@ -34,7 +35,7 @@ _STRIDES_1D = (8,)
 _PRECHECK_SLOTS = 1 << 15
 
 
-def _new_state(size: int, page_size: int, num_pages: int) -> np.ndarray:
+def _new_state(size: int, page_size: int, num_pages: int) -> NDArray[np.int64]:
     """A zeroed state array, or a clear error for a pool too large to hold."""
     words = K.state_length(num_pages)
     if words * 8 > sys.maxsize:  # numpy's own error would be about "dimensions"
@@ -105,10 +106,7 @@ class LogicalHostPool:
             if value > _INT64_MAX:  # the kernels compute slot ids in int64
                 raise HostPoolError(f"{name} must fit in int64, got {name}={value}")
         if size % page_size != 0:
-            raise AlignmentError(
-                "LogicalHostPool size must be page-aligned, "
-                f"got size={size}, page_size={page_size}"
-            )
+            raise AlignmentError(f"LogicalHostPool size must be page-aligned, got size={size}, page_size={page_size}")
         self.size = size
         self.logical_size = size
         self.page_size = page_size
@@ -150,7 +148,7 @@ class LogicalHostPool:
         with self.lock:
             return int(st[K.H_NFREE] + st[K.H_NREL]) * self.page_size
 
-    def alloc(self, need_size: int) -> np.ndarray | None:
+    def alloc(self, need_size: int) -> NDArray[np.int64] | None:
         """Allocate ``need_size`` slots: whole pages, in FIFO order.
 
         Parameters
@@ -180,8 +178,7 @@ class LogicalHostPool:
         page_size = self.page_size
         if need_size % page_size != 0:
             raise AlignmentError(
-                "LogicalHostPool allocation must be page-aligned, "
-                f"got need_size={need_size}, page_size={page_size}"
+                f"LogicalHostPool allocation must be page-aligned, got need_size={need_size}, page_size={page_size}"
             )
         if need_size < 0:
             raise HostPoolError(f"need_size must be non-negative, got need_size={need_size}")
@@ -242,15 +239,14 @@ class LogicalHostPool:
         # The hot path: strides == (8,) means 1-D and contiguous in one test
         # (a 0- or 1-element array may miss it and take the general path).
         if type(indices) is np.ndarray and indices.dtype is _INT64 and indices.strides == _STRIDES_1D:
-            slots = indices
+            slots: NDArray[np.int64] = indices
         else:
             slots = as_slots(indices)
-        n = slots.shape[0]
+        n: int = slots.shape[0]
         page_size = self.page_size
         if n % page_size != 0:
             raise AlignmentError(
-                "LogicalHostPool free must be page-aligned, "
-                f"got len(indices)={n}, page_size={page_size}"
+                f"LogicalHostPool free must be page-aligned, got len(indices)={n}, page_size={page_size}"
             )
         if n == 0:
             return 0
@@ -276,7 +272,7 @@ class LogicalHostPool:
         """No-op: a logical pool stores no KV data."""
         return None
 
-    def load_to_device_per_layer(
+    def load_to_device_per_layer(  # noqa: PLR0913 - sglang's hook signature, kept for drop-in use
         self,
         device_pool: Any,
         host_indices: Any,
@@ -333,19 +329,17 @@ class LogicalHostPool:
                 )
             if st.shape[0] != K.state_length(n):
                 problems.append(f"state array has length {st.shape[0]}, expected {K.state_length(n)}")
-            if not (0 <= nfree and 0 <= nrel and nfree + nrel <= n and (n == 0 or 0 <= head < n)):
+            if not (nfree >= 0 and nrel >= 0 and nfree + nrel <= n and (n == 0 or 0 <= head < n)):
                 problems.append(f"counters out of range: head={head} nfree={nfree} nrel={nrel} pages={n}")
             else:
-                listed = st[K.HEADER:][(head + np.arange(nfree + nrel)) % max(n, 1)]
+                listed = st[K.HEADER :][(head + np.arange(nfree + nrel)) % max(n, 1)]
                 if listed.size and (listed.min() < 0 or listed.max() >= n):
                     problems.append("a listed page id is out of range")
                 else:
                     times = np.bincount(listed, minlength=n)
                     if times.max(initial=0) > 1:
                         problems.append(f"page {int(np.argmax(times))} is listed {int(times.max())} times")
-                    bad_owner = ((times == 1) & (owner != K.OWNER_FREE)) | (
-                        (times == 0) & (owner != K.OWNER_ALLOCATED)
-                    )
+                    bad_owner = ((times == 1) & (owner != K.OWNER_FREE)) | ((times == 0) & (owner != K.OWNER_ALLOCATED))
                     if bad_owner.any():
                         p = int(np.argmax(bad_owner))
                         problems.append(f"page {p} has owner flag {int(owner[p])} but is listed {int(times[p])} times")
@@ -353,10 +347,7 @@ class LogicalHostPool:
                 raise RuntimeError("LogicalHostPool state is corrupted: " + "; ".join(problems))
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(size={self.size}, page_size={self.page_size}, "
-            f"available={self.available_size()})"
-        )
+        return f"{type(self).__name__}(size={self.size}, page_size={self.page_size}, available={self.available_size()})"
 
     # -- internals -------------------------------------------------------
 
@@ -372,15 +363,13 @@ class LogicalHostPool:
         ps = self.page_size
         return f"page {page} (slots {page * ps}..{page * ps + ps - 1})"
 
-    def _free_error(self, status: int, slots: np.ndarray) -> Exception:
+    def _free_error(self, status: int, slots: NDArray[np.int64]) -> Exception:
         code, pos = K.decode_status(status)
         ps = self.page_size
         start = pos - pos % ps
         slot = int(slots[pos])
         if code == K.E_RANGE:
-            return SlotRangeError(
-                f"free got slot {slot} at indices[{pos}] (flattened), outside [0, {self.size})"
-            )
+            return SlotRangeError(f"free got slot {slot} at indices[{pos}] (flattened), outside [0, {self.size})")
         if code == K.E_MISALIGNED:
             return PartialPageError(
                 f"free takes whole pages: indices[{pos}] (flattened) is slot {slot}, which is not "
@@ -400,8 +389,7 @@ class LogicalHostPool:
             )
         if code == K.E_DUPLICATE:
             return DoubleFreeError(
-                f"{self._page_text(slot // ps)} is freed twice in one call "
-                f"(again at indices[{pos}], flattened)"
+                f"{self._page_text(slot // ps)} is freed twice in one call (again at indices[{pos}], flattened)"
             )
         return self._corrupt("free", status)
 

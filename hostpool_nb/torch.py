@@ -40,6 +40,7 @@ except ImportError as exc:
     ) from exc
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
 from ._pool import LogicalHostPool as _CorePool
@@ -74,7 +75,7 @@ def _tensor_count(value: torch.Tensor) -> int:
     return count
 
 
-def _tensor_as_numpy(tensor: torch.Tensor) -> np.ndarray:
+def _tensor_as_numpy(tensor: torch.Tensor) -> NDArray[Any]:
     """The slow path of ``free``: a tensor that ``Tensor.numpy()`` refuses.
 
     That is a tensor on another device (moved to the host once), a tensor
@@ -84,9 +85,7 @@ def _tensor_as_numpy(tensor: torch.Tensor) -> np.ndarray:
     lacks (``TypeError``). A plain CPU tensor never gets here.
     """
     if tensor.layout is not _strided:
-        raise TypeError(
-            f"indices must be a dense tensor, got layout {tensor.layout}; call .to_dense() first"
-        )
+        raise TypeError(f"indices must be a dense tensor, got layout {tensor.layout}; call .to_dense() first")
     if tensor.device.type == "meta":
         raise TypeError("indices must hold slot ids, got a tensor on the meta device, which holds no data")
     _check_tensor_dtype(tensor.dtype)
@@ -153,6 +152,8 @@ class LogicalHostPool(_CorePool):
     32
     """
 
+    # The adapter returns tensors where the core returns numpy arrays, as
+    # sglang's pool does: a deliberate break of substitutability.
     def alloc(self, need_size: int | torch.Tensor) -> torch.Tensor | None:  # type: ignore[override]
         """Allocate ``need_size`` slots: whole pages, in FIFO order.
 

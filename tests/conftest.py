@@ -16,7 +16,8 @@ depends only on the code under test: no flakiness in CI.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,13 +25,13 @@ from hypothesis import HealthCheck, settings
 
 JIT_DISABLED = os.environ.get("NUMBA_DISABLE_JIT") == "1"
 
-_COMMON: dict[str, Any] = dict(
-    deadline=None,  # first calls may load or compile kernels
-    derandomize=True,
-    database=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+_COMMON: dict[str, Any] = {
+    "deadline": None,  # first calls may load or compile kernels
+    "derandomize": True,
+    "database": None,
+    "print_blob": True,
+    "suppress_health_check": [HealthCheck.too_slow],
+}
 settings.register_profile("default", max_examples=100, stateful_step_count=50, **_COMMON)
 settings.register_profile("ci", max_examples=200, stateful_step_count=50, **_COMMON)
 settings.register_profile("nojit", max_examples=100, stateful_step_count=40, **_COMMON)
@@ -68,7 +69,7 @@ def take_snapshot(pool: Any) -> Snapshot:
 def assert_unchanged(pool: Any, before: Snapshot) -> None:
     """The pool's logical state equals ``before`` and its invariants hold."""
     after = take_snapshot(pool)
-    for name, old, new in zip(("header", "free+release window", "owner flags"), before, after):
+    for name, old, new in zip(("header", "free+release window", "owner flags"), before, after, strict=True):
         assert np.array_equal(old, new), f"{name} changed: {old} -> {new}"
     pool.check_invariants()
 

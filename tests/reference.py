@@ -82,10 +82,7 @@ class ReferencePool:
         if max(size, page_size) > INT64_MAX:
             raise HostPoolError(f"size and page_size must fit in int64, got {size}, {page_size}")
         if size % page_size != 0:
-            raise AlignmentError(
-                "LogicalHostPool size must be page-aligned, "
-                f"got size={size}, page_size={page_size}"
-            )
+            raise AlignmentError(f"LogicalHostPool size must be page-aligned, got size={size}, page_size={page_size}")
         self.size = size
         self.page_size = page_size
         self.clear()
@@ -105,8 +102,7 @@ class ReferencePool:
         need = to_count(need_size, "need_size")
         if need % self.page_size != 0:
             raise AlignmentError(
-                "LogicalHostPool allocation must be page-aligned, "
-                f"got need_size={need}, page_size={self.page_size}"
+                f"LogicalHostPool allocation must be page-aligned, got need_size={need}, page_size={self.page_size}"
             )
         if need < 0:
             raise HostPoolError(f"need_size must be non-negative, got need_size={need}")
@@ -132,8 +128,7 @@ class ReferencePool:
         ps = self.page_size
         if len(slots) % ps != 0:
             raise AlignmentError(
-                "LogicalHostPool free must be page-aligned, "
-                f"got len(indices)={len(slots)}, page_size={ps}"
+                f"LogicalHostPool free must be page-aligned, got len(indices)={len(slots)}, page_size={ps}"
             )
         if not slots:
             return 0

@@ -36,7 +36,8 @@ def page(p: int) -> list[int]:
 def pool() -> LogicalHostPool:
     pool = LogicalHostPool(SIZE, PS)
     held = pool.alloc(3 * PS)
-    assert held is not None and held.tolist() == page(0) + page(1) + page(2)
+    assert held is not None
+    assert held.tolist() == page(0) + page(1) + page(2)
     assert pool.free(held[2 * PS :]) == PS
     assert pool.available_size() == 2 * PS
     return pool
@@ -58,7 +59,8 @@ def assert_names(message: str, needles: list[str]) -> None:
 def test_error_hierarchy() -> None:
     assert issubclass(HostPoolError, ValueError)
     for cls in (AlignmentError, DoubleFreeError, PartialPageError, SlotRangeError):
-        assert issubclass(cls, HostPoolError) and issubclass(cls, ValueError)
+        assert issubclass(cls, HostPoolError)
+        assert issubclass(cls, ValueError)
 
 
 class _Unconvertible:
@@ -122,8 +124,8 @@ FREE_CASES = [
     pytest.param(list(range(8, 24)), PartialPageError, ["slot 8", "page_size=16"], id="straddle"),
     pytest.param(page(0)[:8] + page(1)[:8], PartialPageError, ["slot 16", "expected 8"], id="two-half-pages"),
     pytest.param(page(0)[::-1], PartialPageError, ["slot 15"], id="reversed-page"),
-    pytest.param([0, 2, 1] + page(0)[3:], PartialPageError, ["slot 2", "expected 1", "page 0"], id="swapped"),
-    pytest.param(page(0)[:15] + [15 + 100], PartialPageError, ["slot 115", "expected 15"], id="bad-last-slot"),
+    pytest.param([0, 2, 1, *page(0)[3:]], PartialPageError, ["slot 2", "expected 1", "page 0"], id="swapped"),
+    pytest.param([*page(0)[:15], 15 + 100], PartialPageError, ["slot 115", "expected 15"], id="bad-last-slot"),
     pytest.param(page(1) + page(0)[1:] + [0], PartialPageError, ["indices[16]", "slot 1,"], id="rotated-second-page"),
     # Alignment of the flattened length, with sglang's exact message.
     pytest.param(
@@ -166,7 +168,9 @@ FREE_CASES = [
 
 
 @pytest.mark.parametrize(("indices", "error", "needles"), FREE_CASES)
-def test_bad_free(pool: LogicalHostPool, indices: Any, error: type, needles: list[str], snapshot: Any, unchanged: Any) -> None:
+def test_bad_free(
+    pool: LogicalHostPool, indices: Any, error: type, needles: list[str], snapshot: Any, unchanged: Any
+) -> None:
     before = snapshot(pool)
     available = pool.available_size()
     with pytest.raises(error) as info:
@@ -260,7 +264,9 @@ ALLOC_CASES = [
 
 
 @pytest.mark.parametrize(("need", "error", "needles"), ALLOC_CASES)
-def test_bad_alloc(pool: LogicalHostPool, need: Any, error: type, needles: list[str], snapshot: Any, unchanged: Any) -> None:
+def test_bad_alloc(
+    pool: LogicalHostPool, need: Any, error: type, needles: list[str], snapshot: Any, unchanged: Any
+) -> None:
     before = snapshot(pool)
     with pytest.raises(error) as info:
         pool.alloc(need)
@@ -305,7 +311,8 @@ def test_refused_huge_alloc_allocates_nothing(snapshot: Any, unchanged: Any) -> 
 def test_alloc_accepts_numpy_integers(pool: LogicalHostPool, kind: type) -> None:
     out = pool.alloc(kind(PS))
     # The FIFO order of SPEC: the free list (page 3) before the release list (page 2).
-    assert out is not None and out.tolist() == page(3)
+    assert out is not None
+    assert out.tolist() == page(3)
     assert pool.alloc(kind(PS)).tolist() == page(2)
     assert pool.available_size() == 0
     pool.check_invariants()
@@ -376,7 +383,8 @@ def test_page_size_beyond_int64_is_a_value_error() -> None:
 
 def test_numpy_integer_constructor_arguments() -> None:
     pool = LogicalHostPool(np.int64(64), np.uint8(16))
-    assert type(pool.size) is int and type(pool.page_size) is int
+    assert type(pool.size) is int
+    assert type(pool.page_size) is int
     assert (pool.size, pool.page_size, pool.available_size()) == (64, 16, 64)
 
 
@@ -394,7 +402,9 @@ def test_2d_indices_free_whole_rows(pool: LogicalHostPool) -> None:
     assert pool.alloc(2 * PS).tolist() == page(3) + page(0)  # release order = row order
 
 
-@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", ">i8", ">u2"])
+@pytest.mark.parametrize(
+    "dtype", ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", ">i8", ">u2"]
+)
 def test_any_integer_dtype(pool: LogicalHostPool, dtype: str) -> None:
     indices = np.array(page(1) + page(0), dtype=dtype)
     assert pool.free(indices) == 2 * PS
@@ -478,7 +488,9 @@ def test_zero_size_pool(snapshot: Any, unchanged: Any) -> None:
     pool.check_invariants()
     assert pool.available_size() == 0
     out = pool.alloc(0)
-    assert isinstance(out, np.ndarray) and out.dtype == np.int64 and out.shape == (0,)
+    assert isinstance(out, np.ndarray)
+    assert out.dtype == np.int64
+    assert out.shape == (0,)
     assert pool.alloc(PS) is None
     assert pool.free([]) == 0
     before = snapshot(pool)
@@ -500,11 +512,13 @@ def test_attributes(layout: Any) -> None:
     assert pool.layout == expected_layout
     assert (pool.size, pool.logical_size, pool.page_size) == (SIZE, SIZE, PS)
     assert pool.device == "cpu"
-    assert isinstance(pool.dtype, np.dtype) and pool.dtype == np.dtype(np.uint8)
+    assert isinstance(pool.dtype, np.dtype)
+    assert pool.dtype == np.dtype(np.uint8)
     assert (pool.layer_num, pool.start_layer, pool.end_layer, pool.size_per_token) == (0, 0, 0, 0)
     for name in ("layer_num", "start_layer", "end_layer", "size_per_token"):
         assert type(getattr(pool, name)) is int
-    assert pool.kv_buffer is None and pool.allocator is None
+    assert pool.kv_buffer is None
+    assert pool.allocator is None
     assert pool.can_use_write_back_jit is True
     assert type(pool.lock) is type(threading.RLock())
     # An RLock: the owner may take it again (a plain Lock would deadlock here).
@@ -526,9 +540,11 @@ def test_data_plane_hooks(pool: LogicalHostPool, snapshot: Any, unchanged: Any) 
     assert pool.load_to_device_per_layer(object(), slots, slots, 3, "direct", is_draft=True) is None
     for data_page in (pool.get_data_page(0), pool.get_data_page(5, flat=False), pool.get_dummy_flat_data_page()):
         assert isinstance(data_page, np.ndarray)
-        assert data_page.dtype == np.uint8 and data_page.size == 0
+        assert data_page.dtype == np.uint8
+        assert data_page.size == 0
     assert pool.set_from_flat_data_page(0, np.empty(0, dtype=np.uint8)) is None
     assert pool.get_page_buffer_meta(slots) is None
-    assert pool.get_ksize_per_token() == 0 and type(pool.get_ksize_per_token()) is int
+    assert pool.get_ksize_per_token() == 0
+    assert type(pool.get_ksize_per_token()) is int
     assert pool.destroy() is None
     unchanged(pool, before)

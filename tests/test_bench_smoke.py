@@ -228,20 +228,24 @@ def test_progress_on_a_terminal_uses_tqdm() -> None:
     _drive(bar)
     assert not bar.shown
     text = out.getvalue()
-    assert "measuring x" in text and "\r" in text  # a redrawn line, labelled
-    assert "measured: 100%" in text and "4/4" in text  # the steps reached the bar
+    assert "measuring x" in text  # a redrawn line, labelled
+    assert "\r" in text
+    assert "measured: 100%" in text  # the steps reached the bar
+    assert "4/4" in text
 
 
 def test_progress_disabled_or_without_tqdm_draws_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     out = _Terminal()
     off = Progress(4, enabled=False, stream=out)  # --no-progress
     _drive(off)
-    assert not off.shown and out.getvalue() == ""
+    assert not off.shown
+    assert out.getvalue() == ""
 
     monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm raises ImportError
     bare = Progress(4, stream=out)
     _drive(bare)
-    assert not bare.shown and out.getvalue() == ""
+    assert not bare.shown
+    assert out.getvalue() == ""
 
 
 # -- the command line --------------------------------------------------------
@@ -256,7 +260,8 @@ def _cli_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     assert exc.value.code == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert len(err.splitlines()) == 1 and err.startswith("python -m bench: error: "), err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("python -m bench: error: "), err
     return err
 
 
@@ -274,7 +279,8 @@ def test_cli_rejects_unknown_workload(capsys: pytest.CaptureFixture[str], no_mea
     from bench.__main__ import parse_args
 
     err = _cli_error(capsys, ["--only", "nonsense"])
-    assert "nonsense" in err and "roundtrip" in err
+    assert "nonsense" in err
+    assert "roundtrip" in err
     assert parse_args(["--only", "trace,memory"]).only == ("trace", "memory")
 
 
@@ -323,7 +329,8 @@ def test_profile_rejects_sizes_the_pool_cannot_take(capsys: pytest.CaptureFixtur
         main(["--k", "10"])  # not a multiple of the page size, 64
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("python -m bench.profile: error: --k") and len(err.splitlines()) == 1
+    assert err.startswith("python -m bench.profile: error: --k")
+    assert len(err.splitlines()) == 1
 
 
 def test_main_output_fits_and_has_no_carriage_returns(
@@ -339,7 +346,8 @@ def test_main_output_fits_and_has_no_carriage_returns(
     assert "\r" not in out + err
     assert err == ""
     assert all(len(line) <= TABLE_WIDTH for line in out.splitlines()), max(out.splitlines(), key=len)
-    assert "KV-cache trace" in out and f"results written to {out_json}" in out
+    assert "KV-cache trace" in out
+    assert f"results written to {out_json}" in out
     assert json.loads(out_json.read_text())["rows"]
 
 
@@ -361,22 +369,47 @@ def _full_run_rows() -> list[dict]:
         samples = {n: [v, v * 1.1] for n, v in t.items()}
         rows.append(report.row("round trip", roundtrip_params(ps, k, pool), "s/op", t, target, met, samples=samples))
     rows.append(report.row("memory floor", floor_params(BIG_K), "s/op", {HOSTPOOL: 18.4e-6}, columns=(HOSTPOOL,)))
-    for ps in cfg.trace_page_sizes:
-        # Failed allocs are retried, so a trace has more ops than asked for.
-        rows.append(
-            report.row("KV-cache trace", trace_params(ps, cfg.trace_pool_slots, 10 * cfg.trace_ops), "s/op", t, TRACE_TARGET, False)
+    # Failed allocs are retried, so a trace has more ops than asked for.
+    rows.extend(
+        report.row(
+            "KV-cache trace", trace_params(ps, cfg.trace_pool_slots, 10 * cfg.trace_ops), "s/op", t, TRACE_TARGET, False
         )
+        for ps in cfg.trace_page_sizes
+    )
     b = {HOSTPOOL: 9.0, NUMPY: 1161.0, TORCH: 12345.0}
-    rows.append(report.row("metadata held", memory_params(cfg.memory_pool_slots, cfg.memory_page_size, "built"), "B/page", b))
     rows.append(
-        report.row("metadata peak", memory_params(cfg.memory_pool_slots, cfg.memory_page_size, "merge"), "B/page", b, METADATA_TARGET, True)
+        report.row("metadata held", memory_params(cfg.memory_pool_slots, cfg.memory_page_size, "built"), "B/page", b)
+    )
+    rows.append(
+        report.row(
+            "metadata peak",
+            memory_params(cfg.memory_pool_slots, cfg.memory_page_size, "merge"),
+            "B/page",
+            b,
+            METADATA_TARGET,
+            True,
+        )
     )
     for key in ("warm", "cold"):
         s = {HOSTPOOL: 10.9, TORCH: 321.0}
-        rows.append(report.row("start-up", STARTUP_PARAMS[key], "s", s, STARTUP_TARGET if key == "warm" else "", None, columns=(HOSTPOOL, TORCH)))
+        rows.append(
+            report.row(
+                "start-up",
+                STARTUP_PARAMS[key],
+                "s",
+                s,
+                STARTUP_TARGET if key == "warm" else "",
+                None,
+                columns=(HOSTPOOL, TORCH),
+            )
+        )
     # What the issue tracker plans next, and a target too long for its column.
     rows.append(report.row("batch alloc", "p16 256 reqs", "s/op", t, ">=50x torch", True))
-    rows.append(report.row("paged allocator", "p16 256 reqs pool=1M", "s/op", t, ">=50x torch, >=10x numpy, in every batch size", True))
+    rows.append(
+        report.row(
+            "paged allocator", "p16 256 reqs pool=1M", "s/op", t, ">=50x torch, >=10x numpy, in every batch size", True
+        )
+    )
     return rows
 
 
@@ -398,7 +431,7 @@ def test_table_fits_120_columns_and_shows_every_row(torch_present: bool) -> None
     assert lines[0].split() == ["workload", "params", "hostpool_nb", "x", "numpy", "x", "torch", "target", "met?"]
     body = lines[2 : 2 + len(rows)]
     footnotes = "\n".join(lines[2 + len(rows) :])
-    for r, line in zip(rows, body):
+    for r, line in zip(rows, body, strict=True):
         # Columns are two spaces apart and no cell is empty or holds two spaces.
         workload, params, ours, x_numpy, x_torch, target, met = re.split(r"\s{2,}", line.strip())
         assert (workload, ours, x_numpy, x_torch, met) == (

@@ -225,7 +225,8 @@ def test_read_only_install_imports_as_unprivileged_user() -> None:
         assert (res["a"], res["freed"], res["available"]) == (list(range(32)), 32, 64)
         cache_warnings = _cache_warnings(res)
         assert len(cache_warnings) == 1, res["warnings"]
-        assert "NUMBA_CACHE_DIR" in cache_warnings[0] and "in memory" in cache_warnings[0], cache_warnings[0]
+        assert "NUMBA_CACHE_DIR" in cache_warnings[0], cache_warnings[0]
+        assert "in memory" in cache_warnings[0], cache_warnings[0]
         assert _listing(site, home) == before
     finally:
         _set_modes(base, 0o755, 0o644)
@@ -242,7 +243,8 @@ def filled_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = _env(NUMBA_CACHE_DIR=str(cache), PYTHONPATH=_pythonpath(ROOT))
     res = _run([sys.executable, "-c", USE_POOL], env, cwd=cache.parent)
     assert {k: res[k] for k in EXPECTED} == EXPECTED
-    assert res["compiled"] == res["kernels"] and len(res["kernels"]) >= 3, res
+    assert res["compiled"] == res["kernels"], res
+    assert len(res["kernels"]) >= 3, res
     return cache
 
 
@@ -256,7 +258,7 @@ def _garbage(path: Path) -> None:
 
 @needs_jit
 @pytest.mark.parametrize(
-    "suffix, damage",
+    ("suffix", "damage"),
     [(".nbi", _truncate), (".nbc", _truncate), (".nbi", _garbage), (".nbc", _garbage)],
     ids=["truncated-index", "truncated-data", "garbage-index", "garbage-data"],
 )
@@ -280,7 +282,8 @@ def test_damaged_cache_is_rebuilt(
     warm = _run([sys.executable, "-c", USE_POOL], env, cwd=tmp_path)
     assert {k: warm[k] for k in EXPECTED} == EXPECTED
     # The rebuild rewrote the cache: everything loads, nothing compiles.
-    assert warm["loaded"] == warm["kernels"] and warm["compiled"] == [], warm
+    assert warm["loaded"] == warm["kernels"], warm
+    assert warm["compiled"] == [], warm
     assert _cache_warnings(warm) == []
 
 
@@ -342,7 +345,8 @@ def _assert_correct(res: dict[str, Any], names: list[str]) -> None:
     assert sorted(res["kernels"]) == sorted(names), res
     for name in names:
         k = res["kernels"][name]
-        assert k["is_dispatcher"] and k["results"] == k["expected"], (name, k)
+        assert k["is_dispatcher"], (name, k)
+        assert k["results"] == k["expected"], (name, k)
 
 
 @needs_jit
@@ -355,7 +359,8 @@ def test_no_cache_location_warns_once_for_many_kernels(tmp_path: Path) -> None:
     _assert_correct(res, names)
     assert [category for category, _ in res["warnings"]] == ["KernelCacheWarning"], res["warnings"]
     message = res["warnings"][0][1]
-    assert "compiled in memory on every start" in message and "no locator available" in message, message
+    assert "compiled in memory on every start" in message, message
+    assert "no locator available" in message, message
     assert "set NUMBA_CACHE_DIR to a writable directory" in message, message
 
 
@@ -372,18 +377,21 @@ def test_helper_caches_and_rebuilds_a_damaged_cache(tmp_path: Path) -> None:
     names = ["square", "twice"]
     cold = _helper_child(tmp_path, names)
     _assert_correct(cold, names)
-    assert cold["warnings"] == [] and not any(k["from_cache"] for k in cold["kernels"].values()), cold
+    assert cold["warnings"] == [], cold
+    assert not any(k["from_cache"] for k in cold["kernels"].values()), cold
     cache_dir = Path(cold["kernels"]["square"]["cache_path"])
     for path in cache_dir.glob("helper_child.*.nb[ic]"):
         _truncate(path)
 
     rebuilt = _helper_child(tmp_path, names)
     _assert_correct(rebuilt, names)
-    assert rebuilt["warnings"] == [] and not any(k["from_cache"] for k in rebuilt["kernels"].values()), rebuilt
+    assert rebuilt["warnings"] == [], rebuilt
+    assert not any(k["from_cache"] for k in rebuilt["kernels"].values()), rebuilt
 
     warm = _helper_child(tmp_path, names)
     _assert_correct(warm, names)
-    assert warm["warnings"] == [] and all(k["from_cache"] for k in warm["kernels"].values()), warm
+    assert warm["warnings"] == [], warm
+    assert all(k["from_cache"] for k in warm["kernels"].values()), warm
 
 
 @needs_jit
@@ -413,7 +421,8 @@ def test_cache_that_cannot_be_rebuilt_names_the_directory_to_delete(tmp_path: Pa
     assert rebuilt["warnings"] == [], rebuilt
     warm = _helper_child(tmp_path, names)
     _assert_correct(warm, names)
-    assert warm["warnings"] == [] and all(k["from_cache"] for k in warm["kernels"].values()), warm
+    assert warm["warnings"] == [], warm
+    assert all(k["from_cache"] for k in warm["kernels"].values()), warm
 
 
 @needs_jit
@@ -430,7 +439,8 @@ def test_cache_that_cannot_be_written_keeps_the_compiled_kernel(tmp_path: Path) 
     _assert_correct(res, names)
     assert [category for category, _ in res["warnings"]] == ["KernelCacheWarning"], res["warnings"]
     message = res["warnings"][0][1]
-    assert "could not write its cache in" in message and "No space left on device" in message, message
+    assert "could not write its cache in" in message, message
+    assert "No space left on device" in message, message
     assert "set NUMBA_CACHE_DIR to a writable directory" in message, message
 
 
@@ -438,7 +448,8 @@ def test_cache_that_cannot_be_written_keeps_the_compiled_kernel(tmp_path: Path) 
 def test_errors_that_are_not_cache_failures_propagate(tmp_path: Path) -> None:
     # A kernel that does not compile, with a working cache.
     res = _helper_child(tmp_path, ["broken"])
-    assert res["errors"] == {"broken": "TypingError"} and res["warnings"] == [], res
+    assert res["errors"] == {"broken": "TypingError"}, res
+    assert res["warnings"] == [], res
     # Running out of memory while loading the cache is not a cache problem.
     setup = (
         "from numba.core import caching\n"
@@ -447,7 +458,8 @@ def test_errors_that_are_not_cache_failures_propagate(tmp_path: Path) -> None:
         "caching.IndexDataCacheFile.load = _oom\n"
     )
     res = _helper_child(tmp_path, ["square"], setup)
-    assert res["errors"] == {"square": "MemoryError"} and res["warnings"] == [], res
+    assert res["errors"] == {"square": "MemoryError"}, res
+    assert res["warnings"] == [], res
 
 
 def test_disabled_jit_returns_the_python_function(tmp_path: Path) -> None:

@@ -34,13 +34,21 @@ def test_all_names_exist() -> None:
     assert len(hostpool_nb.__all__) == len(set(hostpool_nb.__all__))
     for name in hostpool_nb.__all__:
         assert hasattr(hostpool_nb, name), name
-    for name in ("LogicalHostPool", "HostPoolError", "AlignmentError", "DoubleFreeError", "PartialPageError", "SlotRangeError"):
+    for name in (
+        "LogicalHostPool",
+        "HostPoolError",
+        "AlignmentError",
+        "DoubleFreeError",
+        "PartialPageError",
+        "SlotRangeError",
+    ):
         assert name in hostpool_nb.__all__
 
 
 def test_version_is_a_string() -> None:
     assert isinstance(hostpool_nb.__version__, str)
-    assert hostpool_nb.__version__.strip() and hostpool_nb.__version__[0].isdigit()
+    assert hostpool_nb.__version__.strip()
+    assert hostpool_nb.__version__[0].isdigit()
 
 
 def test_py_typed_ships_in_the_package() -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hostpool_nb import LogicalHostPool
+from hostpool_nb import LogicalHostPool, _pool
 from hostpool_nb import _kernels as K
-from hostpool_nb import _pool
 from tests.conftest import JIT_DISABLED
 
 
@@ -71,7 +70,7 @@ def test_merge_happens_only_when_an_allocation_needs_it() -> None:
 
 
 def test_state_length_and_page_shift() -> None:
-    for n in range(0, 20):
+    for n in range(20):
         # 8 header words, one ring word per page, one owner byte per page.
         assert K.state_length(n) * 8 >= (K.HEADER + n) * 8 + n
         assert K.state_length(n) * 8 < (K.HEADER + n) * 8 + n + 8

@@ -22,8 +22,10 @@ from tests.reference import ReferencePool
 
 def assert_fresh(out: Any, pool: LogicalHostPool, others: list[np.ndarray]) -> None:
     assert isinstance(out, np.ndarray)
-    assert out.dtype == np.int64 and out.ndim == 1
-    assert out.flags.c_contiguous and out.flags.writeable
+    assert out.dtype == np.int64
+    assert out.ndim == 1
+    assert out.flags.c_contiguous
+    assert out.flags.writeable
     assert out.base is None or not np.shares_memory(out.base, pool._st)
     assert not np.shares_memory(out, pool._st)
     assert not np.shares_memory(out, pool._owner)
@@ -37,7 +39,8 @@ def test_every_result_is_fresh(page_size: int) -> None:
     results: list[np.ndarray] = []
     for pages in (0, 1, 3, 0, 4):
         out = pool.alloc(pages * page_size)
-        assert out is not None and out.shape == (pages * page_size,)
+        assert out is not None
+        assert out.shape == (pages * page_size,)
         assert_fresh(out, pool, results)
         results.append(out)
     assert pool.alloc(page_size) is None  # exhausted; now exercise merged pages
@@ -55,7 +58,8 @@ def test_writing_into_results_never_reaches_the_pool(page_size: int) -> None:
     before = (pool._st.copy(), pool._owner.copy())  # byte for byte, scratch included
     out[:] = -12345
     out.resize(0, refcheck=False)  # owning the buffer means it may even be resized
-    assert np.array_equal(pool._st, before[0]) and np.array_equal(pool._owner, before[1])
+    assert np.array_equal(pool._st, before[0])
+    assert np.array_equal(pool._owner, before[1])
     pool.check_invariants()
     assert pool.free(kept) == 4 * page_size
     assert pool.alloc(4 * page_size).tolist() == kept.tolist()

@@ -72,7 +72,8 @@ def test_no_slot_has_two_owners(page_size: int) -> None:
                 with table_lock:
                     taken = owner[out]
                     if (taken != FREE_OWNER).any():
-                        fail(f"thread {tid} got slots already held by threads {sorted(set(taken.tolist()) - {FREE_OWNER})}")
+                        holders = sorted(set(taken.tolist()) - {FREE_OWNER})
+                        fail(f"thread {tid} got slots already held by threads {holders}")
                     owner[out] = tid
                 successes[tid] += 1
                 allocated[tid] += len(out)
@@ -84,7 +85,7 @@ def test_no_slot_has_two_owners(page_size: int) -> None:
                 give_back(mine.pop())
         except threading.BrokenBarrierError:
             pass
-        except BaseException as exc:  # surface anything else to the test thread
+        except BaseException as exc:  # noqa: BLE001 - surface anything else to the test thread
             fail(f"thread {tid}: {exc!r}")
 
     threads = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(THREADS)]

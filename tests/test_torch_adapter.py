@@ -23,8 +23,6 @@ torch = pytest.importorskip("torch")
 
 import hostpool_nb  # noqa: E402
 import hostpool_nb.torch as hpt  # noqa: E402
-from tests.test_torch_missing import run_child  # noqa: E402
-from tests.conftest import Snapshot, take_snapshot  # noqa: E402
 from hostpool_nb.torch import (  # noqa: E402
     AlignmentError,
     DoubleFreeError,
@@ -33,6 +31,8 @@ from hostpool_nb.torch import (  # noqa: E402
     PartialPageError,
     SlotRangeError,
 )
+from tests.conftest import Snapshot, take_snapshot  # noqa: E402
+from tests.test_torch_missing import run_child  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -59,7 +59,7 @@ def assert_same_state(a: Any, b: Any) -> None:
     """Two pools (or a pool and a saved state) are in the same logical state."""
     sa = state(a) if not isinstance(a, tuple) else a
     sb = state(b) if not isinstance(b, tuple) else b
-    for x, y in zip(sa, sb):
+    for x, y in zip(sa, sb, strict=True):
         assert np.array_equal(x, y), f"{x} != {y}"
 
 
@@ -93,6 +93,7 @@ def rng() -> np.random.Generator:
 
 
 # -- import behaviour ----------------------------------------------------
+
 
 def test_import_core_does_not_import_torch_even_when_installed() -> None:
     code = (
@@ -152,8 +153,10 @@ def test_alloc_returns_cpu_int64_tensors_like_the_core(page_size: int) -> None:
             assert got is None
             continue
         assert type(got) is torch.Tensor
-        assert got.dtype is torch.int64 and got.device.type == "cpu"
-        assert got.dim() == 1 and got.is_contiguous()
+        assert got.dtype is torch.int64
+        assert got.device.type == "cpu"
+        assert got.dim() == 1
+        assert got.is_contiguous()
         assert np.array_equal(got.numpy(), want)
         assert pool.available_size() == core.available_size()
     assert_same_state(pool, core)
@@ -212,9 +215,9 @@ def test_alloc_and_free_of_meta_tensors_are_type_errors() -> None:
     pool = LogicalHostPool(64, 16)
     held = pool.alloc(16)
     before = state(pool)
-    with pytest.raises(TypeError, match="need_size.*meta device"):
+    with pytest.raises(TypeError, match=r"need_size.*meta device"):
         pool.alloc(torch.empty((), dtype=torch.int64, device="meta"))
-    with pytest.raises(TypeError, match="indices.*meta device"):
+    with pytest.raises(TypeError, match=r"indices.*meta device"):
         pool.free(torch.empty(16, dtype=torch.int64, device="meta"))
     assert_same_state(pool, before)
     assert pool.free(held) == 16
@@ -246,7 +249,9 @@ def test_non_integer_tensors_get_torch_advice(dtype: Any) -> None:
     with pytest.raises(TypeError) as info:
         pool.free(held.to(dtype))
     message = str(info.value)
-    assert str(dtype) in message and ".long()" in message and "astype" not in message
+    assert str(dtype) in message
+    assert ".long()" in message
+    assert "astype" not in message
     assert pool.free(held) == 16
 
 
@@ -310,7 +315,7 @@ def test_returned_tensors_are_never_written_by_the_pool(page_size: int, rng: np.
     pool = LogicalHostPool(size, page_size)
     kept: list[tuple[Any, Any]] = []  # (returned tensor, clone at return time)
     held: list[Any] = []
-    for step in range(300):
+    for _ in range(300):
         op = rng.integers(0, 10)
         if op < 5:
             got = pool.alloc(int(rng.integers(0, 5)) * page_size)
@@ -338,11 +343,13 @@ def test_pool_keeps_nothing_of_freed_inputs() -> None:
     pool, core = LogicalHostPool(128, 16), hostpool_nb.LogicalHostPool(128, 16)
     a, b = pool.alloc(64), core.alloc(64)
     as_i32 = a.flip(0).view(-1, 16).flip(1).reshape(-1).to(torch.int32)  # pages in reverse
-    assert pool.free(a) == 64 and core.free(b) == 64
+    assert pool.free(a) == 64
+    assert core.free(b) == 64
     a.fill_(-1)  # the caller reuses its buffers
     a2, b2 = pool.alloc(128), core.alloc(128)
     assert np.array_equal(a2.numpy(), b2)
-    assert pool.free(as_i32[:32]) == 32 and core.free(as_i32[:32].numpy().astype(np.int64)) == 32
+    assert pool.free(as_i32[:32]) == 32
+    assert core.free(as_i32[:32].numpy().astype(np.int64)) == 32
     as_i32.zero_()
     assert_same_state(pool, core)
     assert np.array_equal(pool.alloc(32).numpy(), core.alloc(32))

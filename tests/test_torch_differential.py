@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import strategies as st
 from hypothesis import given
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -72,7 +72,9 @@ def check_alloc(got: Any, want: Any, need: int) -> None:
         return
     assert got is not None, f"alloc({need}): adapter is short, oracle returned {want}"
     assert type(got) is torch.Tensor
-    assert got.dtype is torch.int64 and got.device.type == "cpu" and got.is_contiguous()
+    assert got.dtype is torch.int64
+    assert got.device.type == "cpu"
+    assert got.is_contiguous()
     assert torch.equal(got, want), f"alloc({need}): {got.tolist()} != {want.tolist()}"
 
 
@@ -152,5 +154,7 @@ def test_released_pages_follow_the_free_list(page_size: int) -> None:
         pool.free(first[page_size : 2 * page_size])
         results.append(pool.alloc(page_size))
     expected = slots_of([3, 4, 5, 2, 0], page_size)
-    assert torch.equal(results[0], expected) and torch.equal(results[2], expected)
-    assert torch.equal(results[1], slots_of([1], page_size)) and torch.equal(results[3], results[1])
+    assert torch.equal(results[0], expected)
+    assert torch.equal(results[2], expected)
+    assert torch.equal(results[1], slots_of([1], page_size))
+    assert torch.equal(results[3], results[1])
