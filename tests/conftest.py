@@ -6,6 +6,7 @@ Profiles (pick one with ``HYPOTHESIS_PROFILE=<name>``):
 ``ci``       more examples; derandomized, no example database.
 ``nojit``    fewer examples; replaces ``default`` and ``ci`` when
              ``NUMBA_DISABLE_JIT=1`` (the kernels then run as plain Python).
+``mutation`` fewer still, for ``python -m tests.mutation``.
 
 Any other profile named in ``HYPOTHESIS_PROFILE`` is used as is.
 
@@ -16,6 +17,7 @@ depends only on the code under test: no flakiness in CI.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +37,8 @@ _COMMON: dict[str, Any] = {
 settings.register_profile("default", max_examples=100, stateful_step_count=50, **_COMMON)
 settings.register_profile("ci", max_examples=200, stateful_step_count=50, **_COMMON)
 settings.register_profile("nojit", max_examples=100, stateful_step_count=40, **_COMMON)
+# python -m tests.mutation: one test run per planted bug, thousands of them.
+settings.register_profile("mutation", max_examples=60, stateful_step_count=30, **_COMMON)
 
 
 def _profile_name() -> str:
@@ -67,11 +71,34 @@ def take_snapshot(pool: Any) -> Snapshot:
 
 
 def assert_unchanged(pool: Any, before: Snapshot) -> None:
-    """The pool's logical state equals ``before`` and its invariants hold."""
+    """The pool's logical state equals ``before``, its invariants hold, and its lock is free.
+
+    Every failed call is followed by this check, so it also proves that the
+    call released the lock on its way out. The lock is an ``RLock``: the
+    thread that made the call could take it again even if it were still
+    held, so another thread tries, with a timeout rather than a hang.
+    """
     after = take_snapshot(pool)
     for name, old, new in zip(("header", "free+release window", "owner flags"), before, after, strict=True):
         assert np.array_equal(old, new), f"{name} changed: {old} -> {new}"
     pool.check_invariants()
+    assert_lock_free(pool)
+
+
+def assert_lock_free(pool: Any) -> None:
+    """Another thread can acquire ``pool.lock`` within a few seconds."""
+    got: list[bool] = []
+
+    def take() -> None:
+        acquired = pool.lock.acquire(timeout=5)
+        got.append(acquired)
+        if acquired:
+            pool.lock.release()
+
+    t = threading.Thread(target=take)
+    t.start()
+    t.join(timeout=10)
+    assert got == [True], "the pool's lock is still held after the call returned"
 
 
 @pytest.fixture

@@ -32,14 +32,33 @@ from hostpool_nb import AlignmentError, DoubleFreeError, HostPoolError, PartialP
 INT64_MAX = 2**63 - 1
 
 
+def model_error(cls: type[Exception], kind: str, message: str, position: int | None = None) -> Exception:
+    """An exception of the package's class, tagged with what went wrong and where.
+
+    ``kind`` names the check that failed (``"alignment"``, ``"negative"``,
+    ``"range"``, ``"int64"``, ``"misaligned"``, ``"partial"``, ``"twice"``,
+    ``"not_allocated"``, ``"type"``) and ``position`` the flattened index it
+    failed at, so a test can check that the pool failed the same check at
+    the same place, not only with the same class.
+    """
+    exc = cls(message)
+    exc.kind = kind  # type: ignore[attr-defined]
+    exc.position = position  # type: ignore[attr-defined]
+    return exc
+
+
 def to_count(value: Any, name: str) -> int:
     """An integer argument: int or numpy integer scalar, never bool/array/float."""
     if isinstance(value, (bool, np.bool_, np.ndarray)):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
+        raise model_error(TypeError, "type", f"{name} must be an integer, got {value!r}")
+    if not isinstance(value, np.generic) and any(
+        hasattr(type(value), a) for a in ("__array__", "__array_interface__", "__dlpack__")
+    ):
+        raise model_error(TypeError, "type", f"{name} must be an integer, got an array {value!r}")
     try:
         return operator.index(value)  # int, numpy integer scalars, __index__
     except TypeError:
-        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+        raise model_error(TypeError, "type", f"{name} must be an integer, got {value!r}") from None
 
 
 def to_slot_list(indices: Any) -> list[int]:
@@ -59,13 +78,13 @@ def to_slot_list(indices: Any) -> list[int]:
         if all(type(v) is int for v in items):  # ints too big for int64
             for v in items:
                 if not -INT64_MAX - 1 <= v <= INT64_MAX:
-                    raise SlotRangeError(f"slot {v} is outside the int64 range")
+                    raise model_error(SlotRangeError, "int64", f"slot {v} is outside the int64 range")
     if arr.dtype.kind not in "iu":
         raise TypeError(f"indices must hold integers, got dtype {arr.dtype}")
     values = [int(v) for v in arr.flatten(order="C")]
     for v in values:
         if v > INT64_MAX:
-            raise SlotRangeError(f"slot {v} is outside the int64 range")
+            raise model_error(SlotRangeError, "int64", f"slot {v} is outside the int64 range")
     return values
 
 
@@ -91,6 +110,8 @@ class ReferencePool:
         self.free_slots: list[int] = list(range(self.size))
         self.release_list: list[list[int]] = []
         self.allocated: set[int] = set()
+        if not hasattr(self, "merges"):
+            self.merges = 0  # merges since construction: clear() does not reset it
 
     def available_size(self) -> int:
         return len(self.free_slots) + sum(len(chunk) for chunk in self.release_list)
@@ -101,14 +122,17 @@ class ReferencePool:
     def alloc(self, need_size: Any) -> list[int] | None:
         need = to_count(need_size, "need_size")
         if need % self.page_size != 0:
-            raise AlignmentError(
-                f"LogicalHostPool allocation must be page-aligned, got need_size={need}, page_size={self.page_size}"
+            raise model_error(
+                AlignmentError,
+                "alignment",
+                f"LogicalHostPool allocation must be page-aligned, got need_size={need}, page_size={self.page_size}",
             )
         if need < 0:
-            raise HostPoolError(f"need_size must be non-negative, got need_size={need}")
+            raise model_error(HostPoolError, "negative", f"need_size must be non-negative, got need_size={need}")
         if need > self.available_size():
             return None
         if need > len(self.free_slots):
+            self.merges += 1
             merged = list(self.free_slots)
             for chunk in self.release_list:
                 merged.extend(chunk)
@@ -127,8 +151,10 @@ class ReferencePool:
         slots = to_slot_list(indices)
         ps = self.page_size
         if len(slots) % ps != 0:
-            raise AlignmentError(
-                f"LogicalHostPool free must be page-aligned, got len(indices)={len(slots)}, page_size={ps}"
+            raise model_error(
+                AlignmentError,
+                "alignment",
+                f"LogicalHostPool free must be page-aligned, got len(indices)={len(slots)}, page_size={ps}",
             )
         if not slots:
             return 0
@@ -136,17 +162,17 @@ class ReferencePool:
         for start in range(0, len(slots), ps):
             first = slots[start]
             if first < 0 or first >= self.size:
-                raise SlotRangeError(f"slot {first} at indices[{start}] is outside [0, {self.size})")
+                raise model_error(SlotRangeError, "range", f"slot {first} is outside [0, {self.size})", start)
             if first % ps != 0:
-                raise PartialPageError(f"slot {first} at indices[{start}] does not start a page")
+                raise model_error(PartialPageError, "misaligned", f"slot {first} does not start a page", start)
             for j in range(1, ps):
                 if slots[start + j] != first + j:
-                    raise PartialPageError(f"indices[{start + j}] is not slot {first + j}")
+                    raise model_error(PartialPageError, "partial", f"not slot {first + j}", start + j)
             page = first // ps
             if page in named:
-                raise DoubleFreeError(f"page {page} is freed twice in one call")
+                raise model_error(DoubleFreeError, "twice", f"page {page} is freed twice in one call", start)
             if page not in self.allocated:
-                raise DoubleFreeError(f"page {page} is not allocated")
+                raise model_error(DoubleFreeError, "not_allocated", f"page {page} is not allocated", start)
             named.append(page)
         # Every check passed: commit.
         for page in named:

@@ -11,6 +11,7 @@ make pages cycle through the free and release lists and merges happen often.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,8 @@ from hypothesis.stateful import (
 )
 
 from hostpool_nb import LogicalHostPool
+from hostpool_nb import _kernels as K
+from tests.conftest import assert_lock_free
 from tests.reference import ReferencePool
 
 MAX_PAGES = 6
@@ -35,6 +38,30 @@ INT_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "u
 FORMS = ["list", "tuple", "int64", "dtype", "2d", "fortran", "strided", "readonly", "array_like"]
 
 _MISSING = object()
+
+
+# The pool's messages, by the check that failed (see tests/reference.py).
+_KINDS = [
+    ("alignment", re.compile(r"^LogicalHostPool (allocation|free) must be page-aligned, got ")),
+    ("negative", re.compile(r"^need_size must be non-negative, got need_size=-\d+$")),
+    ("int64", re.compile(r"^free got slot -?\d+ at indices\[\d+\] \(flattened\), outside the int64 range$")),
+    ("range", re.compile(r"^free got slot -?\d+ at indices\[\d+\] \(flattened\), outside \[0, \d+\)$")),
+    ("misaligned", re.compile(r"which is not the first slot of a page")),
+    ("partial", re.compile(r", expected -?\d+ to continue page \d+ ")),
+    ("twice", re.compile(r"^page \d+ \(slots \d+\.\.\d+\) is freed twice in one call \(again at indices")),
+    ("not_allocated", re.compile(r"^page \d+ \(slots \d+\.\.\d+\), freed at indices\[\d+\] \(flattened\), is not")),
+]
+
+
+def error_kind(exc: BaseException | None) -> str:
+    """Which of the pool's checks raised ``exc``, read from its message."""
+    if isinstance(exc, TypeError):
+        return "type"
+    text = str(exc)
+    for kind, pattern in _KINDS:
+        if pattern.search(text):
+            return kind
+    return f"unknown: {exc!r}"
 
 
 class ArrayLike:
@@ -82,6 +109,12 @@ class PoolMachine(RuleBasedStateMachine):
             assert want_exc is not None, "test bug: an invalid call the model accepts"
         if want_exc is not None:
             assert type(got_exc) is type(want_exc), f"pool raised {got_exc!r}, model raised {want_exc!r}"
+            # The same check failed, at the same place: not only the same class.
+            want_kind = getattr(want_exc, "kind", "type")
+            assert error_kind(got_exc) == want_kind, f"pool raised {got_exc!r}, model's failed check is {want_kind}"
+            position = getattr(want_exc, "position", None)
+            if position is not None:
+                assert f"indices[{position}]" in str(got_exc), f"pool raised {got_exc!r}, model failed at {position}"
             self.unchanged(self.pool, before)
             self.errors_seen.add(type(want_exc).__name__)
             return _MISSING
@@ -95,6 +128,7 @@ class PoolMachine(RuleBasedStateMachine):
         got, want = out
         if want is None:
             assert got is None
+            assert_lock_free(self.pool)  # the refusal released the lock too
             return
         assert isinstance(got, np.ndarray)
         assert got.dtype == np.int64
@@ -303,9 +337,15 @@ class PoolMachine(RuleBasedStateMachine):
         self.pool.check_invariants()
         assert self.pool.available_size() == self.ref.available_size()
         assert self.pool.size == self.size
+        # Merges happen exactly when the model's do (when an allocation needs
+        # more than the free list holds), so the free/released split agrees.
+        st = self.pool._st
+        assert int(st[K.H_MERGES]) == self.ref.merges
+        assert int(st[K.H_NFREE]) * self.ps == len(self.ref.free_slots)
+        assert int(st[K.H_NREL]) * self.ps == sum(len(chunk) for chunk in self.ref.release_list)
 
 
-@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("page_size", [1, 3, 4, 16])
 def test_pool_matches_reference(page_size: int, snapshot: Any, unchanged: Any) -> None:
     errors_seen: set[str] = set()
     run_state_machine_as_test(lambda: PoolMachine(page_size, snapshot, unchanged, errors_seen))
@@ -338,3 +378,27 @@ def test_pool_observable_order() -> None:
     pool.free(a[:4])  # then page 0
     # Free list (pages 2, 3) first, then released chunks in release order.
     assert pool.alloc(16).tolist() == [*range(8, 16), *range(4, 8), *range(4)]
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+def test_large_ring_random_trace_matches_reference(page_size: int) -> None:
+    """The state machine's pools have a few pages; here 300, so block copies and
+    ring positions span more than a few entries and wrap many times."""
+    rng = np.random.default_rng(page_size)
+    pages = 300
+    pool, ref = LogicalHostPool(pages * page_size, page_size), ReferencePool(pages * page_size, page_size)
+    held: list[list[int]] = []
+    for step in range(400):
+        if held and rng.random() < 0.5:
+            chunk = held.pop(int(rng.integers(len(held))))
+            by_page = np.array(chunk).reshape(-1, page_size)[rng.permutation(len(chunk) // page_size)]
+            assert pool.free(by_page.reshape(-1)) == ref.free(by_page.reshape(-1)), step
+        else:
+            need = int(rng.integers(0, 60)) * page_size
+            got, want = pool.alloc(need), ref.alloc(need)
+            assert (None if got is None else got.tolist()) == want, step
+            if want:
+                held.append(want)
+        assert pool.available_size() == ref.available_size(), step
+        assert int(pool._st[K.H_MERGES]) == ref.merges, step
+    pool.check_invariants()
