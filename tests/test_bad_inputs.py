@@ -9,6 +9,7 @@ freed (on the release list), page 3 never allocated.
 from __future__ import annotations
 
 import re
+import sys
 import threading
 from typing import Any
 
@@ -23,6 +24,7 @@ from hostpool_nb import (
     PartialPageError,
     SlotRangeError,
 )
+from hostpool_nb import _kernels as K
 
 PS = 16
 SIZE = 64
@@ -119,7 +121,40 @@ FREE_CASES = [
     pytest.param(list(range(-PS, 0)), SlotRangeError, ["-16", "[0, 64)"], id="negative-slot"),
     pytest.param(list(range(SIZE, SIZE + PS)), SlotRangeError, ["64", "[0, 64)"], id="slot-at-size"),
     pytest.param(page(0) + [10**6 + j for j in range(PS)], SlotRangeError, ["1000000"], id="slot-far-out"),
-    pytest.param(np.full(PS, 2**63, dtype=np.uint64), SlotRangeError, ["9223372036854775808"], id="uint64-huge"),
+    # Exact: "9223372036854775808" alone would also match "-9223372036854775808".
+    pytest.param(
+        np.full(PS, 2**63, dtype=np.uint64),
+        SlotRangeError,
+        [exact("free got slot 9223372036854775808 at indices[0] (flattened), outside the int64 range")],
+        id="uint64-huge",
+    ),
+    pytest.param(
+        np.array([*page(0), *([2**63 + 5] * PS)], dtype=np.uint64),
+        SlotRangeError,
+        [exact(f"free got slot {2**63 + 5} at indices[{PS}] (flattened), outside the int64 range")],
+        id="uint64-huge-later",
+    ),
+    # 2**63 - 1 fits int64: an ordinary slot out of the pool's range, reported as such,
+    # and a larger value after it is the first one beyond int64.
+    pytest.param(
+        np.full(PS, 2**63 - 1, dtype=np.uint64),
+        SlotRangeError,
+        [exact("free got slot 9223372036854775807 at indices[0] (flattened), outside [0, 64)")],
+        id="uint64-int64-max",
+    ),
+    pytest.param(
+        np.array([2**63 - 1] * PS + [2**63] * PS, dtype=np.uint64),
+        SlotRangeError,
+        [exact(f"free got slot 9223372036854775808 at indices[{PS}] (flattened), outside the int64 range")],
+        id="uint64-max-then-huge",
+    ),
+    # -2**63 fits int64; the Python int after it does not.
+    pytest.param(
+        [-(2**63)] + [2**64] * (PS - 1),
+        SlotRangeError,
+        [exact(f"free got slot {2**64} at indices[1] (flattened), outside the int64 range")],
+        id="int64-min-then-huge",
+    ),
     # SPEC table: 16 slots straddling two pages; partial and unordered pages.
     pytest.param(list(range(8, 24)), PartialPageError, ["slot 8", "page_size=16"], id="straddle"),
     pytest.param(page(0)[:8] + page(1)[:8], PartialPageError, ["slot 16", "expected 8"], id="two-half-pages"),
@@ -211,7 +246,7 @@ def test_free_python_ints_beyond_int64_are_range_errors(pool: LogicalHostPool, s
         before = snapshot(pool)
         with pytest.raises(SlotRangeError) as info:
             pool.free(bad)
-        assert str(bad[0]) in str(info.value)
+        assert str(info.value) == f"free got slot {bad[0]} at indices[0] (flattened), outside the int64 range"
         unchanged(pool, before)
     # numpy ints beside one Python int beyond int64: dtype object, same error.
     mixed = [np.int64(1)] * (PS - 1) + [2**64]
@@ -326,6 +361,7 @@ CTOR_CASES = [
     pytest.param(SIZE, -1, HostPoolError, ["page_size=-1"], id="page-size-negative"),
     pytest.param(-16, PS, HostPoolError, ["size=-16"], id="size-negative"),
     pytest.param(-15, PS, HostPoolError, ["size=-15"], id="size-negative-misaligned"),
+    pytest.param(-1, 1, HostPoolError, [exact("size must be non-negative, got size=-1")], id="size-minus-one"),
     pytest.param(
         20,
         PS,
@@ -365,9 +401,30 @@ def test_pool_too_large_to_address_is_a_host_pool_error() -> None:
 
 def test_pool_too_large_for_memory_is_a_memory_error_naming_the_pool() -> None:
     # 2**50 pages need 9 PiB of metadata: more than any address space here.
-    with pytest.raises(MemoryError, match=r"LogicalHostPool\(size=1125899906842624, page_size=1\) needs") as info:
+    words = K.state_length(2**50)
+    with pytest.raises(MemoryError) as info:
         LogicalHostPool(2**50, 1)
+    assert str(info.value).startswith(
+        f"LogicalHostPool(size=1125899906842624, page_size=1) needs {words * 8 / 2**30:.3g} GiB of metadata "
+        "for its 1125899906842624 pages (9 bytes per page): "
+    )
     assert isinstance(info.value.__cause__, MemoryError)
+
+
+def test_too_large_is_decided_at_the_addressable_limit() -> None:
+    """The largest addressable pool is a MemoryError here, one page more a HostPoolError."""
+    lo, hi = 1, 2**63  # state_length(pages) * 8 <= sys.maxsize exactly for pages <= lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if K.state_length(mid) * 8 <= sys.maxsize else (lo, mid)
+    with pytest.raises(MemoryError):
+        LogicalHostPool(lo, 1)
+    with pytest.raises(HostPoolError) as info:
+        LogicalHostPool(hi, 1)
+    assert str(info.value) == (
+        f"LogicalHostPool(size={hi}, page_size=1) is too large: its {hi} pages need "
+        f"{K.state_length(hi) * 8} bytes of metadata (9 per page), more than this platform can address"
+    )
 
 
 def test_page_size_beyond_int64_is_a_value_error() -> None:
@@ -548,3 +605,152 @@ def test_data_plane_hooks(pool: LogicalHostPool, snapshot: Any, unchanged: Any) 
     assert type(pool.get_ksize_per_token()) is int
     assert pool.destroy() is None
     unchanged(pool, before)
+
+
+# -- every error family at several page sizes, exact messages ---------------------
+
+
+def _family_pool(ps: int) -> tuple[LogicalHostPool, int]:
+    """Six pages: 0, 1, 3 and 4 held, 2 released, 5 free."""
+    pool = LogicalHostPool(6 * ps, ps)
+    held = pool.alloc(5 * ps)
+    assert held is not None
+    assert pool.free(held[2 * ps : 3 * ps]) == ps
+    return pool, 6 * ps
+
+
+def _pg(p: int, ps: int) -> list[int]:
+    return list(range(p * ps, (p + 1) * ps))
+
+
+def _text(p: int, ps: int) -> str:
+    return f"page {p} (slots {p * ps}..{p * ps + ps - 1})"
+
+
+def _free_family(ps: int) -> list[tuple[str, list[int], type, str]]:
+    """(id, indices, error, exact message) for every way a free can fail at page size ``ps``."""
+    size = 6 * ps
+    not_alloc = "is not allocated: it was freed already, freed by clear(), or never allocated"
+    cases = [
+        (
+            "range-low",
+            [-1, *_pg(0, ps)[1:]],
+            SlotRangeError,
+            f"free got slot -1 at indices[0] (flattened), outside [0, {size})",
+        ),
+        (
+            "range-high-after-valid",
+            _pg(0, ps) + [size + j for j in range(ps)],
+            SlotRangeError,
+            f"free got slot {size} at indices[{ps}] (flattened), outside [0, {size})",
+        ),
+        ("released", _pg(2, ps), DoubleFreeError, f"{_text(2, ps)}, freed at indices[0] (flattened), {not_alloc}"),
+        (
+            "never-allocated",
+            _pg(5, ps),
+            DoubleFreeError,
+            f"{_text(5, ps)}, freed at indices[0] (flattened), {not_alloc}",
+        ),
+        (
+            "valid-then-free",
+            _pg(3, ps) + _pg(5, ps),
+            DoubleFreeError,
+            f"{_text(5, ps)}, freed at indices[{ps}] (flattened), {not_alloc}",
+        ),
+        (
+            "twice-in-one-call",
+            _pg(0, ps) + _pg(1, ps) + _pg(0, ps),
+            DoubleFreeError,
+            f"{_text(0, ps)} is freed twice in one call (again at indices[{2 * ps}], flattened)",
+        ),
+        (
+            "twice-adjacent",
+            _pg(4, ps) + _pg(4, ps),
+            DoubleFreeError,
+            f"{_text(4, ps)} is freed twice in one call (again at indices[{ps}], flattened)",
+        ),
+    ]
+    if ps > 1:
+        whole = f"each run of {ps} entries must be one page's slots in ascending order"
+        cases.extend(
+            (
+                f"misaligned-{first}",
+                list(range(first, first + ps)),
+                PartialPageError,
+                f"free takes whole pages: indices[0] (flattened) is slot {first}, which is not the first "
+                f"slot of a page (a multiple of page_size={ps}); {whole}",
+            )
+            for first in (1, ps - 1, ps + 1, 3 * ps + ps // 2)  # every offset class a mask could get wrong
+            if first % ps
+        )
+        bad = _pg(1, ps)
+        bad[-1] += 1
+        cases += [
+            (
+                "partial-last",
+                _pg(0, ps) + bad,
+                PartialPageError,
+                f"free takes whole pages: indices[{2 * ps - 1}] (flattened) is slot {bad[-1]}, expected "
+                f"{bad[-1] - 1} to continue {_text(1, ps)} in ascending order",
+            ),
+            (
+                "short",
+                _pg(0, ps)[:-1],
+                AlignmentError,
+                f"LogicalHostPool free must be page-aligned, got len(indices)={ps - 1}, page_size={ps}",
+            ),
+        ]
+    return cases
+
+
+_FAMILY = [
+    pytest.param(ps, indices, error, message, id=f"p{ps}-{name}")
+    for ps in (1, 2, 3, 6, 16)
+    for name, indices, error, message in _free_family(ps)
+]
+
+
+@pytest.mark.parametrize(("ps", "indices", "error", "message"), _FAMILY)
+def test_free_error_families_at_every_page_size(
+    ps: int, indices: list[int], error: type, message: str, snapshot: Any, unchanged: Any
+) -> None:
+    """Each failed check, at page sizes 1, 2, 3, 6 and 16, with its exact message and no change.
+
+    Page sizes that are not powers of two (3, 6) take the division path of
+    the kernels, page size 1 its own kernels; a message check at one page
+    size alone would not see a bug in the others.
+    """
+    pool, size = _family_pool(ps)
+    before = snapshot(pool)
+    for form in (indices, np.array(indices, dtype=np.int64)):
+        with pytest.raises(error) as info:
+            pool.free(form)
+        assert type(info.value) is error
+        assert str(info.value) == message
+        unchanged(pool, before)
+    # Nothing was released on the way: the held pages can still be freed, once.
+    assert pool.free(_pg(0, ps) + _pg(1, ps) + _pg(3, ps) + _pg(4, ps)) == 4 * ps
+    assert pool.available_size() == size
+
+
+@pytest.mark.parametrize("ps", [1, 2, 3, 6, 16])
+def test_alloc_errors_at_every_page_size(ps: int, snapshot: Any, unchanged: Any) -> None:
+    pool, _size = _family_pool(ps)
+    before = snapshot(pool)
+    with pytest.raises(HostPoolError) as info:
+        pool.alloc(-ps)
+    assert type(info.value) is HostPoolError
+    assert str(info.value) == f"need_size must be non-negative, got need_size={-ps}"
+    unchanged(pool, before)
+    if ps > 1:
+        for need in (1, ps + 1, 2 * ps - 1, -1):
+            with pytest.raises(AlignmentError) as info:
+                pool.alloc(need)
+            assert str(info.value) == (
+                f"LogicalHostPool allocation must be page-aligned, got need_size={need}, page_size={ps}"
+            )
+            unchanged(pool, before)
+    assert pool.alloc(3 * ps) is None  # two pages available
+    unchanged(pool, before)
+    # FIFO: the free page 5, then the released page 2.
+    assert pool.alloc(2 * ps).tolist() == _pg(5, ps) + _pg(2, ps)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
-from hostpool_nb import LogicalHostPool, _pool
+from hostpool_nb import DoubleFreeError, LogicalHostPool, _pool
 from hostpool_nb import _kernels as K
 from tests.conftest import JIT_DISABLED
 
@@ -55,17 +57,21 @@ def test_status_codes_round_trip(code: int, position: int) -> None:
     assert K.decode_status(status) == (code, position)
 
 
-def test_merge_happens_only_when_an_allocation_needs_it() -> None:
-    pool = LogicalHostPool(64, 16)
-    a = pool.alloc(32)
-    pool.free(a)  # released, not merged: the free list still holds 32 slots
+@pytest.mark.parametrize("ps", [1, 3, 16])
+def test_merge_happens_only_when_an_allocation_needs_it(ps: int) -> None:
+    pool = LogicalHostPool(4 * ps, ps)
+    a = pool.alloc(2 * ps)
+    assert a is not None
+    pool.free(a)  # released, not merged: the free list still holds 2 pages
     assert int(pool._st[K.H_MERGES]) == 0
     assert int(pool._st[K.H_NREL]) == 2
-    pool.alloc(32)  # served by the free list alone
-    assert int(pool._st[K.H_MERGES]) == 0
-    assert pool.alloc(32).tolist() == a.tolist()  # needs the released pages
+    # Exactly the free list: served without a merge (a ">=" would merge here).
+    assert pool.alloc(2 * ps).tolist() == list(range(2 * ps, 4 * ps))
+    assert (int(pool._st[K.H_MERGES]), int(pool._st[K.H_NFREE]), int(pool._st[K.H_NREL])) == (0, 0, 2)
+    assert pool.alloc(ps).tolist() == a[:ps].tolist()  # needs the released pages
+    assert (int(pool._st[K.H_MERGES]), int(pool._st[K.H_NFREE]), int(pool._st[K.H_NREL])) == (1, 1, 0)
+    assert pool.alloc(ps).tolist() == a[ps:].tolist()  # the rest of the merged list, no second merge
     assert int(pool._st[K.H_MERGES]) == 1
-    assert int(pool._st[K.H_NREL]) == 0
     pool.check_invariants()
 
 
@@ -75,3 +81,100 @@ def test_state_length_and_page_shift() -> None:
         assert K.state_length(n) * 8 >= (K.HEADER + n) * 8 + n
         assert K.state_length(n) * 8 < (K.HEADER + n) * 8 + n + 8
     assert [K.page_shift(ps) for ps in (1, 2, 3, 16, 48, 64)] == [0, 1, -1, 4, -1, 6]
+
+
+# -- kernel contracts: return values, distinct codes, roll-back across the ring's end --
+
+
+def test_status_codes_are_distinct_and_fit_four_bits() -> None:
+    codes = [K.E_SHORT, K.E_RANGE, K.E_MISALIGNED, K.E_PARTIAL, K.E_NOT_ALLOCATED, K.E_DUPLICATE, K.E_CORRUPT]
+    assert len(set(codes)) == len(codes)
+    assert all(0 <= c < 16 for c in codes)  # decode_status keeps the low four bits
+
+
+@pytest.mark.parametrize("ps", [1, 3, 16])
+def test_kernels_return_what_they_moved(ps: int) -> None:
+    pool = LogicalHostPool(8 * ps, ps)
+    st = pool._st
+    out = np.empty(3 * ps, dtype=np.int64)
+    assert K.alloc_pages(st, out) == 3 * ps
+    assert out.tolist() == list(range(3 * ps))
+    assert K.free_pages(st, out[ps:]) == 2 * ps
+    assert K.merge(st) == 2  # pages moved onto the free list
+    assert K.merge(st) == 0
+    assert K.alloc_pages(st, np.empty(0, dtype=np.int64)) == 0
+    assert K.reset(st) == 8
+    pool.check_invariants()
+
+
+BIG = 300  # pages: ring positions past 256 are not cached small ints in Python
+
+
+def _wrapped(ps: int) -> LogicalHostPool:
+    """A BIG-page pool whose next allocation of 10 pages wraps the ring's end.
+
+    After the calls: head at BIG-3 with 3 free pages, then BIG-3 released
+    pages staged from ring position 0 on.
+    """
+    pool = LogicalHostPool(BIG * ps, ps)
+    held = pool.alloc((BIG - 3) * ps)
+    assert held is not None
+    pool.free(held)
+    st = pool._st
+    assert (int(st[K.H_HEAD]), int(st[K.H_NFREE]), int(st[K.H_NREL])) == (BIG - 3, 3, BIG - 3)
+    return pool
+
+
+@pytest.mark.parametrize("ps", [1, 3, 16])
+@pytest.mark.parametrize("bad", ["held", "too-big", "equal-n", "negative"])
+def test_alloc_rolls_back_a_corrupt_ring_across_its_end(ps: int, bad: str, snapshot: Any, unchanged: Any) -> None:
+    """A listed page that is not free (impossible through the API) stops alloc unchanged.
+
+    The bad entry is the 9th page the allocation would take, past the ring's
+    end, so the roll-back walks back across it.
+    """
+    pool = _wrapped(ps)
+    held = pool.alloc(2 * ps)  # pages BIG-3, BIG-2 now held; head at BIG-1
+    assert held is not None
+    ring = pool._st[K.HEADER : K.HEADER + BIG]
+    victim = 7  # ring position of the 9th page from head BIG-1
+    value = {"held": BIG - 3, "too-big": BIG + 5, "equal-n": BIG, "negative": -1}[bad]
+    old = int(ring[victim])
+    ring[victim] = value
+    before = snapshot(pool)
+    before_owner = pool._owner.copy()
+    with pytest.raises(RuntimeError, match=r"alloc kernel failed with code 7 at 8;"):
+        pool.alloc(10 * ps)
+    assert np.array_equal(pool._owner, before_owner)
+    assert all(np.array_equal(a, b) for a, b in zip(before, snapshot(pool), strict=True))
+    ring[victim] = old
+    unchanged(pool, snapshot(pool))
+    out = pool.alloc(10 * ps)  # and with the ring repaired, the same call works
+    assert out is not None
+    assert len(out) == 10 * ps
+
+
+@pytest.mark.parametrize("ps", [1, 3, 16])
+def test_failed_free_rolls_back_across_the_rings_end(ps: int, snapshot: Any, unchanged: Any) -> None:
+    """Staging wraps the ring's end; the roll-back and the duplicate scan follow it."""
+    pool = _wrapped(ps)
+    held = pool.alloc(10 * ps)  # wraps: pages BIG-3..BIG-1 and 0..6
+    assert held is not None
+    # Stage from ring position BIG-3+... : everything but the last page, then
+    # a page freed twice, then (second call) a page never allocated.
+    pages = held.reshape(-1, ps)
+    before = snapshot(pool)
+    twice = np.concatenate([pages.reshape(-1), pages[4]])
+    with pytest.raises(DoubleFreeError, match=rf"is freed twice in one call \(again at indices\[{10 * ps}\]"):
+        pool.free(twice)
+    unchanged(pool, before)
+    # A higher page id (BIG-3) staged before a lower one (2) freed already:
+    # "not allocated", however the staged ids compare.
+    pool.free(pages[5])
+    lower = np.concatenate([pages[0], pages[5]])
+    assert int(pages[0][0]) // ps > int(pages[5][0]) // ps
+    before = snapshot(pool)
+    with pytest.raises(DoubleFreeError, match=rf"freed at indices\[{ps}\] \(flattened\), is not allocated"):
+        pool.free(lower)
+    unchanged(pool, before)
+    assert pool.free(np.delete(pages, 5, axis=0).reshape(-1)) == 9 * ps

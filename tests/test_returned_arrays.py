@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hostpool_nb import LogicalHostPool
+from hostpool_nb import LogicalHostPool, _pool
 from hostpool_nb import _kernels as K
 from tests.reference import ReferencePool
 
@@ -123,3 +123,21 @@ def test_held_results_survive_later_calls(page_size: int) -> None:
         assert pool.available_size() == ref.available_size()
         pool.check_invariants()
     assert pool._st[K.H_MERGES] > 0, "test too weak: no allocation needed a merge"
+
+
+def test_int64_input_takes_the_no_copy_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1-D contiguous int64 array goes to the kernel as it is: no conversion step at all."""
+    pool = LogicalHostPool(64, 16)
+    held = pool.alloc(32)
+    converted: list[object] = []
+    real = _pool.as_slots
+
+    def spy(indices: object) -> object:
+        converted.append(indices)
+        return real(indices)
+
+    monkeypatch.setattr(_pool, "as_slots", spy)
+    assert pool.free(held[:16]) == 16  # a view: still 1-D contiguous int64
+    assert converted == []
+    assert pool.free(held[16:].astype(np.int32)) == 16  # anything else converts once
+    assert len(converted) == 1
