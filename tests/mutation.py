@@ -1,0 +1,355 @@
+"""Mutation testing of hostpool_nb with cosmic-ray: ``python -m tests.mutation``.
+
+Plants one small bug at a time in the package (cosmic-ray's operators: a
+``+`` made ``-``, ``<`` made ``<=``, a number changed, a ``break`` made a
+``continue``, ...) and runs a fast part of the test suite against it; a
+mutant the suite does not notice "survives". The score is killed / (killed +
+survived). The configuration is ``[tool.cosmic-ray]`` in ``pyproject.toml``;
+survivors judged equivalent (no test could tell them apart) are listed, with
+the reason, in ``docs/mutation.md``.
+
+Why cosmic-ray: mutmut 3 leaves every decorated function unmutated, and every
+kernel here is a decorated ``@_jit(...)`` function; cosmic-ray mutates the
+source whatever its decorators. The suite runs with ``NUMBA_DISABLE_JIT=1``
+(set here), so the kernels run as the plain Python they are written in and a
+mutant costs a test run, not a 10 s compile.
+
+It is slow (thousands of mutants, a test run each), so it is not part of
+CI. Mutants run in parallel, one worker per copy of the working tree (a
+mutant is written to disk while its tests run). Sessions live in
+``.mutation/`` and resume where they stopped; ``--retest-survivors`` runs
+only the mutants that survived last time, after new tests were written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SESSIONS = ROOT / ".mutation"
+
+
+def load_config() -> dict[str, Any]:
+    """``[tool.cosmic-ray]`` of pyproject.toml.
+
+    Besides cosmic-ray's own keys (``timeout``, ``excluded-modules``), it has
+    ``groups``: each a ``name``, the ``modules`` it mutates, the
+    ``test-command`` that judges them (``{python}`` is this interpreter) and
+    whether the kernels must be compiled (``jit``, default false). A group
+    is one cosmic-ray session, so each module is judged by the tests that
+    exercise it and no mutant pays for tests that cannot see it (torch's
+    import, for one).
+    """
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: cosmic-ray's own dependency
+        import toml as tomllib  # type: ignore[no-redef]
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    try:
+        cfg = dict(data["tool"]["cosmic-ray"])
+        cfg["groups"]
+    except KeyError:
+        raise SystemExit("python -m tests.mutation: error: pyproject.toml has no [tool.cosmic-ray] groups") from None
+    return cfg
+
+
+def cosmic_ray_config(cfg: dict[str, Any], group: dict[str, Any], modules: list[str], urls: list[str]) -> str:
+    """The TOML cosmic-ray reads: its keys, the group's modules and tests, the http workers."""
+    body = {k: v for k, v in cfg.items() if k != "groups"}
+    body["module-path"] = modules
+    body["test-command"] = group["test-command"].replace("{python}", sys.executable)
+    lines = ["[cosmic-ray]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in body.items()]
+    lines += ["", "[cosmic-ray.distributor]", 'name = "http"', "", "[cosmic-ray.distributor.http]"]
+    lines.append(f"worker-urls = {json.dumps(urls)}")
+    return "\n".join(lines) + "\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _copy_tree(dest: Path) -> None:
+    """Copy the working tree (tracked and untracked, not ignored files) to ``dest``."""
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    for raw in files:
+        if not raw:
+            continue
+        rel = Path(raw.decode())
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def worker_env(jit: bool) -> dict[str, str]:
+    """The environment of every test run: kernels as Python unless ``jit``; few examples."""
+    env = dict(os.environ)
+    env.pop("NUMBA_DISABLE_JIT", None)
+    if not jit:
+        env["NUMBA_DISABLE_JIT"] = "1"
+    env["HYPOTHESIS_PROFILE"] = "mutation"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+@contextlib.contextmanager
+def workers(n: int, tmp: Path, jit: bool) -> Iterator[list[str]]:
+    """Start ``n`` cosmic-ray http workers, each in its own copy of the tree."""
+    procs: list[subprocess.Popen[bytes]] = []
+    urls = []
+    logs = []
+    try:
+        for i in range(n):
+            copy = tmp / f"worker{i}"
+            copy.mkdir()
+            _copy_tree(copy)
+            port = _free_port()
+            log = open(tmp / f"worker{i}.log", "wb")  # noqa: SIM115 - closed in finally
+            logs.append(log)
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "cosmic_ray.cli", "http-worker", "--port", str(port)],
+                    cwd=copy,
+                    env=worker_env(jit),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+            urls.append(f"http://127.0.0.1:{port}")
+        for url, proc in zip(urls, procs, strict=True):
+            _wait_listening(url, proc)
+        yield urls
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            _stop(proc)
+        for log in logs:
+            log.close()
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Wait for a terminated worker; kill it if it lingers."""
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _wait_listening(url: str, proc: subprocess.Popen[bytes]) -> None:
+    port = int(url.rsplit(":", 1)[1])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"python -m tests.mutation: error: a worker exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise SystemExit("python -m tests.mutation: error: a worker did not start listening within 60 s")
+
+
+def counts(session: Path) -> dict[str, int]:
+    """Outcome counts of a session: pending, killed, survived, incompetent, skipped."""
+    db = sqlite3.connect(session)
+    try:
+        total = db.execute("select count(*) from work_items").fetchone()[0]
+        rows = db.execute(
+            "select worker_outcome, test_outcome, count(*) from work_results group by worker_outcome, test_outcome"
+        ).fetchall()
+    finally:
+        db.close()
+    out = {"total": total, "killed": 0, "survived": 0, "incompetent": 0, "skipped": 0, "other": 0}
+    done = 0
+    for worker, test, n in rows:
+        done += n
+        if worker == "SKIPPED":
+            out["skipped"] += n
+        elif worker != "NORMAL":
+            out["other"] += n  # the worker failed (exception, crash): counted apart
+        elif test == "KILLED":
+            out["killed"] += n
+        elif test == "SURVIVED":
+            out["survived"] += n
+        else:
+            out["incompetent"] += n
+    out["pending"] = total - done
+    return out
+
+
+def score(c: dict[str, int]) -> float:
+    decided = c["killed"] + c["survived"]
+    return c["killed"] / decided if decided else 0.0
+
+
+def survivors(session: Path) -> list[dict[str, Any]]:
+    """Every surviving mutant: module, line, operator, occurrence, diff."""
+    db = sqlite3.connect(session)
+    try:
+        rows = db.execute(
+            "select m.module_path, m.start_pos_row, m.operator_name, m.occurrence, r.diff, m.job_id "
+            "from work_results r join mutation_specs m on m.job_id = r.job_id "
+            "where r.worker_outcome = 'NORMAL' and r.test_outcome = 'SURVIVED' "
+            "order by m.module_path, m.start_pos_row, m.operator_name"
+        ).fetchall()
+    finally:
+        db.close()
+    return [
+        {"module": r[0], "line": r[1], "operator": r[2], "occurrence": r[3], "diff": r[4] or "", "job": r[5]}
+        for r in rows
+    ]
+
+
+def reset_survivors(session: Path) -> int:
+    """Forget the survivors' results so the next run tests them again."""
+    db = sqlite3.connect(session)
+    try:
+        cur = db.execute("delete from work_results where worker_outcome = 'NORMAL' and test_outcome = 'SURVIVED'")
+        db.commit()
+        return cur.rowcount
+    finally:
+        db.close()
+
+
+def baseline(group: dict[str, Any]) -> None:
+    """The group's tests must pass on the unmutated code, or every mutant 'dies'."""
+    cmd = shlex.split(group["test-command"].replace("{python}", sys.executable))
+    env = worker_env(bool(group.get("jit", False)))
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout[-4000:] + done.stderr[-2000:])
+        raise SystemExit(f"python -m tests.mutation: error: group {group['name']}: the tests fail without any mutation")
+
+
+def _progress(session: Path, proc: subprocess.Popen[bytes], every: float) -> None:
+    start = time.monotonic()
+    while proc.poll() is None:
+        time.sleep(every)
+        c = counts(session)
+        done = c["total"] - c["pending"]
+        rate = done / max(time.monotonic() - start, 1e-9)
+        eta = c["pending"] / rate / 60 if rate > 0 else float("nan")
+        print(
+            f"  {done}/{c['total']} mutants, {c['killed']} killed, {c['survived']} survived, "
+            f"{c['incompetent'] + c['other']} other; about {eta:.0f} min left",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def run_group(cfg: dict[str, Any], group: dict[str, Any], args: argparse.Namespace) -> Path:
+    """Run (or resume) one group's session; return its path."""
+    modules = [m for m in group["modules"] if not args.module or m in args.module]
+    session = SESSIONS / f"{group['name']}.sqlite"
+    jit = bool(group.get("jit", False))
+    if args.retest_survivors:
+        if not session.exists():
+            raise SystemExit(f"python -m tests.mutation: error: no session at {session} to retest")
+        print(f"[{group['name']}] retesting {reset_survivors(session)} survivors", file=sys.stderr)
+    fresh = args.fresh or not session.exists()
+    if not fresh and counts(session)["pending"] == 0:
+        print(f"[{group['name']}] nothing pending in {session} (--fresh starts over)", file=sys.stderr)
+        return session
+    print(f"[{group['name']}] baseline: the group's tests on the unmutated code", file=sys.stderr, flush=True)
+    baseline(group)
+    with tempfile.TemporaryDirectory(prefix="hostpool-mutation-") as tmp_name:
+        tmp = Path(tmp_name)
+        config_file = tmp / "cosmic-ray.toml"
+        with workers(args.workers, tmp, jit) as urls:
+            config_file.write_text(cosmic_ray_config(cfg, group, modules, urls))
+            cr = [sys.executable, "-m", "cosmic_ray.cli"]
+            if fresh:
+                session.unlink(missing_ok=True)
+                subprocess.run([*cr, "init", str(config_file), str(session)], cwd=ROOT, check=True)
+            c = counts(session)
+            print(
+                f"[{group['name']}] {c['pending']} of {c['total']} mutants to run, {args.workers} workers",
+                file=sys.stderr,
+                flush=True,
+            )
+            proc = subprocess.Popen([*cr, "exec", str(config_file), str(session)], cwd=ROOT)
+            try:
+                _progress(session, proc, args.progress_every)
+            finally:
+                if proc.poll() is None:
+                    proc.terminate()
+                proc.wait()
+    return session
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config()
+    groups = [g for g in cfg["groups"] if not args.group or g["name"] in args.group]
+    if args.module:
+        groups = [g for g in groups if set(g["modules"]) & set(args.module)]
+    if not groups:
+        raise SystemExit("python -m tests.mutation: error: no group or module matches")
+    SESSIONS.mkdir(exist_ok=True)
+    (SESSIONS / ".gitignore").write_text("*\n")
+    sessions = [] if args.report else [run_group(cfg, g, args) for g in groups]
+    if args.report:
+        sessions = [SESSIONS / f"{g['name']}.sqlite" for g in groups if (SESSIONS / f"{g['name']}.sqlite").exists()]
+    return report(sessions, args.show_diff)
+
+
+def report(sessions: list[Path], show_diff: bool) -> int:
+    """Print each session's counts and survivors, then the score over all of them."""
+    total: dict[str, int] = {}
+    for session in sessions:
+        c = counts(session)
+        for k, v in c.items():
+            total[k] = total.get(k, 0) + v
+        print(
+            f"{session.stem}: {c['total']} mutants; killed {c['killed']}, survived {c['survived']}, "
+            f"incompetent {c['incompetent']}, worker errors {c['other']}, pending {c['pending']}; "
+            f"score {score(c):.1%}"
+        )
+        for s in survivors(session):
+            print(f"  SURVIVED {s['module']}:{s['line']} {s['operator']} #{s['occurrence']}")
+            if show_diff:
+                for ln in s["diff"].splitlines():
+                    if ln.startswith(("+", "-")) and not ln.startswith(("+++", "---")):
+                        print(f"      {ln}")
+    if total:
+        print(f"score: {score(total):.1%} of {total['killed'] + total['survived']} decided mutants killed")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    # A terminated run still stops its workers and removes their copies.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    ap = argparse.ArgumentParser(prog="python -m tests.mutation", description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel workers (default: CPU count)")
+    ap.add_argument("--group", action="append", metavar="NAME", help="run only this group (repeatable)")
+    ap.add_argument("--module", action="append", metavar="PATH", help="mutate only this module (repeatable)")
+    ap.add_argument("--fresh", action="store_true", help="start new sessions even where one exists")
+    ap.add_argument("--retest-survivors", action="store_true", help="run again only the mutants that survived")
+    ap.add_argument("--report", action="store_true", help="only print the report of the existing sessions")
+    ap.add_argument("--show-diff", action="store_true", help="print each survivor's change")
+    ap.add_argument("--progress-every", type=float, default=60.0, metavar="S", help="seconds between progress lines")
+    return run(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
