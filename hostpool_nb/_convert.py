@@ -137,3 +137,50 @@ def _raise_if_big_ints(arr: NDArray[np.object_]) -> None:
     for pos, v in enumerate(values):
         if not -_INT64_MAX - 1 <= int(v) <= _INT64_MAX:
             raise SlotRangeError(f"free got slot {v} at indices[{pos}] (flattened), outside the int64 range")
+
+
+def as_sizes(sizes: Any) -> NDArray[np.int64] | list[int]:
+    """``alloc_many``'s sizes as a fresh 1-D int64 array the pool owns.
+
+    Accepts a list or tuple of ints (numpy integer scalars too) and any
+    1-D integer array or array-like; the result is always a copy, so a
+    caller's thread writing its array cannot change the batch between its
+    checks and its allocation. Each element must be an integer, as for
+    ``alloc``: a bool, float or other element is a ``TypeError`` naming its
+    position. Integers beyond int64 cannot be held in the array: the sizes
+    are then returned as a list of Python ints, for the caller's slow path.
+    """
+    if isinstance(sizes, (list, tuple)):
+        kinds = set(map(type, sizes))
+        if kinds <= {int}:  # the common case, checked in C
+            try:
+                return np.array(sizes, dtype=np.int64)
+            except OverflowError:
+                return list(sizes)
+        for pos, value in enumerate(sizes):  # error path or numpy scalars: one look at each
+            if type(value) is bool or not isinstance(value, (int, np.integer)):  # np.bool_ is no np.integer
+                raise TypeError(f"sizes[{pos}] must be an integer, got {type(value).__name__} {value!r}")
+        values = [int(v) for v in sizes]
+        try:
+            return np.array(values, dtype=np.int64)
+        except OverflowError:
+            return values
+    if isinstance(sizes, (str, bytes, bytearray)) or not is_array_like(sizes):
+        raise TypeError(
+            f"sizes must be a 1-D sequence or array of integers, got {type(sizes).__name__} {sizes!r}"
+            + ("; wrap a single size in a list" if isinstance(sizes, (int, np.integer)) else "")
+        )
+    _reject_masked(sizes)
+    try:
+        arr = np.asarray(sizes)
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to convert is the argument's fault
+        raise TypeError(f"sizes must be a 1-D array of integers, got {type(sizes).__name__}: {exc}") from None
+    if arr.ndim != 1:
+        raise TypeError(f"sizes must be 1-D, got an array of shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"sizes must hold integers, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > _INT64_MAX:
+        return [int(v) for v in arr.tolist()]
+    return np.array(arr, dtype=np.int64, copy=True)

@@ -9,18 +9,32 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from . import _kernels as K
-from ._convert import _INT64_MAX, as_count, as_slots
+from ._convert import _INT64_MAX, as_count, as_sizes, as_slots
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
+from ._hooks import DataPlaneHooks
+from ._invariants import problems
+from ._snapshot import FORMAT, PoolState, check_format, checked_words
+from ._stats import PoolStats
 
 _alloc_pages = K.entry_point(K.alloc_pages)
 _free_pages = K.entry_point(K.free_pages)
 _reset = K.entry_point(K.reset)
+_merge = K.entry_point(K.merge)
+_refuse = K.entry_point(K.refuse)
+_plan_batch = K.entry_point(K.plan_batch)
+_group_begin = K.entry_point(K.group_begin)
+_group_end = K.entry_point(K.group_end)
+_load_state = K.entry_point(K.load_state)
+
+MERGE_ORDERS = ("fifo", "sorted")
 
 _UINT8 = np.dtype(np.uint8)
 # Builtin dtypes are singletons, so ``arr.dtype is _INT64`` is an exact,
@@ -52,7 +66,7 @@ def _new_state(size: int, page_size: int, num_pages: int) -> NDArray[np.int64]:
         ) from exc
 
 
-class LogicalHostPool:
+class LogicalHostPool(DataPlaneHooks):
     """Page-aligned allocator of host KV-cache token slots, without torch.
 
     Hands out integer slot ids in ``[0, size)``, a whole number of pages of
@@ -64,18 +78,24 @@ class LogicalHostPool:
     release list (pages freed since the last merge, in the order they were
     freed). ``alloc`` takes pages from the front; ``free`` appends to the
     back; the release list is merged into the free list only when an
-    allocation needs it. ``clear`` restores ascending order.
+    allocation needs it (or on :meth:`merge`). ``clear`` restores ascending
+    order. With ``merge="sorted"`` a merge puts every available page in
+    ascending order instead, so allocations come out in address order.
 
     Invariant: every page is exactly once either on the free list, on the
-    release list, or held by a caller; only held pages may be freed.
+    release list, on the pending list (freed inside a free group that has
+    not ended), or held by a caller; only held pages may be freed.
     :meth:`check_invariants` verifies it.
 
     Cost: ``alloc(k)`` and ``free`` of ``k`` slots are O(k) with no
-    allocation but the returned array; a merge is O(1). Metadata is 9 bytes
-    per page (an int64 ring entry and a uint8 owner flag), with no peak.
+    allocation but the returned array; a FIFO merge is O(1), a sorted one
+    O(pages). ``alloc_many`` is one allocation of the batch's total.
+    Metadata is 9 bytes per page (an int64 ring entry and a uint8 owner
+    flag) plus a 128-byte header, with no peak.
 
     Thread safety: :attr:`lock` (a ``threading.RLock``) guards every state
-    change; kernels release the GIL while they run.
+    change; kernels release the GIL while they run. Free groups belong to
+    the pool, not to a thread.
 
     Parameters
     ----------
@@ -85,17 +105,23 @@ class LogicalHostPool:
         Slots per page, at least 1.
     layout : str, optional
         Stored as given, for compatibility with sglang's host pools.
+    merge : {"fifo", "sorted"}, optional, keyword-only
+        The order a merge gives the available pages: sglang's FIFO order
+        (the default), or ascending page ids, as sglang-jax's
+        ``merge_and_sort_free``.
 
     Raises
     ------
     TypeError
         If ``size`` or ``page_size`` is not an integer.
     HostPoolError
-        If ``page_size < 1`` or ``size < 0``; :class:`AlignmentError` (with
-        sglang's message) if ``size`` is not a multiple of ``page_size``.
+        If ``page_size < 1``, ``size < 0``, the pool is too large to
+        address, or ``merge`` is not ``"fifo"`` or ``"sorted"``;
+        :class:`AlignmentError` (with sglang's message) if ``size`` is not a
+        multiple of ``page_size``.
     """
 
-    def __init__(self, size: int, page_size: int, layout: str = "layer_first") -> None:
+    def __init__(self, size: int, page_size: int, layout: str = "layer_first", *, merge: str = "fifo") -> None:
         size = as_count(size, "size")
         page_size = as_count(page_size, "page_size")
         if page_size < 1:
@@ -107,6 +133,20 @@ class LogicalHostPool:
                 raise HostPoolError(f"{name} must fit in int64, got {name}={value}")
         if size % page_size != 0:
             raise AlignmentError(f"LogicalHostPool size must be page-aligned, got size={size}, page_size={page_size}")
+        if merge not in MERGE_ORDERS:
+            raise HostPoolError(f"merge must be 'fifo' or 'sorted', got merge={merge!r}")
+        num_pages = size // page_size
+        st = _new_state(size, page_size, num_pages)
+        st[K.H_NPAGES] = num_pages
+        st[K.H_PAGE_SIZE] = page_size
+        st[K.H_PAGE_SHIFT] = K.page_shift(page_size)
+        st[K.H_SORTED] = merge == "sorted"
+        self._setup(size, page_size, layout, merge, st)
+        self.clear()
+        self._st[K.H_CLEARS] = 0  # the construction is not a clear() call
+
+    def _setup(self, size: int, page_size: int, layout: Any, merge: str, st: NDArray[np.int64]) -> None:
+        """Set every attribute: for ``__init__`` and for unpickling."""
         self.size = size
         self.logical_size = size
         self.page_size = page_size
@@ -120,16 +160,11 @@ class LogicalHostPool:
         self.size_per_token = 0
         self.allocator = None
         self.can_use_write_back_jit = True
+        self.merge_order = merge
         self.lock = threading.RLock()
-
-        num_pages = size // page_size
-        self._st = _new_state(size, page_size, num_pages)
-        self._st[K.H_NPAGES] = num_pages
-        self._st[K.H_PAGE_SIZE] = page_size
-        self._st[K.H_PAGE_SHIFT] = K.page_shift(page_size)
+        self._st = st
         # A view for Python-side checks; the kernels find it inside ``_st``.
-        self._owner = self._st[K.HEADER + num_pages :].view(np.uint8)[:num_pages]
-        self.clear()
+        self._owner = st[K.HEADER + size // page_size :].view(np.uint8)[: size // page_size]
 
     # -- allocation -----------------------------------------------------
 
@@ -141,6 +176,25 @@ class LogicalHostPool:
         """
         with self.lock:
             _reset(self._st)
+
+    def merge(self) -> int:
+        """Merge the release list into the free list now, in the pool's merge order.
+
+        FIFO: the released pages follow the free ones, in the order they
+        were freed (what an allocation needing them would do). Sorted: all
+        available pages in ascending order. Pending pages of an open free
+        group are not touched.
+
+        Returns
+        -------
+        int
+            The number of slots merged (0 when nothing was released).
+        """
+        with self.lock:
+            moved = _merge(self._st)
+        if moved < 0:
+            raise self._corrupt("merge", moved)
+        return moved * self.page_size
 
     def available_size(self) -> int:
         """Number of slots an ``alloc`` can hand out now (free + released)."""
@@ -182,20 +236,13 @@ class LogicalHostPool:
             )
         if need_size < 0:
             raise HostPoolError(f"need_size must be non-negative, got need_size={need_size}")
-        if need_size > self.size:
+        if need_size > _PRECHECK_SLOTS and self._refused(need_size):
             return None
-        lock = self.lock
-        if need_size > _PRECHECK_SLOTS:
-            # A refused request must cost microseconds whatever its size, not
-            # a huge np.empty (or a MemoryError) first.
-            st = self._st
-            with lock:
-                if need_size > (st[K.H_NFREE] + st[K.H_NREL]) * page_size:
-                    return None
         # The output is allocated before taking the lock, so its page faults
         # are not paid while other threads wait; the kernel checks capacity
         # again and reports E_SHORT without touching the state.
         out = np.empty(need_size, dtype=_INT64)
+        lock = self.lock
         lock.acquire()  # acquire/release: measurably cheaper than ``with``
         try:
             status = _alloc_pages(self._st, out)
@@ -206,6 +253,69 @@ class LogicalHostPool:
         if status == _STATUS_SHORT:
             return None
         raise self._corrupt("alloc", status)
+
+    def alloc_many(self, sizes: Any) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
+        """Allocate a batch of requests at once: all of them, or none.
+
+        The batch is one allocation of ``sum(sizes)`` slots, so ``slots``
+        holds exactly what ``alloc(sum(sizes))`` would return; request ``i``
+        owns ``slots[offsets[i]:offsets[i + 1]]``. One kernel checks the
+        sizes and lays out the offsets, one allocates: no Python loop over
+        the requests. A batch free needs no call of its own: ``free`` of
+        the concatenated slots of many requests is one kernel call too.
+
+        Parameters
+        ----------
+        sizes : sequence or 1-D array of int
+            Slots per request, each a non-negative multiple of
+            ``page_size``. A numpy int64 array is read fastest.
+
+        Returns
+        -------
+        (numpy.ndarray, numpy.ndarray) or None
+            ``(slots, offsets)``: new int64 arrays owned by the caller, of
+            lengths ``sum(sizes)`` and ``len(sizes) + 1``, with
+            ``offsets[0] == 0`` and ``offsets[i + 1] - offsets[i] ==
+            sizes[i]``. ``None``, with the pool unchanged, when fewer than
+            ``sum(sizes)`` slots are available.
+
+        Raises
+        ------
+        TypeError
+            If ``sizes`` is not a 1-D sequence or array of integers (naming
+            the position of an element that is not one).
+        AlignmentError, HostPoolError
+            If a size is not a multiple of ``page_size``, or is negative:
+            ``alloc``'s errors, naming the first such position
+            (``sizes[3]=...``), raised before anything changes.
+        """
+        arr = as_sizes(sizes)
+        page_size = self.page_size
+        if isinstance(arr, list):  # sizes beyond int64: checked here, never served
+            for i, s in enumerate(arr):
+                self._check_batch_size(i, s, page_size)
+            self._refused(self.size + 1)
+            return None
+        offsets = np.empty(arr.shape[0] + 1, dtype=_INT64)
+        total = _plan_batch(arr, offsets, page_size, self.size)
+        if total < 0:
+            _, pos = K.decode_status(total)
+            self._check_batch_size(pos, int(arr[pos]), page_size)
+            raise self._corrupt("alloc_many", total)  # the kernel failed a size the check passes
+        if total > _PRECHECK_SLOTS and self._refused(total):
+            return None
+        out = np.empty(total, dtype=_INT64)
+        lock = self.lock
+        lock.acquire()
+        try:
+            status = _alloc_pages(self._st, out)
+        finally:
+            lock.release()
+        if status >= 0:
+            return out, offsets
+        if status == _STATUS_SHORT:
+            return None
+        raise self._corrupt("alloc_many", status)
 
     def free(self, indices: Any) -> int:
         """Give back slots from earlier allocations: whole pages only.
@@ -260,50 +370,121 @@ class LogicalHostPool:
             raise self._free_error(status, slots)
         return n
 
-    # -- data-plane hooks: the pool holds no KV data ----------------------
+    # -- free groups --------------------------------------------------------
 
-    def destroy(self) -> None:
-        """Release resources; the pool owns no buffers, so nothing happens."""
-        return None
+    def free_group_begin(self) -> None:
+        """Begin a free group: frees are checked at once, released at its end.
 
-    def backup_from_device_all_layer(
-        self, device_pool: Any, host_indices: Any, device_indices: Any, io_backend: Any
-    ) -> None:
-        """No-op: a logical pool stores no KV data."""
-        return None
+        Inside a group ``free`` validates and returns its count as always
+        (a page freed twice in the group is a :class:`DoubleFreeError`),
+        but the pages go to a pending list, available to neither ``alloc``
+        nor ``available_size()`` until the outermost group ends. Groups
+        nest. Prefer ``with pool.free_group():``, which ends the group even
+        when its body raises.
+        """
+        with self.lock:
+            _group_begin(self._st)
 
-    def load_to_device_per_layer(  # noqa: PLR0913 - sglang's hook signature, kept for drop-in use
-        self,
-        device_pool: Any,
-        host_indices: Any,
-        device_indices: Any,
-        layer_id: int,
-        io_backend: Any,
-        *,
-        is_draft: bool = False,
-    ) -> None:
-        """No-op: a logical pool stores no KV data."""
-        return None
+    def free_group_end(self) -> None:
+        """End the innermost free group; the outermost releases what it freed.
 
-    def get_data_page(self, index: int, flat: bool = True) -> Any:
-        """Return an empty uint8 array: a logical pool stores no KV data."""
-        return self._empty_page()
+        The pending pages join the release list in the order they were
+        freed, in one kernel call.
 
-    def get_dummy_flat_data_page(self) -> Any:
-        """Return an empty uint8 array: a logical pool stores no KV data."""
-        return self._empty_page()
+        Raises
+        ------
+        HostPoolError
+            If no free group is open (none was begun, or ``clear()`` ended
+            them all).
+        """
+        with self.lock:
+            status = _group_end(self._st)
+        if status < 0:
+            raise HostPoolError("free_group_end() without a free group: none was begun, or clear() ended it")
 
-    def set_from_flat_data_page(self, index: int, data_page: Any) -> None:
-        """No-op: a logical pool stores no KV data."""
-        return None
+    @contextmanager
+    def free_group(self) -> Iterator[None]:
+        """``with pool.free_group(): ...``: a free group around the block.
 
-    def get_page_buffer_meta(self, indices: Any) -> None:
-        """Return ``None``: a logical pool has no page buffers."""
-        return None
+        The group ends when the block does, whether it returns or raises,
+        so frees made before an exception are still released. A
+        ``clear()`` inside the block ends every group; the block's end then
+        leaves the pool alone.
+        """
+        st = self._st
+        with self.lock:
+            _group_begin(st)
+            clears = int(st[K.H_CLEARS])
+        try:
+            yield
+        finally:
+            with self.lock:
+                if int(st[K.H_CLEARS]) == clears:
+                    _group_end(st)
 
-    def get_ksize_per_token(self) -> int:
-        """Return 0: a logical pool stores no KV data."""
-        return 0
+    # -- snapshots and pickling -----------------------------------------------
+
+    def backup_state(self) -> PoolState:
+        """An immutable snapshot of the pool: O(pages), one array copy.
+
+        ``restore_state`` of it makes every later call behave exactly as it
+        would have now: the lists, open free groups and counters.
+        """
+        with self.lock:
+            words = self._st.copy()
+        return PoolState(self.size, self.page_size, self.merge_order, words)
+
+    def restore_state(self, state: PoolState) -> None:
+        """Put the pool back in the state of a snapshot from ``backup_state``.
+
+        Raises
+        ------
+        TypeError
+            If ``state`` is not a :class:`PoolState`.
+        HostPoolError
+            If it comes from a pool of another size, page size or merge
+            order, or its contents fail the invariants; the pool is then
+            unchanged.
+        """
+        if not isinstance(state, PoolState):
+            raise TypeError(f"state must be a PoolState from backup_state(), got {type(state).__name__}")
+        words = checked_words(
+            state._words,
+            (self.size, self.page_size, self.merge_order),
+            (state.size, state.page_size, state.merge),
+            "the state",
+        )
+        with self.lock:
+            _load_state(self._st, words)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickle and ``copy.deepcopy`` keep: the shape, the layout and one state copy."""
+        with self.lock:
+            words = self._st.copy()
+        return {
+            "format": FORMAT,
+            "size": self.size,
+            "page_size": self.page_size,
+            "layout": self.layout,
+            "merge": self.merge_order,
+            "state": words,
+        }
+
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        """Rebuild a pickled pool, with a lock of its own, refusing a damaged state."""
+        check_format(saved.get("format"), type(self).__name__)
+        size, page_size, merge = saved["size"], saved["page_size"], saved["merge"]
+        shape = (size, page_size, merge)
+        words = checked_words(saved["state"], shape, shape, f"the pickled {type(self).__name__}")
+        self._setup(size, page_size, saved["layout"], merge, words.copy())
+
+    # -- statistics -----------------------------------------------------------
+
+    def stats(self) -> PoolStats:
+        """Usage and counters now, read from the state's header in O(1)."""
+        with self.lock:
+            header = self._st[: K.HEADER].copy()
+        return PoolStats.from_header(header)
 
     # -- checks ----------------------------------------------------------
 
@@ -311,43 +492,23 @@ class LogicalHostPool:
         """Verify the internal state; raise ``RuntimeError`` if it is broken.
 
         Checks, independently of the kernels, that the counters agree, that
-        every page id on the free and release lists is in range, free, and
-        listed once, and that every page not listed is held by a caller.
+        every page id on the free, release and pending lists is in range,
+        flagged accordingly and listed once, that every page not listed is
+        held by a caller, and that a sorted pool's free list ascends.
         Costs O(number of pages).
         """
         with self.lock:
-            st = self._st
-            owner = self._owner
-            n = self.size // self.page_size
-            head, nfree, nrel = int(st[K.H_HEAD]), int(st[K.H_NFREE]), int(st[K.H_NREL])
-            problems = []
-            header = (int(st[K.H_NPAGES]), int(st[K.H_PAGE_SIZE]), int(st[K.H_PAGE_SHIFT]))
-            if header != (n, self.page_size, K.page_shift(self.page_size)):
-                problems.append(
-                    f"header says (pages, page_size, shift) = {header}, pool has "
-                    f"{(n, self.page_size, K.page_shift(self.page_size))}"
-                )
-            if st.shape[0] != K.state_length(n):
-                problems.append(f"state array has length {st.shape[0]}, expected {K.state_length(n)}")
-            if not (nfree >= 0 and nrel >= 0 and nfree + nrel <= n and (n == 0 or 0 <= head < n)):
-                problems.append(f"counters out of range: head={head} nfree={nfree} nrel={nrel} pages={n}")
-            else:
-                listed = st[K.HEADER :][(head + np.arange(nfree + nrel)) % max(n, 1)]
-                if listed.size and (listed.min() < 0 or listed.max() >= n):
-                    problems.append("a listed page id is out of range")
-                else:
-                    times = np.bincount(listed, minlength=n)
-                    if times.max(initial=0) > 1:
-                        problems.append(f"page {int(np.argmax(times))} is listed {int(times.max())} times")
-                    bad_owner = ((times == 1) & (owner != K.OWNER_FREE)) | ((times == 0) & (owner != K.OWNER_ALLOCATED))
-                    if bad_owner.any():
-                        p = int(np.argmax(bad_owner))
-                        problems.append(f"page {p} has owner flag {int(owner[p])} but is listed {int(times[p])} times")
-            if problems:
-                raise RuntimeError("LogicalHostPool state is corrupted: " + "; ".join(problems))
+            found = problems(self._st, self.size // self.page_size, self.page_size)
+        if found:
+            raise RuntimeError("LogicalHostPool state is corrupted: " + "; ".join(found))
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(size={self.size}, page_size={self.page_size}, available={self.available_size()})"
+        s = self.stats()
+        return (
+            f"{type(self).__name__}(size={s.size}, page_size={s.page_size}, merge={self.merge_order!r}: "
+            f"{s.allocated_pages}/{s.num_pages} pages allocated ({s.usage:.1%}), "
+            f"available={s.available_size}, pending_pages={s.pending_pages})"
+        )
 
     # -- internals -------------------------------------------------------
 
@@ -355,9 +516,28 @@ class LogicalHostPool:
         """The ``dtype`` attribute; the torch adapter returns ``torch.uint8``."""
         return _UINT8
 
-    def _empty_page(self) -> Any:
-        """An empty data page; the torch adapter returns a torch tensor."""
-        return np.empty(0, dtype=np.uint8)
+    def _refused(self, need: int) -> bool:
+        """Whether ``need`` slots are beyond what the pool can serve now; count the refusal.
+
+        Before a large output is allocated: a refused request must cost
+        microseconds whatever its size, not a huge ``np.empty`` (or a
+        ``MemoryError``) first.
+        """
+        st = self._st
+        with self.lock:
+            if need > (st[K.H_NFREE] + st[K.H_NREL]) * self.page_size:
+                _refuse(st)
+                return True
+        return False
+
+    def _check_batch_size(self, pos: int, size: int, page_size: int) -> None:
+        """``alloc``'s checks for ``sizes[pos]``, with the position in the message."""
+        if size % page_size != 0:
+            raise AlignmentError(
+                f"LogicalHostPool allocation must be page-aligned, got sizes[{pos}]={size}, page_size={page_size}"
+            )
+        if size < 0:
+            raise HostPoolError(f"sizes[{pos}] must be non-negative, got sizes[{pos}]={size}")
 
     def _page_text(self, page: int) -> str:
         ps = self.page_size

@@ -188,6 +188,32 @@ class LogicalHostPool(_CorePool):
         out = super().alloc(need_size)
         return None if out is None else _from_numpy(out)
 
+    def alloc_many(  # type: ignore[override]  # returns tensors, as alloc does
+        self, sizes: Any
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Allocate a batch of requests at once: all of them, or none.
+
+        The core's ``alloc_many`` (see its documentation), with the two
+        results wrapped as CPU ``torch.int64`` tensors without a copy.
+        ``sizes`` may also be a 1-D integer tensor (on any device).
+
+        Returns
+        -------
+        (torch.Tensor, torch.Tensor) or None
+            ``(slots, offsets)``: request ``i`` owns
+            ``slots[offsets[i]:offsets[i + 1]]``; ``None`` when the batch
+            does not fit.
+        """
+        if isinstance(sizes, _Tensor):
+            arr = _tensor_as_numpy(sizes) if not sizes.is_cpu or sizes.requires_grad else sizes.numpy()
+            if arr.dtype is not _INT64:
+                _check_tensor_dtype(sizes.dtype)
+            sizes = arr
+        got = super().alloc_many(sizes)
+        if got is None:
+            return None
+        return _from_numpy(got[0]), _from_numpy(got[1])
+
     def free(self, indices: Any) -> int:
         """Give back slots from earlier allocations: whole pages only.
 

@@ -85,6 +85,26 @@ def assert_unchanged(pool: Any, before: Snapshot) -> None:
     assert_lock_free(pool)
 
 
+def assert_refused(pool: Any, before: Snapshot, times: int = 1) -> None:
+    """Like :func:`assert_unchanged` for an allocation answered ``None``.
+
+    Refusing changes nothing but the statistics: the answered calls and the
+    failed ones each grow by ``times``, and no other header word moves.
+    """
+    from hostpool_nb import _kernels as K
+
+    header = before[0].copy()
+    header[K.H_ALLOC_CALLS] += times
+    header[K.H_FAILED_ALLOCS] += times
+    assert_unchanged(pool, (header, before[1], before[2]))
+
+
+@pytest.fixture
+def refused() -> Callable[..., None]:
+    """``refused(pool, before)`` asserts an allocation was answered None, changing nothing else."""
+    return assert_refused
+
+
 def assert_lock_free(pool: Any) -> None:
     """Another thread can acquire ``pool.lock`` within a few seconds."""
     got: list[bool] = []

@@ -311,13 +311,13 @@ def test_bad_alloc(
 
 
 @pytest.mark.parametrize("need", [SIZE, 3 * PS, 2**70], ids=["size", "available+16", "huge"])
-def test_alloc_over_capacity_returns_none(pool: LogicalHostPool, need: int, snapshot: Any, unchanged: Any) -> None:
+def test_alloc_over_capacity_returns_none(pool: LogicalHostPool, need: int, snapshot: Any, refused: Any) -> None:
     before = snapshot(pool)
     assert pool.alloc(need) is None
-    unchanged(pool, before)
+    refused(pool, before)
 
 
-def test_refused_huge_alloc_allocates_nothing(snapshot: Any, unchanged: Any) -> None:
+def test_refused_huge_alloc_allocates_nothing(snapshot: Any, refused: Any) -> None:
     """A request the pool cannot serve is refused before its output is allocated.
 
     With 2**40 slots of 2**20 pages and one page held, ``alloc(2**40)`` once
@@ -329,7 +329,8 @@ def test_refused_huge_alloc_allocates_nothing(snapshot: Any, unchanged: Any) -> 
     held = pool.alloc(2**20)
     assert held is not None
     before = snapshot(pool)
-    for need in (2**40, 2**40 - 2**20 + 2**20, 2**39 * 2):
+    needs = (2**40, 2**40 - 2**20 + 2**20, 2**39 * 2, 2**70)
+    for times, need in enumerate(needs, 1):
         tracemalloc.start()
         try:
             assert pool.alloc(need) is None
@@ -337,7 +338,15 @@ def test_refused_huge_alloc_allocates_nothing(snapshot: Any, unchanged: Any) -> 
         finally:
             tracemalloc.stop()
         assert peak < 1 << 16, f"a refused alloc({need}) allocated {peak} bytes"
-        unchanged(pool, before)
+        refused(pool, before, times)
+    tracemalloc.start()
+    try:
+        assert pool.alloc_many([2**30, 2**40 - 2**30]) is None  # the batch total is refused alike
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 16, f"a refused alloc_many allocated {peak} bytes"
+    refused(pool, before, len(needs) + 1)
     # A request that fits is still served.
     assert pool.alloc(2**20) is not None
 
@@ -734,7 +743,7 @@ def test_free_error_families_at_every_page_size(
 
 
 @pytest.mark.parametrize("ps", [1, 2, 3, 6, 16])
-def test_alloc_errors_at_every_page_size(ps: int, snapshot: Any, unchanged: Any) -> None:
+def test_alloc_errors_at_every_page_size(ps: int, snapshot: Any, unchanged: Any, refused: Any) -> None:
     pool, _size = _family_pool(ps)
     before = snapshot(pool)
     with pytest.raises(HostPoolError) as info:
@@ -751,6 +760,6 @@ def test_alloc_errors_at_every_page_size(ps: int, snapshot: Any, unchanged: Any)
             )
             unchanged(pool, before)
     assert pool.alloc(3 * ps) is None  # two pages available
-    unchanged(pool, before)
+    refused(pool, before)
     # FIFO: the free page 5, then the released page 2.
     assert pool.alloc(2 * ps).tolist() == _pg(5, ps) + _pg(2, ps)

@@ -31,7 +31,7 @@ from hostpool_nb.torch import (  # noqa: E402
     PartialPageError,
     SlotRangeError,
 )
-from tests.conftest import Snapshot, take_snapshot  # noqa: E402
+from tests.conftest import Snapshot, assert_refused, take_snapshot  # noqa: E402
 from tests.test_torch_missing import run_child  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -167,7 +167,7 @@ def test_alloc_returns_none_when_short() -> None:
     held = pool.alloc(48)
     before = state(pool)
     assert pool.alloc(32) is None
-    assert_same_state(pool, before)
+    assert_refused(pool, before)
     assert pool.free(held) == 48
     assert pool.alloc(64) is not None
 
@@ -206,7 +206,7 @@ def test_alloc_reads_uint64_counts_beyond_int64_exactly() -> None:
     with pytest.raises(AlignmentError, match=f"need_size={2**64 - 1}, page_size=16"):
         pool.alloc(torch.tensor(2**64 - 1, dtype=torch.uint64))
     assert pool.alloc(torch.tensor(2**64 - 16, dtype=torch.uint64)) is None  # aligned, too large
-    assert_same_state(pool, before)
+    assert_refused(pool, before)
     ones = LogicalHostPool(64, 1)
     assert ones.alloc(torch.tensor(2**64 - 1, dtype=torch.uint64)) is None
 

@@ -1,0 +1,99 @@
+"""Snapshots of a pool's state: ``PoolState``, and the pool's pickled form.
+
+A pool's whole state is one int64 array (``_kernels.py``), so a snapshot is
+one copy of it plus the shape it belongs to. Both a snapshot and a pickled
+pool carry a format number; a state is accepted only for a pool of the same
+size, page size and merge order, and only if it passes the invariants, so
+neither a snapshot from another pool nor a tampered pickle can corrupt one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from . import _kernels as K
+from ._errors import HostPoolError
+from ._invariants import problems
+
+# The layout of the state array. A snapshot or pickle of another format was
+# made by a hostpool_nb whose kernels read the array differently.
+FORMAT = 1
+
+
+@dataclass(frozen=True, eq=False)
+class PoolState:
+    """An immutable copy of a pool's state, from ``pool.backup_state()``.
+
+    Give it to ``restore_state`` of the same pool, or of any pool with the
+    same ``size``, ``page_size`` and ``merge`` order, to make every later
+    call behave exactly as it would have at the backup. It can be pickled.
+
+    Attributes
+    ----------
+    size, page_size : int
+        The shape of the pool it was taken from.
+    merge : str
+        That pool's merge order, ``"fifo"`` or ``"sorted"``.
+    """
+
+    size: int
+    page_size: int
+    merge: str
+    _words: NDArray[np.int64] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        words = np.array(self._words, dtype=np.int64, copy=True)
+        words.flags.writeable = False  # frozen means the contents too
+        object.__setattr__(self, "_words", words)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_load_state, (FORMAT, self.size, self.page_size, self.merge, self._words))
+
+    def __repr__(self) -> str:
+        h = self._words
+        return (
+            f"PoolState(size={self.size}, page_size={self.page_size}, merge={self.merge!r}, "
+            f"free_pages={int(h[K.H_NFREE])}, released_pages={int(h[K.H_NREL])}, "
+            f"pending_pages={int(h[K.H_NPEND])})"
+        )
+
+
+def _load_state(version: int, size: int, page_size: int, merge: str, words: NDArray[np.int64]) -> PoolState:
+    """Unpickle a ``PoolState``, refusing another format."""
+    check_format(version, "PoolState")
+    return PoolState(size, page_size, merge, words)
+
+
+def check_format(version: Any, what: str) -> None:
+    if version != FORMAT:
+        raise HostPoolError(
+            f"this {what} was pickled in state format {version!r}; this hostpool_nb reads format {FORMAT} "
+            "(pickle it again with the same hostpool_nb version that loads it)"
+        )
+
+
+def checked_words(words: Any, pool: tuple[int, int, str], source: tuple[int, int, str], what: str) -> NDArray[np.int64]:
+    """``words`` as a state for ``pool``, or a ``HostPoolError`` saying why not.
+
+    ``pool`` is the (size, page_size, merge) of the pool taking the state,
+    ``source`` the one the state says it came from.
+    """
+    size, page_size, merge = pool
+    if source != pool:
+        raise HostPoolError(
+            f"{what} is from a pool with size={source[0]}, page_size={source[1]}, merge={source[2]!r}; "
+            f"this pool has size={size}, page_size={page_size}, merge={merge!r}"
+        )
+    arr = np.asarray(words)
+    if arr.dtype != np.int64 or arr.ndim != 1:
+        raise HostPoolError(f"{what} holds a {arr.dtype} array of shape {arr.shape}, not a pool state")
+    found = problems(np.ascontiguousarray(arr), size // page_size, page_size)
+    if not found and int(arr[K.H_SORTED]) != (merge == "sorted"):
+        found = [f"its merge order word is {int(arr[K.H_SORTED])}, but it says merge={merge!r}"]
+    if found:
+        raise HostPoolError(f"{what} fails the pool's invariants: " + "; ".join(found))
+    return np.ascontiguousarray(arr, dtype=np.int64)
