@@ -16,6 +16,8 @@ from ._errors import (
     SlotRangeError,
 )
 from ._pool import LogicalHostPool
+from ._snapshot import PoolState
+from ._stats import PoolStats
 
 __version__ = "0.1.0"
 
@@ -26,6 +28,8 @@ __all__ = [
     "KernelCacheWarning",
     "LogicalHostPool",
     "PartialPageError",
+    "PoolState",
+    "PoolStats",
     "SlotRangeError",
     "__version__",
 ]

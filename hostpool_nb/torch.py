@@ -44,6 +44,8 @@ from numpy.typing import NDArray
 
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
 from ._pool import LogicalHostPool as _CorePool
+from ._snapshot import PoolState
+from ._stats import PoolStats
 
 _Tensor = torch.Tensor
 _INT64 = np.dtype(np.int64)
@@ -273,5 +275,7 @@ __all__ = [
     "HostPoolError",
     "LogicalHostPool",
     "PartialPageError",
+    "PoolState",
+    "PoolStats",
     "SlotRangeError",
 ]

@@ -113,6 +113,8 @@ def test_reexports() -> None:
         "HostPoolError",
         "LogicalHostPool",
         "PartialPageError",
+        "PoolState",
+        "PoolStats",
         "SlotRangeError",
     }
     # The very same classes as the core's: `except hostpool_nb.X` catches both.
