@@ -109,17 +109,17 @@ def as_slots(indices: Any) -> NDArray[np.int64]:
     return np.ascontiguousarray(flat, dtype=np.int64)
 
 
-def _reject_masked(indices: Any) -> None:
-    """Refuse masked arrays: ``np.asarray`` would free their masked entries too.
+def _reject_masked(values: Any, name: str = "indices") -> None:
+    """Refuse masked arrays: ``np.asarray`` would use their masked entries too.
 
     ``numpy.ma`` is looked up in ``sys.modules`` rather than imported: a
     masked array can only exist once it has been imported.
     """
     ma = sys.modules.get("numpy.ma")
-    if ma is not None and isinstance(indices, ma.MaskedArray):
+    if ma is not None and isinstance(values, ma.MaskedArray):
+        use = "free would also free its masked entries" if name == "indices" else "its masked entries would count"
         raise TypeError(
-            "indices must not be a masked array: free would also free its masked entries; "
-            "pass indices.compressed() to free only the unmasked slots"
+            f"{name} must not be a masked array: {use}; pass {name}.compressed() to use only the unmasked ones"
         )
 
 
@@ -150,17 +150,14 @@ def as_sizes(sizes: Any) -> NDArray[np.int64] | list[int]:
     position. Integers beyond int64 cannot be held in the array: the sizes
     are then returned as a list of Python ints, for the caller's slow path.
     """
-    if isinstance(sizes, (list, tuple)):
-        kinds = set(map(type, sizes))
-        if kinds <= {int}:  # the common case, checked in C
+    if isinstance(sizes, (list, tuple, range)):
+        if set(map(type, sizes)) <= {int}:  # the common case, checked in C
             try:
                 return np.array(sizes, dtype=np.int64)
             except OverflowError:
                 return list(sizes)
-        for pos, value in enumerate(sizes):  # error path or numpy scalars: one look at each
-            if type(value) is bool or not isinstance(value, (int, np.integer)):  # np.bool_ is no np.integer
-                raise TypeError(f"sizes[{pos}] must be an integer, got {type(value).__name__} {value!r}")
-        values = [int(v) for v in sizes]
+        # Numpy scalars or something else: each element as alloc reads its count.
+        values = [as_count(value, f"sizes[{pos}]") for pos, value in enumerate(sizes)]
         try:
             return np.array(values, dtype=np.int64)
         except OverflowError:
@@ -170,7 +167,7 @@ def as_sizes(sizes: Any) -> NDArray[np.int64] | list[int]:
             f"sizes must be a 1-D sequence or array of integers, got {type(sizes).__name__} {sizes!r}"
             + ("; wrap a single size in a list" if isinstance(sizes, (int, np.integer)) else "")
         )
-    _reject_masked(sizes)
+    _reject_masked(sizes, "sizes")
     try:
         arr = np.asarray(sizes)
     except MemoryError:

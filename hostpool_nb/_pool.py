@@ -191,7 +191,7 @@ class LogicalHostPool(DataPlaneHooks):
             The number of slots merged (0 when nothing was released).
         """
         with self.lock:
-            moved = _merge(self._st)
+            moved = int(_merge(self._st))
         if moved < 0:
             raise self._corrupt("merge", moved)
         return moved * self.page_size
@@ -302,7 +302,9 @@ class LogicalHostPool(DataPlaneHooks):
             _, pos = K.decode_status(total)
             self._check_batch_size(pos, int(arr[pos]), page_size)
             raise self._corrupt("alloc_many", total)  # the kernel failed a size the check passes
-        if total > _PRECHECK_SLOTS and self._refused(total):
+        # A total beyond the pool (the kernel saturates at size + 1) or a large
+        # one the pool cannot serve now is refused before its output exists.
+        if (total > self.size or total > _PRECHECK_SLOTS) and self._refused(total):
             return None
         out = np.empty(total, dtype=_INT64)
         lock = self.lock
@@ -430,9 +432,8 @@ class LogicalHostPool(DataPlaneHooks):
         ``restore_state`` of it makes every later call behave exactly as it
         would have now: the lists, open free groups and counters.
         """
-        with self.lock:
-            words = self._st.copy()
-        return PoolState(self.size, self.page_size, self.merge_order, words)
+        with self.lock:  # PoolState makes the one copy, under the lock
+            return PoolState(self.size, self.page_size, self.merge_order, self._st)
 
     def restore_state(self, state: PoolState) -> None:
         """Put the pool back in the state of a snapshot from ``backup_state``.
@@ -470,13 +471,29 @@ class LogicalHostPool(DataPlaneHooks):
             "state": words,
         }
 
-    def __setstate__(self, saved: dict[str, Any]) -> None:
-        """Rebuild a pickled pool, with a lock of its own, refusing a damaged state."""
+    def __setstate__(self, saved: Any) -> None:
+        """Rebuild a pickled pool, with a lock of its own, refusing a damaged state.
+
+        Every field is checked as the constructor checks its arguments, and
+        the state as ``restore_state`` checks a snapshot: a damaged pickle
+        is a ``HostPoolError`` saying what is wrong, not a pool that fails
+        later.
+        """
+        what = f"the pickled {type(self).__name__}"
+        if not isinstance(saved, dict):
+            raise HostPoolError(f"{what} holds a {type(saved).__name__}, not a pool's state")
         check_format(saved.get("format"), type(self).__name__)
+        missing = sorted({"size", "page_size", "layout", "merge", "state"} - set(saved))
+        if missing:
+            raise HostPoolError(f"{what} lacks {', '.join(missing)}")
         size, page_size, merge = saved["size"], saved["page_size"], saved["merge"]
+        if type(size) is not int or type(page_size) is not int or page_size < 1 or size < 0 or size % page_size:
+            raise HostPoolError(f"{what} has size={size!r}, page_size={page_size!r}: not a pool's shape")
+        if merge not in MERGE_ORDERS:
+            raise HostPoolError(f"{what} has merge={merge!r}, not 'fifo' or 'sorted'")
         shape = (size, page_size, merge)
-        words = checked_words(saved["state"], shape, shape, f"the pickled {type(self).__name__}")
-        self._setup(size, page_size, saved["layout"], merge, words.copy())
+        words = checked_words(saved["state"], shape, shape, what)
+        self._setup(size, page_size, saved["layout"], merge, words)
 
     # -- statistics -----------------------------------------------------------
 

@@ -88,7 +88,9 @@ def checked_words(words: Any, pool: tuple[int, int, str], source: tuple[int, int
             f"{what} is from a pool with size={source[0]}, page_size={source[1]}, merge={source[2]!r}; "
             f"this pool has size={size}, page_size={page_size}, merge={merge!r}"
         )
-    arr = np.asarray(words)
+    if not isinstance(words, np.ndarray):
+        raise HostPoolError(f"{what} holds a {type(words).__name__}, not a pool state")
+    arr = words
     if arr.dtype != np.int64 or arr.ndim != 1:
         raise HostPoolError(f"{what} holds a {arr.dtype} array of shape {arr.shape}, not a pool state")
     found = problems(np.ascontiguousarray(arr), size // page_size, page_size)
@@ -96,4 +98,4 @@ def checked_words(words: Any, pool: tuple[int, int, str], source: tuple[int, int
         found = [f"its merge order word is {int(arr[K.H_SORTED])}, but it says merge={merge!r}"]
     if found:
         raise HostPoolError(f"{what} fails the pool's invariants: " + "; ".join(found))
-    return np.ascontiguousarray(arr, dtype=np.int64)
+    return np.array(arr, dtype=np.int64, copy=True)  # writable: a kernel argument is never read-only

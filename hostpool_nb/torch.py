@@ -77,20 +77,20 @@ def _tensor_count(value: torch.Tensor) -> int:
     return count
 
 
-def _tensor_as_numpy(tensor: torch.Tensor) -> NDArray[Any]:
-    """The slow path of ``free``: a tensor that ``Tensor.numpy()`` refuses.
+def _tensor_as_numpy(tensor: torch.Tensor, name: str = "indices") -> NDArray[Any]:
+    """The slow path of ``free`` (and of ``alloc_many``'s sizes): a tensor ``Tensor.numpy()`` refuses.
 
     That is a tensor on another device (moved to the host once), a tensor
     that requires grad (detached; only float and complex tensors can, and
-    the core then rejects their dtype with its own ``TypeError``), a
-    conjugate or negative view (resolved), a sparse tensor or a dtype numpy
-    lacks (``TypeError``). A plain CPU tensor never gets here.
+    those are refused by dtype first), a conjugate or negative view
+    (resolved), a sparse or meta tensor or a dtype numpy lacks
+    (``TypeError`` naming ``name``). A plain CPU tensor never gets here.
     """
     if tensor.layout is not _strided:
-        raise TypeError(f"indices must be a dense tensor, got layout {tensor.layout}; call .to_dense() first")
+        raise TypeError(f"{name} must be a dense tensor, got layout {tensor.layout}; call .to_dense() first")
     if tensor.device.type == "meta":
-        raise TypeError("indices must hold slot ids, got a tensor on the meta device, which holds no data")
-    _check_tensor_dtype(tensor.dtype)
+        raise TypeError(f"{name} must hold integers, got a tensor on the meta device, which holds no data")
+    _check_tensor_dtype(tensor.dtype, name)
     tensor = tensor.detach()
     if not tensor.is_cpu:
         # One device-to-host copy, keeping the dtype so the core sees the
@@ -102,17 +102,20 @@ def _tensor_as_numpy(tensor: torch.Tensor) -> NDArray[Any]:
         return tensor.numpy()
     except (TypeError, NotImplementedError):  # quantized and other dtypes numpy lacks
         raise TypeError(
-            f"indices must hold integers, got dtype {tensor.dtype}; "
-            "convert with .long() (or .to(torch.int64)) if the values are whole slot ids"
+            f"{name} must hold integers, got dtype {tensor.dtype}; "
+            f"convert with .long() (or .to(torch.int64)) if the values are whole {_UNITS[name]}"
         ) from None
 
 
-def _check_tensor_dtype(dtype: torch.dtype) -> None:
+_UNITS = {"indices": "slot ids", "sizes": "slot counts"}
+
+
+def _check_tensor_dtype(dtype: torch.dtype, name: str = "indices") -> None:
     """Refuse non-integer tensors with advice a torch user can follow."""
     if dtype is torch.bool or dtype.is_floating_point or dtype.is_complex:
         raise TypeError(
-            f"indices must hold integers, got dtype {dtype}; "
-            "convert with .long() (or .to(torch.int64)) if the values are whole slot ids"
+            f"{name} must hold integers, got dtype {dtype}; "
+            f"convert with .long() (or .to(torch.int64)) if the values are whole {_UNITS[name]}"
         )
 
 
@@ -207,9 +210,12 @@ class LogicalHostPool(_CorePool):
             does not fit.
         """
         if isinstance(sizes, _Tensor):
-            arr = _tensor_as_numpy(sizes) if not sizes.is_cpu or sizes.requires_grad else sizes.numpy()
+            try:
+                arr = sizes.numpy()  # a plain CPU tensor: a view, which the core copies
+            except (RuntimeError, TypeError):
+                arr = _tensor_as_numpy(sizes, "sizes")
             if arr.dtype is not _INT64:
-                _check_tensor_dtype(sizes.dtype)
+                _check_tensor_dtype(sizes.dtype, "sizes")
             sizes = arr
         got = super().alloc_many(sizes)
         if got is None:
