@@ -158,3 +158,114 @@ def test_released_pages_follow_the_free_list(page_size: int) -> None:
     assert torch.equal(results[2], expected)
     assert torch.equal(results[1], slots_of([1], page_size))
     assert torch.equal(results[3], results[1])
+
+
+# -- the scheduler API (commit c42b45d) against the original ------------------------
+#
+# The original has neither alloc_many nor free groups, so each is compared
+# with what a caller of the original would do instead: alloc_many(sizes) is
+# the original's alloc(sum(sizes)), split at the offsets; a free group is
+# the original with the group's frees delayed to the outermost group's end,
+# then freed as one concatenated chunk, as sglang's free_group_end does.
+
+SCHED_OPS = st.sampled_from(
+    ["alloc"] * 2 + ["alloc_many"] * 4 + ["free"] * 4 + ["begin"] * 2 + ["end"] * 2 + ["merge", "clear"]
+)
+SIZES_FORMS = st.sampled_from(["list", "int64", "int32", "uint8", "numpy"])
+
+
+def sizes_form(sizes: list[int], form: str) -> Any:
+    if form == "list":
+        return list(sizes)
+    if form == "numpy":
+        return torch.tensor(sizes, dtype=torch.int64).numpy()
+    return torch.tensor(sizes, dtype=getattr(torch, form))  # sizes stay below 256 here
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+@given(data=st.data())
+def test_alloc_many_and_free_groups_match_the_original(page_size: int, data: st.DataObject) -> None:
+    from hostpool_nb.torch import HostPoolError
+
+    n_pages = data.draw(st.integers(1, 10), label="n_pages")
+    size = n_pages * page_size
+    pool, oracle = LogicalHostPool(size, page_size), TorchHostPool(size, page_size)
+    held: list[int] = []
+    depth = 0
+    delayed: list[torch.Tensor] = []  # the group's frees, not yet given to the original
+    for _ in range(data.draw(st.integers(8, 40), label="n_steps")):
+        op = data.draw(SCHED_OPS, label="op")
+        if op == "alloc":
+            need = data.draw(st.integers(0, n_pages + 1), label="pages") * page_size
+            got, want = pool.alloc(need), oracle.alloc(need)
+            check_alloc(got, want, need)
+            if got is not None:
+                held.extend((got[::page_size] // page_size).tolist())
+        elif op == "alloc_many":
+            # Totals up to one page beyond the pool: the original refuses those
+            # (its alloc checks the total), and so must the batch.
+            budget, sizes = n_pages + 1, []
+            for _ in range(data.draw(st.integers(0, 4), label="requests")):
+                pages = data.draw(st.integers(0, budget), label="request_pages")
+                budget -= pages
+                sizes.append(pages * page_size)
+            form = data.draw(SIZES_FORMS, label="sizes_form")
+            got_many, want = pool.alloc_many(sizes_form(sizes, form)), oracle.alloc(sum(sizes))
+            if want is None:
+                assert got_many is None, f"alloc_many({sizes}): the original is short, got {got_many}"
+            else:
+                assert got_many is not None, f"alloc_many({sizes}): short, the original returned {want}"
+                slots, offsets = got_many
+                check_alloc(slots, want, sum(sizes))
+                assert type(offsets) is torch.Tensor
+                assert offsets.dtype is torch.int64
+                bounds = [0]
+                for s in sizes:
+                    bounds.append(bounds[-1] + s)
+                assert offsets.tolist() == bounds
+                for i, part in enumerate(torch.split(want, sizes)):
+                    assert torch.equal(slots[offsets[i] : offsets[i + 1]], part), f"request {i} of {sizes}"
+                held.extend((slots[::page_size] // page_size).tolist())
+        elif op == "free":
+            order = data.draw(st.permutations(held), label="order")
+            batch = order[: data.draw(st.integers(0, len(order)), label="k")]
+            slots = slots_of(batch, page_size)
+            form = data.draw(FORM, label="form")
+            assert pool.free(as_form(slots, form, page_size)) == slots.numel()
+            if depth == 0:
+                assert oracle.free(slots.clone()) == slots.numel()
+            elif batch:
+                delayed.append(slots.clone())
+            freed = set(batch)
+            held = [p for p in held if p not in freed]
+        elif op == "begin":
+            pool.free_group_begin()
+            depth += 1
+        elif op == "end" and depth == 0:
+            with pytest.raises(HostPoolError, match=r"^free_group_end\(\) without a free group"):
+                pool.free_group_end()
+        elif op == "end":
+            pool.free_group_end()
+            depth -= 1
+            if depth == 0 and delayed:
+                oracle.free(torch.cat(delayed))
+                delayed = []
+        elif op == "merge":
+            released = pool.stats().released_pages
+            assert pool.merge() == released * page_size  # FIFO: the order stays the original's
+        else:
+            pool.clear()
+            oracle.clear()
+            held, depth, delayed = [], 0, []
+        pending = sum(d.numel() for d in delayed)
+        assert pool.available_size() == oracle.available_size() == size - len(held) * page_size - pending
+        assert pool.stats().pending_pages * page_size == pending
+        pool.check_invariants()
+    while depth:
+        pool.free_group_end()
+        depth -= 1
+    if delayed:
+        oracle.free(torch.cat(delayed))
+    rest = pool.available_size()
+    check_alloc(pool.alloc(rest), oracle.alloc(rest), rest)
+    assert pool.available_size() == oracle.available_size() == 0
