@@ -1,4 +1,4 @@
-"""Timed workloads: the alloc/free round trip and a KV-cache trace.
+"""Timed workloads: the alloc/free round trip, a batch of requests, a KV-cache trace.
 
 Every timed loop covers a whole number of pool cycles (three at least), so
 each measurement contains exactly as many of the baselines' deferred merges
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .impls import merges_of
+from .impls import HOSTPOOL, merges_of
 from .timing import gc_paused, interleaved, median, timed
 
 MIB_SLOTS = 1 << 20  # the 1M-slot pool of the targets
@@ -132,6 +132,187 @@ def measure_floor(k: int, repeats: int, min_loop_s: float = 0.02) -> dict[str, f
             n *= 4
         out[name] = median([timed(loop, n) / n for _ in range(repeats)])
     return out
+
+
+# -- batch of requests ----------------------------------------------------
+
+# The row key of hostpool_nb given ``sizes`` as a Python list instead of an
+# int64 array: the same pool and calls, plus the list's conversion per call.
+HOSTPOOL_LIST = "hostpool_nb (list)"
+
+
+class BatchDivergence(RuntimeError):
+    """Implementations handed out different slots, or merged unequally, in the batch workload."""
+
+
+def batch_loop_many(pool: Any, sizes: Any, n_batches: int) -> None:
+    """``n_batches`` times: one ``alloc_many(sizes)``, then one ``free`` of all its slots."""
+    alloc_many = pool.alloc_many
+    free = pool.free
+    for _ in range(n_batches):
+        slots, _offsets = alloc_many(sizes)
+        free(slots)
+
+
+def batch_loop_each(pool: Any, size: int, n_requests: int, n_batches: int) -> None:
+    """``n_batches`` times: ``alloc(size)`` per request, then ``free`` per request.
+
+    What a scheduler does with a pool that has no batch call.
+    """
+    alloc = pool.alloc
+    free = pool.free
+    requests = range(n_requests)
+    for _ in range(n_batches):
+        held = [alloc(size) for _ in requests]
+        for h in held:
+            free(h)
+
+
+def _batch_alloc(pool: Any, batched: bool, sizes: Any, size: int, n_requests: int) -> tuple[np.ndarray, list[Any]]:
+    """Allocate one batch as the timed loops do: its slots concatenated in request order, and what to free.
+
+    For ``alloc_many`` the offsets are checked too: request ``i`` must own
+    ``slots[i * size:(i + 1) * size]``, as the loop's ``i``-th ``alloc`` does.
+    """
+    if batched:
+        got = pool.alloc_many(sizes)
+        if got is None:
+            raise BatchDivergence(f"alloc_many of {n_requests} requests of {size} slots returned None")
+        slots, offsets = got
+        offsets = np.asarray(offsets)
+        if not np.array_equal(offsets, np.arange(n_requests + 1, dtype=np.int64) * size):
+            shown = str(offsets[:6].tolist())[:-1] + (", ...]" if offsets.size > 6 else "]")
+            raise BatchDivergence(f"alloc_many returned offsets {shown}, not i * {size}")
+        return np.array(slots, dtype=np.int64).reshape(-1), [slots]
+    held = [pool.alloc(size) for _ in range(n_requests)]
+    if any(h is None for h in held):
+        raise BatchDivergence(f"alloc({size}) returned None within a batch of {n_requests} requests")
+    return np.concatenate([np.asarray(h, dtype=np.int64).reshape(-1) for h in held]), held
+
+
+def _check_same_slots(got: dict[str, np.ndarray], when: str) -> None:
+    """Raise :class:`BatchDivergence` unless every implementation handed out ``got``'s first entry's slots."""
+    names = list(got)
+    ref = got[names[0]]
+    for name in names[1:]:
+        mine = got[name]
+        if not np.array_equal(mine, ref):
+            m = min(mine.size, ref.size)
+            diff = np.flatnonzero(mine[:m] != ref[:m])
+            i = int(diff[0]) if diff.size else m
+            raise BatchDivergence(
+                f"{when}: {name} handed out other slots than {names[0]} "
+                f"({mine.size} vs {ref.size} slots; first difference at position {i}: "
+                f"{mine[i] if i < mine.size else 'none'} vs {ref[i] if i < ref.size else 'none'})"
+            )
+
+
+def _check_same_merges(merges: dict[str, Any], when: str) -> None:
+    if len(set(merges.values())) > 1:
+        raise BatchDivergence(f"{when} differ: {merges}")
+
+
+def measure_batch(
+    impls: dict[str, Callable[[int, int], Any]],
+    page_size: int,
+    n_requests: int,
+    pool_slots: int,
+    repeats: int,
+    min_cycles: int = 3,
+    min_loop_s: float = 0.02,
+    tick: Callable[[], None] | None = None,
+    max_loop_s: float = 0.25,
+) -> Cell:
+    """Median seconds per batch of ``n_requests`` one-page requests, allocated then freed.
+
+    hostpool_nb allocates the batch with one ``alloc_many`` of a prebuilt
+    int64 ``sizes`` array and frees it with one ``free`` of all its slots;
+    it is also run, on a pool of its own, with ``sizes`` as a Python list
+    (key :data:`HOSTPOOL_LIST`). The baselines have no batch call: they loop
+    ``alloc(page_size)`` per request, then ``free`` per request.
+
+    ``pool_slots`` must be a whole number of batches, so that every timed
+    loop covers whole pool cycles and pays one deferred merge per cycle, as
+    the round-trip loops do (same rule for the number of cycles). Outside
+    the timed region, the first batch on every fresh pool, and the first
+    batch after the timed loops (which pays a merge), must hand out the same
+    slots everywhere, and every pool must have merged equally often;
+    otherwise :class:`BatchDivergence` is raised.
+    """
+    batch_slots = n_requests * page_size
+    if n_requests < 1 or pool_slots < batch_slots or pool_slots % batch_slots:
+        raise ValueError(f"a {pool_slots}-slot pool is no whole number of batches of {batch_slots} slots")
+    batches_per_cycle = pool_slots // batch_slots
+    sizes = np.full(n_requests, page_size, dtype=np.int64)
+    sizes_list = sizes.tolist()
+
+    # name -> (pool, batched?, sizes given to alloc_many)
+    runs: dict[str, tuple[Any, bool, Any]] = {}
+    for name, make in impls.items():
+        if name == HOSTPOOL:
+            runs[HOSTPOOL] = (make(pool_slots, page_size), True, sizes)
+            runs[HOSTPOOL_LIST] = (make(pool_slots, page_size), True, sizes_list)
+        else:
+            runs[name] = (make(pool_slots, page_size), False, None)
+
+    def loop(name: str, n_batches: int) -> None:
+        pool, batched, sz = runs[name]
+        if batched:
+            batch_loop_many(pool, sz, n_batches)
+        else:
+            batch_loop_each(pool, page_size, n_requests, n_batches)
+
+    def checked_batch(when: str) -> None:
+        # One batch on every pool, compared before anything is freed (so a
+        # wrong answer is reported as such, not as the free's complaint).
+        got, to_free = {}, {}
+        for name, (pool, batched, sz) in runs.items():
+            got[name], to_free[name] = _batch_alloc(pool, batched, sz, page_size, n_requests)
+        _check_same_slots(got, f"{n_requests} requests per batch, {when}")
+        for name, (pool, _, _) in runs.items():
+            for h in to_free[name]:
+                pool.free(h)
+
+    # Warm-up: one cycle per pool (compiles or loads kernels, first merge
+    # excluded), its first batch checked.
+    checked_batch("first batch on a fresh pool")
+    cycle_s = {}
+    for name in runs:
+        loop(name, batches_per_cycle - 1)
+        cycle_s[name] = timed(loop, name, batches_per_cycle)
+    fastest = max(min(cycle_s.values()), 1e-9)
+    slowest = max(*cycle_s.values(), 1e-9)
+    cycles = max(min_cycles, min(math.ceil(min_loop_s / fastest), int(max_loop_s / slowest)))
+    n = cycles * batches_per_cycle
+
+    def runner(name: str) -> Callable[[], float]:
+        return lambda: timed(loop, name, n) / n
+
+    merges_before = {name: merges_of(pool) for name, (pool, _, _) in runs.items()}
+    samples = interleaved({name: runner(name) for name in runs}, repeats, tick)
+    merges = {}
+    for name, (pool, _, _) in runs.items():
+        before, after = merges_before[name], merges_of(pool)
+        if before is not None and after is not None:
+            merges[name] = (after - before) / repeats
+    _check_same_merges(merges, f"{n_requests} requests per batch, merges per timed loop")
+    # Every pool now stands at a cycle's end: the next batch merges first.
+    checked_batch("first batch after the timed loops (it merges)")
+    totals = {name: merges_of(pool) for name, (pool, _, _) in runs.items()}
+    _check_same_merges({k: v for k, v in totals.items() if v is not None}, f"{n_requests} requests, merges in all")
+    return Cell(
+        workload="batch round trip",
+        params={
+            "page_size": page_size,
+            "n_requests": n_requests,
+            "pool_slots": pool_slots,
+            "batches_per_loop": n,
+            "cycles_per_loop": cycles,
+        },
+        per_op={name: median(s) for name, s in samples.items()},
+        samples=samples,
+        extra={"merges_per_loop": merges},
+    )
 
 
 # -- KV-cache trace --------------------------------------------------------

@@ -2,7 +2,8 @@
 
 No timing is asserted (speed is never a test); these check that what the
 benchmark compares is comparable - the trace replays to identical slot
-sequences on hostpool_nb and on the baselines, the counted baselines behave
+sequences on hostpool_nb and on the baselines, the batch workload refuses
+implementations that hand out other slots or merge unequally, the counted baselines behave
 exactly as the shared ones, the memory accounting agrees with tracemalloc -
 and that the JSON, table, plot, progress bar and command line behave. Fast, and
 passes under ``NUMBA_DISABLE_JIT=1``.
@@ -12,10 +13,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import re
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,14 +38,20 @@ from bench.impls import (
 )
 from bench.memory import measure_memory
 from bench.suite import (
+    BATCH_TARGET,
+    BATCH_TARGET_REQUESTS,
     BIG_K,
     METADATA_TARGET,
     STARTUP_PARAMS,
     STARTUP_TARGET,
     TRACE_TARGET,
+    _steps,
+    batch_params,
+    batch_target,
     floor_params,
     full_config,
     memory_params,
+    quick_config,
     roundtrip_params,
     roundtrip_target,
     run_suite,
@@ -48,10 +59,21 @@ from bench.suite import (
     trace_params,
 )
 from bench.timing import Progress, interleaved
-from bench.workloads import TraceDivergence, make_trace, measure_roundtrip, replay
+from bench.workloads import (
+    HOSTPOOL_LIST,
+    MIB_SLOTS,
+    BatchDivergence,
+    TraceDivergence,
+    make_trace,
+    measure_batch,
+    measure_roundtrip,
+    replay,
+)
 from hostpool_nb import LogicalHostPool
 
 POOL, PAGE = 4096, 16
+ROOT = Path(__file__).resolve().parent.parent
+BATCH = "batch round trip"
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +151,175 @@ def test_baseline_released_count_matches_the_release_list() -> None:
         assert pool.available_size() == spec, step
 
 
+class _CountingProgress:
+    """Counts the steps a run reports, to hold ``_steps`` to them."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def step(self, n: int = 1) -> None:
+        self.steps += n
+
+    def label(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_batch_rows_have_ratios_and_pay_every_merge() -> None:
+    cfg = tiny_config(("batch",))
+    progress = _CountingProgress()
+    doc = run_suite(cfg, with_torch=False, progress=progress)
+    assert progress.steps == _steps(cfg, 2) > 0
+    rows = doc["rows"]
+    assert [r["workload"] for r in rows] == [BATCH] * 2 * len(cfg.batch_requests)
+    assert [r["params"] for r in rows] == [
+        batch_params(cfg.batch_page_size, n, cfg.batch_pool_slots, as_list)
+        for n in cfg.batch_requests
+        for as_list in (False, True)
+    ]
+    for r in rows:
+        assert r["unit"] == "s/batch"
+        assert set(r["values"]) == {HOSTPOOL, NUMPY}
+        assert all(v > 0 for v in r["values"].values())
+        assert r["ratios"][NUMPY] == pytest.approx(r["values"][NUMPY] / r["values"][HOSTPOOL])
+        assert set(r["paired_ratios"]) == {NUMPY}
+        assert (r["target"], r["met"]) == ("", None)  # the target is on the 256-request row only
+        # Each timed loop covers whole pool cycles: one merge per cycle, everywhere.
+        assert r["merges_per_loop"] == {name: float(r["cycles_per_loop"]) for name in (HOSTPOOL, HOSTPOOL_LIST, NUMPY)}
+    cells = doc["raw"]["batch"]
+    assert [set(c["per_op"]) for c in cells] == [{HOSTPOOL, HOSTPOOL_LIST, NUMPY}] * len(cfg.batch_requests)
+    for array_row, list_row, cell in zip(rows[::2], rows[1::2], cells, strict=True):
+        assert (array_row["sizes"], list_row["sizes"]) == ("int64 array", "list")
+        assert array_row["values"] == {HOSTPOOL: cell["per_op"][HOSTPOOL], NUMPY: cell["per_op"][NUMPY]}
+        # One baseline measurement, two rows: the list row is hostpool_nb's other pool against it.
+        assert list_row["values"] == {HOSTPOOL: cell["per_op"][HOSTPOOL_LIST], NUMPY: cell["per_op"][NUMPY]}
+    assert any(note.startswith(f"batch round trip p{cfg.batch_page_size}:") for note in doc["notes"])
+    table = report.render_table(rows, torch_present=False).splitlines()
+    assert sum(line.startswith(BATCH) for line in table) == len(rows)
+    assert all(len(line) <= TABLE_WIDTH for line in table)
+
+
+def test_batch_target_is_on_the_256_request_array_row() -> None:
+    assert batch_target(BATCH_TARGET_REQUESTS, False, {NUMPY: 1.0, TORCH: 50.0}) == (BATCH_TARGET, True)
+    assert batch_target(BATCH_TARGET_REQUESTS, False, {NUMPY: 99.0, TORCH: 49.9}) == (BATCH_TARGET, False)
+    assert batch_target(BATCH_TARGET_REQUESTS, False, {NUMPY: 99.0}) == (BATCH_TARGET, None)  # no torch
+    assert batch_target(BATCH_TARGET_REQUESTS, True, {TORCH: 1.0}) == ("", None)
+    assert batch_target(16, False, {TORCH: 1.0}) == ("", None)
+    for cfg in (quick_config(), full_config()):
+        assert (cfg.batch_page_size, cfg.batch_requests, cfg.batch_pool_slots) == (64, (16, 256, 1024), MIB_SLOTS)
+        # Several batches per pool cycle, and whole cycles only.
+        assert all(cfg.batch_pool_slots % (64 * n) == 0 < cfg.batch_pool_slots // (64 * n) - 1 for n in (16, 256, 1024))
+    cfg = tiny_config(("batch",))
+    cfg.batch_requests, cfg.batch_pool_slots = (BATCH_TARGET_REQUESTS,), 2 * BATCH_TARGET_REQUESTS * PAGE
+    array_row, list_row = run_suite(cfg, with_torch=False)["rows"]
+    assert (array_row["target"], array_row["met"]) == (BATCH_TARGET, None)
+    assert (list_row["target"], list_row["met"]) == ("", None)
+
+
+@pytest.mark.torch
+def test_batch_with_torch() -> None:
+    pytest.importorskip("torch")
+    cfg = tiny_config(("batch",))
+    cfg.batch_requests = (4, BATCH_TARGET_REQUESTS)
+    cfg.batch_pool_slots = 2 * BATCH_TARGET_REQUESTS * PAGE
+    rows = run_suite(cfg, with_torch=True)["rows"]
+    assert len(rows) == 4
+    for r in rows:
+        assert set(r["ratios"]) == {NUMPY, TORCH}
+        assert set(r["merges_per_loop"]) == {HOSTPOOL, HOSTPOOL_LIST, NUMPY, TORCH}
+    assert rows[2]["target"] == BATCH_TARGET
+    assert rows[2]["met"] is (rows[2]["ratios"][TORCH] >= 50)
+
+
+def _offsets_wrong(real: Callable[..., Any]) -> Callable[..., Any]:
+    def alloc_many(self: LogicalHostPool, sizes: Any) -> Any:
+        slots, offsets = real(self, sizes)
+        return slots, offsets[::-1].copy()
+
+    return alloc_many
+
+
+def _list_slots_reversed(real: Callable[..., Any]) -> Callable[..., Any]:
+    def alloc_many(self: LogicalHostPool, sizes: Any) -> Any:
+        slots, offsets = real(self, sizes)
+        return (slots[::-1].copy() if isinstance(sizes, list) else slots), offsets
+
+    return alloc_many
+
+
+def _next_page(real: Callable[..., Any]) -> Callable[..., Any]:
+    def alloc(self: NumpyBaseline, need_size: int) -> Any:
+        got = real(self, need_size)
+        return None if got is None else (got + need_size) % self.size
+
+    return alloc
+
+
+def _merges_twice(real: Callable[..., Any]) -> Callable[..., Any]:
+    def merge(self: NumpyBaseline) -> None:
+        had = bool(self.release_list)
+        real(self)
+        self.merges += had
+
+    return merge
+
+
+@pytest.mark.parametrize(
+    ("cls", "method", "misbehave", "message"),
+    [
+        (NumpyBaseline, "alloc", _next_page, r"first batch on a fresh pool: numpy handed out other slots"),
+        (LogicalHostPool, "alloc_many", _list_slots_reversed, r"hostpool_nb \(list\) handed out other slots"),
+        (
+            LogicalHostPool,
+            "alloc_many",
+            _offsets_wrong,
+            r"alloc_many returned offsets \[64, 48, 32, 16, 0\], not i \* 16",
+        ),
+        (NumpyBaseline, "_merge", _merges_twice, r"merges per timed loop differ: .*'numpy': 2\.0"),
+    ],
+    ids=["baseline-other-slots", "list-sizes-other-order", "offsets", "merges"],
+)
+def test_batch_workload_refuses_a_misbehaving_implementation(
+    monkeypatch: pytest.MonkeyPatch,
+    cls: type,
+    method: str,
+    misbehave: Callable[[Callable[..., Any]], Callable[..., Any]],
+    message: str,
+) -> None:
+    """The differential check is live: one implementation answering otherwise stops the run, loudly."""
+    monkeypatch.setattr(cls, method, misbehave(getattr(cls, method)))
+    with pytest.raises(BatchDivergence, match=message):
+        run_suite(tiny_config(("batch",)), with_torch=False)
+
+
+def test_measure_batch_needs_whole_cycles() -> None:
+    impls = implementations(with_torch=False)
+    for pool in (96, 32, 0):  # 1.5 batches, half a batch, none
+        with pytest.raises(ValueError, match="whole number of batches"):
+            measure_batch(impls, PAGE, 4, pool, repeats=1)
+
+
+def test_batch_workload_without_the_jit() -> None:
+    """The batch workload in a child process with ``NUMBA_DISABLE_JIT=1`` (kernels as plain Python)."""
+    code = (
+        "import numba\n"
+        "from bench.report import render_table\n"
+        "from bench.suite import run_suite, tiny_config\n"
+        "doc = run_suite(tiny_config(('batch',)), with_torch=False)\n"
+        "print('jit disabled:', bool(numba.config.DISABLE_JIT))\n"
+        "print(render_table(doc['rows'], False))\n"
+    )
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    assert "jit disabled: True" in res.stdout
+    assert res.stdout.count(BATCH) == 2 * len(tiny_config().batch_requests), res.stdout
+
+
 def test_roundtrip_cell_pays_every_merge() -> None:
     impls = implementations(with_torch=False)
     cell = measure_roundtrip(impls, PAGE, 64, 1024, repeats=2, min_cycles=2, min_loop_s=0.0)
@@ -160,7 +351,7 @@ def test_suite_json_table_and_plot(tmp_path: Path) -> None:
     for key in ("cpu_model", "cpu_count", "cpus_usable", "python", "numpy", "numba", "torch", "date"):
         assert key in loaded["machine"]
     workloads = {r["workload"] for r in loaded["rows"]}
-    assert {"round trip", "KV-cache trace", "metadata peak", "memory floor"} <= workloads
+    assert {"round trip", BATCH, "KV-cache trace", "metadata peak", "memory floor"} <= workloads
     for r in loaded["rows"]:
         assert {"workload", "params", "unit", "values", "ratios", "target", "met"} <= set(r)
         assert r["met"] in (True, False, None)
@@ -403,8 +594,13 @@ def _full_run_rows() -> list[dict]:
                 columns=(HOSTPOOL, TORCH),
             )
         )
-    # What the issue tracker plans next, and a target too long for its column.
-    rows.append(report.row("batch alloc", "p16 256 reqs", "s/op", t, ">=50x torch", True))
+    for n in cfg.batch_requests:
+        for as_list in (False, True):
+            ratios = report.row("", "", "s/batch", t)["ratios"]
+            target, met = batch_target(n, as_list, ratios)
+            params = batch_params(cfg.batch_page_size, n, cfg.batch_pool_slots, as_list)
+            rows.append(report.row(BATCH, params, "s/batch", t, target, met))
+    # A target too long for its column (what the issue tracker may plan next).
     rows.append(
         report.row(
             "paged allocator", "p16 256 reqs pool=1M", "s/op", t, ">=50x torch, >=10x numpy, in every batch size", True
@@ -450,7 +646,8 @@ def test_table_fits_120_columns_and_shows_every_row(torch_present: bool) -> None
 
 def test_every_target_reads_as_a_bound_on_the_ratios() -> None:
     """One direction everywhere: ratio = baseline / hostpool_nb, targets as lower bounds on it."""
-    targets = {r["target"] for r in _full_run_rows()[:-2]} - {"", METADATA_TARGET}
+    targets = {r["target"] for r in _full_run_rows()[:-1]} - {"", METADATA_TARGET}
+    assert BATCH_TARGET in targets
     for target in targets:
         for part in target.split(", "):
             assert re.fullmatch(r">=\d+(\.\d+)?x (numpy|torch)", part), target
