@@ -1,0 +1,459 @@
+"""Numba kernels of ``hostpool_nb.paged``: every change to a rank's page state.
+
+Each data-parallel rank keeps two int64 arrays, changed only here:
+
+``st``, the rank's lists, in the core pool's layout (``_kernels.py``)
+    A ring of page ids (free list, then release list) and one owner flag
+    per page, for ``pages + 1`` pages: page 0 is the padding page, flagged
+    ``OWNER_ALLOCATED`` forever and never listed, so the core's merge,
+    sort and invariants apply unchanged. The paged allocator merges in
+    sorted order (``H_SORTED``), which keeps its free list ascending, as
+    sglang-jax's ``merge_and_sort_free`` does; the token allocator is FIFO:
+    its free list followed by its release list is the one list its frees
+    are appended to.
+``gp``, the rank's free group (:func:`group_layout`)
+    ``gp[GP_COUNT]`` pending page ids from ``gp[GP_HEADER]`` on, in the
+    order freed, and one mark byte per page at the tail: ``MARK_PENDING``
+    for a page freed in an earlier call of the group, ``MARK_STAGED``
+    during the call that freed it. A snapshot (``backup_state``) copies
+    ``st`` only: like the original, free groups are not part of the state.
+
+Kernels validate before they write, return status codes (``_kernels``'s
+encoding; the codes below extend its list) and never raise. Each input
+element is read once; what a kernel acts on is what it validated, staged in
+pool memory (the ring's spare part, or the group buffer).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from . import _kernels as K
+from ._jit import kernel as _jit
+from ._kernels import (
+    H_HEAD,
+    H_NFREE,
+    H_NPAGES,
+    H_NREL,
+    HEADER,
+    OWNER_ALLOCATED,
+    OWNER_FREE,
+    _fail,
+    merge,
+    owner_view,
+)
+
+# Status codes beyond _kernels' (which stop at 9).
+E_PAGE0 = 10  # a slot of the padding page 0
+E_SEQ_BELOW_PREFIX = 11  # alloc_extend: seq_lens[i] < prefix_lens[i]
+E_TOTAL = 12  # alloc_extend: extend_num_tokens is not the sum of the extensions
+E_LAST_LOC = 13  # debug_mode: last_loc does not continue the request's tokens
+E_SEQ_BELOW_ONE = 14  # alloc_decode: seq_lens[i] < 1 (it counts the new token)
+
+# A page being freed by the current call: flagged apart from allocated and
+# free, so a repeat inside the call is told from a page freed before it.
+OWNER_STAGED = 3
+
+# free_slots modes.
+FREE_PAGED = 0  # a page already free is ignored (the original's meaning)
+FREE_PAGED_STRICT = 1  # a page free before the call is a double free
+FREE_TOKENS = 2  # page size 1: every slot allocated and named once
+
+GP_COUNT = 0
+GP_CAP = 1  # pages + 1: room for every page once
+GP_HEADER = 2
+MARK_NONE = 0
+MARK_PENDING = 1
+MARK_STAGED = 2
+
+
+def group_layout(num_pages: int) -> int:
+    """Length of a rank's group buffer: header, a page id per page, a mark byte per page."""
+    cap = num_pages + 1
+    return GP_HEADER + cap + (cap + 7) // 8
+
+
+@_jit("u1[::1](i8[::1])")
+def marks_view(gp: NDArray[np.int64]) -> NDArray[np.uint8]:
+    """The mark bytes of a group buffer: one per page, after its page ids."""
+    cap = gp[GP_CAP]
+    return gp[GP_HEADER + cap :].view(np.uint8)[:cap]
+
+
+@_jit("i8(i8, i8)")
+def _ceil_div(x: int, page_size: int) -> int:
+    """``ceil(x / page_size)`` for ``x >= 0``, without the overflow of ``x + page_size - 1``."""
+    return 0 if x <= 0 else (x - 1) // page_size + 1
+
+
+@_jit("i8(i8[::1])")
+def drop_group(gp: NDArray[np.int64]) -> int:
+    """Forget the rank's pending frees (its pages stay allocated); return how many."""
+    count: int = gp[GP_COUNT]
+    marks = marks_view(gp)
+    for i in range(count):
+        marks[gp[GP_HEADER + i]] = MARK_NONE
+    gp[GP_COUNT] = 0
+    return count
+
+
+@_jit("i8(i8[::1], i8[::1])")
+def reset_rank(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
+    """The rank's initial state: pages ``1..pages`` free in order, no release list, no group.
+
+    The counters are kept. Returns the number of free pages.
+    """
+    cap: int = st[H_NPAGES]
+    owner = owner_view(st)
+    for p in range(1, cap):
+        st[HEADER + p - 1] = p
+        owner[p] = OWNER_FREE
+    if cap > 0:
+        owner[0] = OWNER_ALLOCATED  # the padding page: never listed, never handed out
+    st[H_HEAD] = 0
+    st[H_NFREE] = cap - 1
+    st[H_NREL] = 0
+    st[K.H_CLEARS] += 1
+    st[K.H_PEAK] = max(st[K.H_PEAK], 1)  # the padding page counts as held
+    drop_group(gp)
+    return cap - 1
+
+
+@_jit("i8(i8[::1], i8)")
+def _take(st: NDArray[np.int64], k: int) -> int:
+    """Take ``k`` pages from the front of the free list; return the ring position of the first.
+
+    As the original: if the free list alone is too short, the release list
+    is merged first, and only then is the request refused (``E_SHORT``),
+    so a refused request may still have merged. ``E_CORRUPT`` (lists
+    unchanged) if a listed page is not flagged free.
+    """
+    if k > st[H_NFREE] and st[H_NREL] > 0:
+        status = merge(st)
+        if status < 0:
+            return status
+    if k > st[H_NFREE]:
+        return _fail(K.E_SHORT, 0)
+    cap: int = st[H_NPAGES]
+    owner = owner_view(st)
+    head: int = st[H_HEAD]
+    pos = head
+    for i in range(k):
+        p = st[HEADER + pos]
+        if p <= 0 or p >= cap or owner[p] != OWNER_FREE:
+            back = head
+            for _ in range(i):
+                owner[st[HEADER + back]] = OWNER_FREE
+                back = back + 1 if back + 1 < cap else 0
+            return _fail(K.E_CORRUPT, i)
+        owner[p] = OWNER_ALLOCATED
+        pos = pos + 1 if pos + 1 < cap else 0
+    st[H_HEAD] = pos
+    st[H_NFREE] -= k
+    K._count_alloc(st, 0)
+    return head
+
+
+@_jit("i8(i8[::1], i8)")
+def _page_at(st: NDArray[np.int64], pos: int) -> int:
+    """The page id at ring position ``pos`` (any non-negative offset, wrapped)."""
+    cap: int = st[H_NPAGES]
+    page: int = st[HEADER + pos % cap]
+    return page
+
+
+@_jit("i8(i8[::1], i8[::1], i8)")
+def alloc_slots(st: NDArray[np.int64], out: NDArray[np.int64], page_size: int) -> int:
+    """``alloc``: ``len(out) // page_size`` pages from the front, their slots into ``out`` (int64).
+
+    Returns ``len(out)``, or ``E_SHORT`` / ``E_CORRUPT``.
+    """
+    k = out.shape[0] // page_size
+    if k == 0:
+        return 0
+    first = _take(st, k)
+    if first < 0:
+        return first
+    for i in range(k):
+        base = _page_at(st, first + i) * page_size
+        dst = out[i * page_size : (i + 1) * page_size]
+        for j in range(page_size):
+            dst[j] = base + j
+    n: int = out.shape[0]
+    return n
+
+
+@_jit("i8(i8[::1], i4[::1])")
+def alloc_tokens(st: NDArray[np.int64], out: NDArray[np.int32]) -> int:
+    """The token allocator's ``alloc``: the first ``len(out)`` slots of its list, as int32.
+
+    FIFO: its free list and release list are one list, so nothing merges
+    before the check; ``E_SHORT`` when the two together are too short.
+    """
+    k: int = out.shape[0]
+    if k > st[H_NFREE] + st[H_NREL]:
+        K._count_alloc(st, 1)
+        return _fail(K.E_SHORT, 0)
+    if k == 0:
+        return 0
+    first = _take(st, k)
+    if first < 0:
+        return first
+    for i in range(k):
+        out[i] = _page_at(st, first + i)
+    return k
+
+
+@_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8, i8)")
+def alloc_extend(
+    st: NDArray[np.int64],
+    prefix: NDArray[np.int64],
+    seq: NDArray[np.int64],
+    last: NDArray[np.int64],
+    out: NDArray[np.int32],
+    page_size: int,
+    debug: int,
+) -> int:
+    """Extend each request ``i`` from ``prefix[i]`` to ``seq[i]`` tokens; slots into ``out`` (int32).
+
+    Checks every request first (``E_NEGATIVE`` for a negative prefix,
+    ``E_SEQ_BELOW_PREFIX``, with ``debug`` ``E_LAST_LOC`` when
+    ``(last + 1) % page_size != prefix % page_size``; the position is the
+    request) and that ``len(out)`` is the sum of the extensions
+    (``E_TOTAL``). Then takes the new pages, ``sum(ceil(seq / ps) -
+    ceil(prefix / ps))``, from the front of the free list as one block
+    (merging first if short; ``E_SHORT`` if still short) and writes, for
+    each request with a positive extension: the rest of its current page
+    (``last + 1, ...``), its whole new pages in block order, then a partial
+    new page.
+    """
+    n = seq.shape[0]
+    limit: int = out.shape[0]
+    total = 0
+    pages = 0
+    for i in range(n):
+        p = prefix[i]
+        s = seq[i]
+        if p < 0:
+            return _fail(K.E_NEGATIVE, i)
+        if s < p:
+            return _fail(E_SEQ_BELOW_PREFIX, i)
+        if debug != 0 and (last[i] + 1) % page_size != p % page_size:
+            return _fail(E_LAST_LOC, i)
+        if s - p > limit - total:  # more tokens than extend_num_tokens: stop before any overflow
+            return _fail(E_TOTAL, 0)
+        total += s - p
+        pages += _ceil_div(s, page_size) - _ceil_div(p, page_size)
+    if total != limit:
+        return _fail(E_TOTAL, 0)
+    if pages == 0:
+        first = 0
+    else:
+        first = _take(st, pages)
+        if first < 0:
+            return first
+    w = 0
+    page = first
+    for i in range(n):
+        p = prefix[i]
+        left = seq[i] - p
+        if left <= 0:
+            continue
+        # The rest of the current page: from last_loc + 1 up to the page end.
+        used = p % page_size
+        rest = min(page_size - used if used != 0 else 0, left)
+        start = last[i] + 1
+        for j in range(rest):
+            out[w + j] = start + j
+        w += rest
+        left -= rest
+        # Then new pages in free-list order, the last one possibly partial.
+        while left > 0:
+            take = min(page_size, left)
+            base = _page_at(st, page) * page_size
+            for j in range(take):
+                out[w + j] = base + j
+            page += 1
+            w += take
+            left -= take
+    return w
+
+
+@_jit("i8(i8[::1], i8[::1], i8[::1], i4[::1], i8, i8)")
+def alloc_decode(
+    st: NDArray[np.int64],
+    seq: NDArray[np.int64],
+    last: NDArray[np.int64],
+    out: NDArray[np.int32],
+    page_size: int,
+    debug: int,
+) -> int:
+    """One new token per request: ``out[i]`` is a new page's first slot, or ``last[i] + 1``.
+
+    Request ``i`` needs a new page when its new token starts one
+    (``(seq[i] - 1) % page_size == 0``). Checks first: ``E_SEQ_BELOW_ONE``
+    (``seq`` counts the new token), with ``debug`` ``E_LAST_LOC`` when
+    ``(last + 2) % page_size != seq % page_size``. The new pages come from
+    the front of the free list in request order (merging first if short;
+    ``E_SHORT`` if still short).
+    """
+    n: int = seq.shape[0]
+    pages = 0
+    for i in range(n):
+        s = seq[i]
+        if s < 1:
+            return _fail(E_SEQ_BELOW_ONE, i)
+        if debug != 0 and (last[i] + 2) % page_size != s % page_size:
+            return _fail(E_LAST_LOC, i)
+        if (s - 1) % page_size == 0:
+            pages += 1
+    if pages == 0:
+        first = 0
+    else:
+        first = _take(st, pages)
+        if first < 0:
+            return first
+    page = first
+    for i in range(n):
+        if (seq[i] - 1) % page_size == 0:
+            out[i] = _page_at(st, page) * page_size
+            page += 1
+        else:
+            out[i] = last[i] + 1
+    return n
+
+
+@_jit("i8(i8[::1], i8[::1], i8[::1], i8, i8, i8)")
+def free_slots(
+    st: NDArray[np.int64],
+    gp: NDArray[np.int64],
+    slots: NDArray[np.int64],
+    page_size: int,
+    mode: int,
+    in_group: int,
+) -> int:
+    """Free the pages of token ``slots``; return the number of pages freed (or pending).
+
+    ``FREE_PAGED``: a page is freed once however many of its slots are
+    given; a page already free is ignored. ``FREE_PAGED_STRICT``: a page
+    free before this call is ``E_NOT_ALLOCATED``, one freed earlier in the
+    open group ``E_DUPLICATE``. ``FREE_TOKENS`` (page size 1): every slot
+    must be allocated and named once (``E_NOT_ALLOCATED`` /
+    ``E_DUPLICATE``). Slots of page 0 are ``E_PAGE0``, slots outside the
+    rank's pages ``E_RANGE``, at the offending position.
+
+    Outside a group the pages freed are appended to the release list, in
+    the order first named; inside one (``in_group``) to the group buffer,
+    marked pending and left allocated until :func:`end_group`. Every slot is
+    read once; on any failure the rank is as it was.
+    """
+    cap: int = st[H_NPAGES]
+    count = slots.shape[0]
+    owner = owner_view(st)
+    marks = marks_view(gp)
+    ring = st[HEADER : HEADER + cap]
+    shift: int = st[K.H_PAGE_SHIFT]  # log2(page_size), or -1: a division per slot
+    tail: int = st[H_HEAD] + st[H_NFREE] + st[H_NREL]
+    if tail >= cap:
+        tail -= cap
+    pos = tail
+    pend0: int = gp[GP_COUNT]
+    done = 0
+    status = 0
+    for c in range(count):
+        slot = slots[c]  # the only read of this element
+        p = slot >> shift if shift >= 0 else slot // page_size
+        if p == 0:
+            status = _fail(E_PAGE0, c)
+            break
+        if p < 0 or p >= cap:
+            status = _fail(K.E_RANGE, c)
+            break
+        if in_group != 0:
+            mark = marks[p]
+            if mark == MARK_STAGED:
+                if mode == FREE_TOKENS:
+                    status = _fail(K.E_DUPLICATE, c)
+                    break
+                continue
+            if mark == MARK_PENDING:
+                if mode != FREE_PAGED:
+                    status = _fail(K.E_DUPLICATE, c)
+                    break
+                continue
+            if owner[p] != OWNER_ALLOCATED:
+                if mode != FREE_PAGED:
+                    status = _fail(K.E_NOT_ALLOCATED, c)
+                    break
+                continue
+            marks[p] = MARK_STAGED
+            gp[GP_HEADER + pend0 + done] = p
+            done += 1
+            continue
+        flag = owner[p]
+        if flag == OWNER_STAGED:
+            if mode == FREE_TOKENS:
+                status = _fail(K.E_DUPLICATE, c)
+                break
+            continue
+        if flag != OWNER_ALLOCATED:
+            if mode != FREE_PAGED:
+                status = _fail(K.E_NOT_ALLOCATED, c)
+                break
+            continue
+        owner[p] = OWNER_STAGED
+        ring[pos] = p
+        pos = pos + 1 if pos + 1 < cap else 0
+        done += 1
+    if in_group != 0:
+        new_mark = MARK_NONE if status != 0 else MARK_PENDING
+        for i in range(done):
+            marks[gp[GP_HEADER + pend0 + i]] = new_mark
+        if status != 0:
+            return status
+        gp[GP_COUNT] = pend0 + done
+        return done
+    new_flag = OWNER_ALLOCATED if status != 0 else OWNER_FREE
+    pos = tail
+    for _ in range(done):
+        owner[ring[pos]] = new_flag
+        pos = pos + 1 if pos + 1 < cap else 0
+    if status != 0:
+        return status
+    st[H_NREL] += done
+    if done > 0:
+        st[K.H_FREE_CALLS] += 1
+    return done
+
+
+@_jit("i8(i8[::1], i8[::1])")
+def end_group(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
+    """Free the rank's pending pages, in the order they were freed; return how many.
+
+    As the original's one ``free`` of the group's concatenation: a pending
+    page that is no longer allocated (freed directly after a ``clear`` of
+    another rank left the group, or made free by ``restore_state``) is
+    skipped. The marks and the buffer are emptied.
+    """
+    cap: int = st[H_NPAGES]
+    owner = owner_view(st)
+    marks = marks_view(gp)
+    count: int = gp[GP_COUNT]
+    pos: int = st[H_HEAD] + st[H_NFREE] + st[H_NREL]
+    if pos >= cap:
+        pos -= cap
+    released = 0
+    for i in range(count):
+        p = gp[GP_HEADER + i]
+        marks[p] = MARK_NONE
+        if owner[p] == OWNER_ALLOCATED:
+            owner[p] = OWNER_FREE
+            st[HEADER + pos] = p
+            pos = pos + 1 if pos + 1 < cap else 0
+            released += 1
+    gp[GP_COUNT] = 0
+    st[H_NREL] += released
+    if released > 0:
+        st[K.H_FREE_CALLS] += 1
+    return released

@@ -1,0 +1,563 @@
+"""Drop-ins for sglang-jax's device KV-cache allocators, on Numba kernels.
+
+``PagedTokenToKVPoolAllocator`` and ``TokenToKVPoolAllocator`` take the
+arguments, return the values (with their dtypes) and allocate in the order
+of the numpy allocators of sglang-jax (JAX serving), for every call those
+handle correctly (``SPEC-paged.md`` section 1), and raise a
+:class:`~hostpool_nb.HostPoolError` (a ``ValueError``), before changing
+anything, for the calls they get silently wrong: slots of the padding page
+0 or beyond the rank, a ``dp_rank`` outside ``[0, dp_size)``, a misaligned
+``alloc``, batch arguments of different lengths, negative lengths,
+``seq_lens < prefix_lens``, a wrong ``extend_num_tokens``, ``debug_mode``
+violations, and a token allocator's double free.
+
+Costs: ``free`` is O(its input), whatever the free list holds (the original
+de-duplicates and set-subtracts against the whole free list); a merge is
+O(pages) with no comparison sort; ``alloc_extend`` and ``alloc_decode`` are
+one kernel call for the whole batch. Lists are accepted wherever the
+original takes them; numpy int64 arrays are read without a conversion and
+are faster.
+
+Importing this module imports neither torch nor jax; a jax array passed in
+is read through ``numpy.asarray``. Use::
+
+    from hostpool_nb.paged import PagedTokenToKVPoolAllocator  # instead of sgl_jax's
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from . import _kernels as K
+from . import _paged_kernels as P
+from ._convert import _INT64_MAX, as_count, as_slots
+from ._errors import AlignmentError, DoubleFreeError, HostPoolError, SlotRangeError
+from ._paged_state import PagedState, group_problems, rank_problems
+
+_INT64 = np.dtype(np.int64)
+_INT32_MAX = 2**31 - 1
+_STRIDES_1D = (8,)
+
+
+def _as_lengths(values: Any, name: str) -> NDArray[np.int64]:
+    """A batch argument (list, tuple or 1-D integer array) as a fresh int64 array.
+
+    A copy the allocator owns, so a caller's thread cannot change it between
+    its checks and its use. numpy reads a list of ints straight into int64;
+    a float, bool or string element makes numpy pick another dtype, which is
+    a ``TypeError`` naming ``name``.
+    """
+    if type(values) is np.ndarray and values.dtype is _INT64 and values.strides == _STRIDES_1D:
+        fresh: NDArray[np.int64] = values.copy()
+        return fresh
+    if isinstance(values, (str, bytes, bytearray)):
+        raise TypeError(f"{name} must be a 1-D sequence or array of integers, got {type(values).__name__}")
+    try:
+        arr = np.asarray(values)
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to convert is the argument's fault
+        raise TypeError(f"{name} must be a 1-D sequence or array of integers: {exc}") from None
+    if arr.ndim != 1:
+        raise TypeError(f"{name} must be 1-D, got {type(values).__name__} of shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > _INT64_MAX:
+        raise HostPoolError(f"{name} holds {int(arr.max())}, beyond the int64 range")
+    return np.array(arr, dtype=np.int64, copy=True)
+
+
+class _RankedAllocator:
+    """What both allocators share: ranks, the lock, free groups, snapshots, kvcache forwarding.
+
+    Each rank ``r`` has its own state arrays (``_paged_kernels.py``); one
+    ``threading.RLock`` (:attr:`lock`) guards every change, and the kernels
+    release the GIL while they run.
+    """
+
+    _kind = ""
+    _sorted = False
+
+    def __init__(self, shape: tuple[int, int, int], pages_per_rank: int, kvcache: Any, strict: bool) -> None:
+        size, page_size, dp_size = shape
+        self.size = size
+        self.page_size = page_size
+        self.dp_size = dp_size
+        self.size_per_rank = size // dp_size
+        self.strict = bool(strict)
+        self._kvcache = kvcache
+        self._pages = pages_per_rank
+        self.lock = threading.RLock()
+        self._in_group = False
+        self._st: list[NDArray[np.int64]] = []
+        self._gp: list[NDArray[np.int64]] = []
+        for _ in range(dp_size):
+            st = np.zeros(K.state_length(pages_per_rank + 1), dtype=np.int64)
+            st[K.H_NPAGES] = pages_per_rank + 1
+            st[K.H_PAGE_SIZE] = page_size
+            st[K.H_PAGE_SHIFT] = K.page_shift(page_size)
+            st[K.H_SORTED] = self._sorted
+            gp = np.zeros(P.group_layout(pages_per_rank), dtype=np.int64)
+            gp[P.GP_CAP] = pages_per_rank + 1
+            self._st.append(st)
+            self._gp.append(gp)
+        self.clear()
+
+    @staticmethod
+    def _shape(size: Any, page_size: Any, dp_size: Any) -> tuple[int, int, int]:
+        size = as_count(size, "size")
+        page_size = as_count(page_size, "page_size")
+        dp_size = as_count(dp_size, "dp_size")
+        if page_size < 1:
+            raise HostPoolError(f"page_size must be at least 1, got page_size={page_size}")
+        if dp_size < 1:
+            raise HostPoolError(f"dp_size must be at least 1, got dp_size={dp_size}")
+        if size < 0:
+            raise HostPoolError(f"size must be non-negative, got size={size}")
+        return size, page_size, dp_size
+
+    # -- ranks and groups ---------------------------------------------------------
+
+    def _rank(self, dp_rank: Any) -> int:
+        """``dp_rank`` as an int in ``[0, dp_size)``, or the error naming it."""
+        r = dp_rank if type(dp_rank) is int else as_count(dp_rank, "dp_rank")
+        if not 0 <= r < self.dp_size:
+            raise HostPoolError(f"dp_rank must be in [0, {self.dp_size}), got dp_rank={r}")
+        return r
+
+    @property
+    def is_not_in_free_group(self) -> bool:
+        """``True`` outside a free group, as the original's attribute."""
+        return not self._in_group
+
+    def free_group_begin(self) -> None:
+        """Defer frees until ``free_group_end()``; each is still checked when made.
+
+        As the original: groups do not nest (a second begin continues the
+        group), and the pages freed inside stay allocated until the end.
+        """
+        with self.lock:
+            self._in_group = True
+
+    def free_group_end(self) -> None:
+        """Free, per rank, what was freed in the group (one kernel call per rank).
+
+        Outside a group nothing is pending, and nothing happens.
+        """
+        with self.lock:
+            self._in_group = False
+            for st, gp in zip(self._st, self._gp, strict=True):
+                if gp[P.GP_COUNT]:
+                    P.end_group(st, gp)
+
+    def clear(self, dp_rank: Any = None) -> None:
+        """Reset the given rank (or every rank) to its initial state, and leave any free group.
+
+        A rank's reset drops its pending frees; other ranks' stay pending
+        (their pages allocated) until the next ``free_group_end()``, as in
+        the original.
+        """
+        ranks = range(self.dp_size) if dp_rank is None else (self._rank(dp_rank),)
+        with self.lock:
+            for r in ranks:
+                P.reset_rank(self._st[r], self._gp[r])
+            self._in_group = False
+
+    def available_size(self, dp_rank: Any = 0) -> int:
+        """Slots an allocation on ``dp_rank`` can use now: free and released pages, in slots."""
+        r = self._rank(dp_rank)
+        st = self._st[r]
+        with self.lock:
+            return int(st[K.H_NFREE] + st[K.H_NREL]) * self.page_size
+
+    # -- snapshots --------------------------------------------------------------
+
+    def backup_state(self) -> PagedState:
+        """An immutable copy of every rank's lists (not of the free group, as the original)."""
+        with self.lock:
+            ranks = tuple(st.copy() for st in self._st)
+        return PagedState(self._kind, self.size, self.page_size, self.dp_size, ranks)
+
+    def restore_state(self, state: PagedState) -> None:
+        """Put every rank's lists back as they were at ``backup_state()``.
+
+        Raises ``TypeError`` for anything but a :class:`PagedState`, and
+        ``HostPoolError`` (allocator unchanged) for a state from another
+        kind of allocator or shape, or one that fails the invariants.
+        """
+        if not isinstance(state, PagedState):
+            raise TypeError(f"state must be a PagedState from backup_state(), got {type(state).__name__}")
+        mine = (self._kind, self.size, self.page_size, self.dp_size)
+        theirs = (state.kind, state.size, state.page_size, state.dp_size)
+        if mine != theirs:
+            raise HostPoolError(f"the state is from {theirs} (kind, size, page_size, dp_size); this is {mine}")
+        for r, words in enumerate(state._ranks):
+            found = rank_problems(np.ascontiguousarray(words), self._pages, self.page_size, self._sorted)
+            if found:
+                raise HostPoolError(f"the state of rank {r} fails the invariants: " + "; ".join(found))
+        with self.lock:
+            for st, words in zip(self._st, state._ranks, strict=True):
+                K.load_state(st, np.array(words, dtype=np.int64, copy=True))
+
+    def check_invariants(self) -> None:
+        """Verify every rank's lists and group; raise ``RuntimeError`` if one is broken. O(pages)."""
+        with self.lock:
+            for r, (st, gp) in enumerate(zip(self._st, self._gp, strict=True)):
+                found = rank_problems(st, self._pages, self.page_size, self._sorted)
+                found += group_problems(gp, st, self._pages)
+                if found:
+                    raise RuntimeError(f"{type(self).__name__} rank {r} is corrupted: " + "; ".join(found))
+
+    # -- views and forwarding ------------------------------------------------------
+
+    def _window(self, r: int, start: int, count: int) -> NDArray[np.int32]:
+        st = self._st[r]
+        cap = int(st[K.H_NPAGES])
+        pos = (int(st[K.H_HEAD]) + start + np.arange(count)) % cap
+        view = st[K.HEADER : K.HEADER + cap][pos].astype(np.int32)
+        view.flags.writeable = False
+        return view
+
+    def get_kvcache(self) -> Any:
+        """The ``kvcache`` given to the constructor."""
+        return self._kvcache
+
+    def get_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
+        """Forwarded to ``kvcache.get_cpu_copy``."""
+        return self._kvcache.get_cpu_copy(*args, **kwargs)
+
+    def load_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
+        """Forwarded to ``kvcache.load_cpu_copy``."""
+        return self._kvcache.load_cpu_copy(*args, **kwargs)
+
+    # -- freeing -----------------------------------------------------------------
+
+    def _free(self, free_index: Any, dp_rank: Any, mode: int) -> int:
+        r = self._rank(dp_rank)
+        if type(free_index) is np.ndarray and free_index.dtype is _INT64 and free_index.strides == _STRIDES_1D:
+            slots: NDArray[np.int64] = free_index
+        else:
+            slots = as_slots(free_index)
+        if slots.shape[0] == 0:
+            return 0
+        with self.lock:
+            status = P.free_slots(self._st[r], self._gp[r], slots, self.page_size, mode, int(self._in_group))
+        if status < 0:
+            raise self._free_error(status, slots, r)
+        return status
+
+    def _free_error(self, status: int, slots: NDArray[np.int64], r: int) -> Exception:
+        code, pos = K.decode_status(status)
+        slot = int(slots[pos])
+        ps = self.page_size
+        n = self._pages
+        where = f"free_index[{pos}] (flattened)"
+        if code == P.E_PAGE0:
+            return SlotRangeError(f"free got slot {slot} at {where}, in the padding page 0, which is never allocated")
+        if code == K.E_RANGE:
+            return SlotRangeError(
+                f"free got slot {slot} at {where}, outside rank {r}'s pages 1..{n} (slots {ps}..{(n + 1) * ps - 1})"
+            )
+        what = f"slot {slot}" if ps == 1 else f"page {slot // ps} (slots {slot // ps * ps}..{slot // ps * ps + ps - 1})"
+        if code == K.E_DUPLICATE:
+            if self._in_group:
+                return DoubleFreeError(f"{what} of rank {r}, freed at {where}, was already freed in this free group")
+            return DoubleFreeError(f"{what} of rank {r} is freed twice in one call (again at {where})")
+        if code == K.E_NOT_ALLOCATED:
+            return DoubleFreeError(f"{what} of rank {r}, freed at {where}, is not allocated: it was freed already")
+        return RuntimeError(f"{type(self).__name__} rank {r} is corrupted: free kernel failed with code {code}")
+
+    def _corrupt(self, op: str, status: int) -> RuntimeError:
+        code, pos = K.decode_status(status)
+        return RuntimeError(f"{type(self).__name__} state is corrupted: {op} kernel failed with code {code} at {pos}")
+
+
+class PagedTokenToKVPoolAllocator(_RankedAllocator):
+    """sglang-jax's paged allocator: whole pages per request, page 0 reserved, sorted merges.
+
+    Per rank: a free list of page ids ``1..pages_per_rank`` (always
+    ascending) and a release list of pages freed since the last merge.
+    Allocations take pages from the front of the free list; when it is too
+    short, the release list is merged in (sorted) first, and only then is a
+    request refused with ``None``. ``free`` frees whole pages: any slot of a
+    page frees it, and a page already free is ignored (``strict=True``:
+    a :class:`DoubleFreeError`).
+
+    Parameters
+    ----------
+    size, page_size : int
+        Token slots and slots per page; ``num_pages = size // page_size``.
+    kvcache : object
+        Stored; ``get_kvcache()`` returns it, ``get_cpu_copy`` and
+        ``load_cpu_copy`` forward to it.
+    debug_mode : bool, optional
+        Check that ``last_loc`` continues each request's tokens
+        (``HostPoolError`` naming the request, where the original asserts).
+    dp_size : int, optional
+        Data-parallel ranks, each an independent allocator of
+        ``pages_per_rank = num_pages // dp_size`` pages.
+    strict : bool, optional, keyword-only
+        Make freeing an already-free page a ``DoubleFreeError`` (for
+        debugging; callers free token ranges that share pages, which the
+        default accepts).
+    """
+
+    _kind = "paged"
+    _sorted = True
+
+    def __init__(  # noqa: PLR0913 - sglang-jax's constructor, kept for drop-in use
+        self,
+        size: int,
+        page_size: int,
+        kvcache: Any,
+        debug_mode: bool = False,
+        dp_size: int = 1,
+        *,
+        strict: bool = False,
+    ) -> None:
+        size, page_size, dp_size = self._shape(size, page_size, dp_size)
+        self.num_pages = size // page_size
+        self.pages_per_rank = self.num_pages // dp_size
+        if (self.pages_per_rank + 1) * page_size - 1 > _INT32_MAX:
+            raise HostPoolError(
+                f"slot ids of {self.pages_per_rank} pages of {page_size} slots per rank do not fit the int32 "
+                "arrays alloc_extend and alloc_decode return"
+            )
+        self.debug_mode = bool(debug_mode)
+        super().__init__((size, page_size, dp_size), self.pages_per_rank, kvcache, strict)
+
+    @property
+    def free_pages(self) -> list[NDArray[np.int32]]:
+        """Each rank's free list (ascending page ids, int32), as read-only copies."""
+        with self.lock:
+            return [self._window(r, 0, int(st[K.H_NFREE])) for r, st in enumerate(self._st)]
+
+    @property
+    def release_pages(self) -> list[NDArray[np.int32]]:
+        """Each rank's pages freed since its last merge (int32, order not meaningful), read-only copies."""
+        with self.lock:
+            return [self._window(r, int(st[K.H_NFREE]), int(st[K.H_NREL])) for r, st in enumerate(self._st)]
+
+    def merge_and_sort_free(self, dp_rank: Any = 0) -> None:
+        """Merge the rank's release list into its free list, keeping it ascending. O(pages)."""
+        r = self._rank(dp_rank)
+        with self.lock:
+            status = K.merge(self._st[r])
+        if status < 0:
+            raise self._corrupt("merge", status)
+
+    def alloc(self, need_size: Any, dp_rank: Any = 0) -> NDArray[np.int64] | None:
+        """``need_size // page_size`` whole pages from the front of the free list, as int64 slots.
+
+        Returns ``None`` when the rank is short even after merging.
+        Raises :class:`AlignmentError` when ``need_size`` is not a multiple
+        of ``page_size`` (the original's failed assert), ``HostPoolError``
+        when it is negative or ``dp_rank`` is out of range.
+        """
+        if type(need_size) is not int:
+            need_size = as_count(need_size, "need_size")
+        r = self._rank(dp_rank)
+        ps = self.page_size
+        if need_size % ps != 0:
+            raise AlignmentError(f"alloc must be page-aligned, got need_size={need_size}, page_size={ps}")
+        if need_size < 0:
+            raise HostPoolError(f"need_size must be non-negative, got need_size={need_size}")
+        if need_size // ps > self._pages:
+            # More pages than the rank has: refused like any short request
+            # (after merging, as the original), without allocating the output.
+            need_size = (self._pages + 1) * ps
+        out = np.empty(need_size, dtype=np.int64)
+        with self.lock:
+            status = P.alloc_slots(self._st[r], out, ps)
+        if status >= 0:
+            return out
+        if status == -1 - K.E_SHORT:
+            return None
+        raise self._corrupt("alloc", status)
+
+    def alloc_extend(
+        self,
+        prefix_lens: Any,
+        seq_lens: Any,
+        last_loc: Any,
+        extend_num_tokens: Any,
+        dp_rank: Any = 0,
+    ) -> NDArray[np.int32] | None:
+        """Extend a batch of requests; return their new slots, requests in order (int32).
+
+        Request ``i`` grows from ``prefix_lens[i]`` to ``seq_lens[i]``
+        tokens; ``last_loc[i]`` is the slot of its last prefix token (``-1``
+        for an empty prefix). Its slots: the rest of its current page, then
+        whole new pages, then a partial one; the new pages of the whole
+        batch come from the front of the free list as one block (merging
+        first if short). ``None`` when the rank is short even after merging.
+
+        Raises ``HostPoolError`` (allocator unchanged) for arguments of
+        different lengths, a negative prefix, ``seq_lens < prefix_lens``,
+        an ``extend_num_tokens`` other than the extensions' sum, and with
+        ``debug_mode`` a ``last_loc`` that does not continue its request;
+        ``TypeError`` for non-integer arguments.
+        """
+        prefix = _as_lengths(prefix_lens, "prefix_lens")
+        seq = _as_lengths(seq_lens, "seq_lens")
+        last = _as_lengths(last_loc, "last_loc")
+        total = as_count(extend_num_tokens, "extend_num_tokens")
+        r = self._rank(dp_rank)
+        if not prefix.shape[0] == seq.shape[0] == last.shape[0]:
+            raise HostPoolError(
+                "prefix_lens, seq_lens and last_loc must have the same length, got "
+                f"{prefix.shape[0]}, {seq.shape[0]} and {last.shape[0]}"
+            )
+        if total < 0:
+            raise HostPoolError(f"extend_num_tokens must be non-negative, got extend_num_tokens={total}")
+        out = np.empty(total, dtype=np.int32)
+        with self.lock:
+            status = P.alloc_extend(self._st[r], prefix, seq, last, out, self.page_size, int(self.debug_mode))
+        if status >= 0:
+            return out
+        if status == -1 - K.E_SHORT:
+            return None
+        raise self._batch_error(status, (prefix, seq, last), total, "alloc_extend")
+
+    def alloc_decode(self, seq_lens: Any, last_loc: Any, dp_rank: Any = 0) -> NDArray[np.int32] | None:
+        """One new token per request: its slot, a new page's first or ``last_loc + 1`` (int32).
+
+        ``seq_lens`` counts the new token. The new pages come from the front
+        of the free list in request order (merging first if short); ``None``
+        when the rank is short even after merging. Raises ``HostPoolError``
+        for arguments of different lengths, ``seq_lens < 1``, and with
+        ``debug_mode`` a ``last_loc`` that does not end its request.
+        """
+        seq = _as_lengths(seq_lens, "seq_lens")
+        last = _as_lengths(last_loc, "last_loc")
+        r = self._rank(dp_rank)
+        if seq.shape[0] != last.shape[0]:
+            raise HostPoolError(
+                f"seq_lens and last_loc must have the same length, got {seq.shape[0]} and {last.shape[0]}"
+            )
+        out = np.empty(seq.shape[0], dtype=np.int32)
+        with self.lock:
+            status = P.alloc_decode(self._st[r], seq, last, out, self.page_size, int(self.debug_mode))
+        if status >= 0:
+            return out
+        if status == -1 - K.E_SHORT:
+            return None
+        raise self._batch_error(status, (seq - 1, seq, last), seq.shape[0], "alloc_decode")
+
+    def free(self, free_index: Any, dp_rank: Any = 0) -> int:
+        """Free the pages of ``free_index`` (token slots, any integer dtype and shape).
+
+        A page is freed once however many of its slots are given, and a page
+        already free is ignored (``strict``: ``DoubleFreeError``). Inside a
+        free group the pages stay allocated until the group ends. Returns
+        the number of pages freed (or made pending). Raises
+        :class:`SlotRangeError` for slots of page 0 or beyond the rank's
+        pages, before anything changes.
+        """
+        return self._free(free_index, dp_rank, P.FREE_PAGED_STRICT if self.strict else P.FREE_PAGED)
+
+    def _batch_error(
+        self, status: int, lens: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]], total: int, op: str
+    ) -> Exception:
+        """The error for a failed ``alloc_extend`` / ``alloc_decode`` check, naming the request."""
+        prefix, seq, last = lens
+        prefix_name = "prefix_lens"
+        code, i = K.decode_status(status)
+        ps = self.page_size
+        if code == K.E_NEGATIVE:
+            return HostPoolError(f"{prefix_name}[{i}] must be non-negative, got {prefix_name}[{i}]={int(prefix[i])}")
+        if code == P.E_SEQ_BELOW_PREFIX:
+            return HostPoolError(
+                f"seq_lens[{i}]={int(seq[i])} is below prefix_lens[{i}]={int(prefix[i])}: a request cannot shrink"
+            )
+        if code == P.E_TOTAL:
+            return HostPoolError(
+                f"extend_num_tokens={total} is not the sum of seq_lens - prefix_lens ({int(np.sum(seq - prefix))})"
+            )
+        if code == P.E_SEQ_BELOW_ONE:
+            return HostPoolError(f"seq_lens[{i}] must be at least 1 (it counts the new token), got {int(seq[i])}")
+        if code == P.E_LAST_LOC:
+            if op == "alloc_extend":
+                rule = "(last_loc + 1) % page_size == prefix_lens % page_size"
+                have = f"prefix_lens[{i}]={int(prefix[i])}"
+            else:
+                rule = "(last_loc + 2) % page_size == seq_lens % page_size"
+                have = f"seq_lens[{i}]={int(seq[i])}"
+            return HostPoolError(
+                f"debug_mode: request {i}: last_loc[{i}]={int(last[i])} does not continue {have} "
+                f"(expected {rule}, page_size={ps})"
+            )
+        return self._corrupt(op, status)
+
+
+class TokenToKVPoolAllocator(_RankedAllocator):
+    """sglang-jax's token allocator (page size 1): a free list per rank, frees appended.
+
+    Per rank: the free slots ``1..size_per_rank`` in order; ``alloc`` takes
+    the first ones, ``free`` appends the given slots at the end, in order.
+    Freeing a slot that is not allocated (twice, or never handed out) is a
+    :class:`DoubleFreeError`: the original would put it on the list twice.
+
+    Parameters
+    ----------
+    size : int
+        Token slots; ``size_per_rank = size // dp_size``.
+    kvcache : object
+        Stored and forwarded, as for the paged allocator.
+    dp_size : int, optional
+        Data-parallel ranks, each an independent allocator.
+    strict : bool, optional, keyword-only
+        Accepted for symmetry with the paged allocator; a double free is
+        always an error here.
+    """
+
+    _kind = "token"
+    _sorted = False
+
+    def __init__(self, size: int, kvcache: Any, dp_size: int = 1, *, strict: bool = False) -> None:
+        size, _, dp_size = self._shape(size, 1, dp_size)
+        if size // dp_size > _INT32_MAX:
+            raise HostPoolError(f"{size // dp_size} slots per rank do not fit the int32 arrays alloc returns")
+        super().__init__((size, 1, dp_size), size // dp_size, kvcache, strict)
+
+    @property
+    def free_slots(self) -> list[NDArray[np.int32]]:
+        """Each rank's free slots in allocation order (int32), as read-only copies."""
+        with self.lock:
+            return [self._window(r, 0, int(st[K.H_NFREE] + st[K.H_NREL])) for r, st in enumerate(self._st)]
+
+    def alloc(self, need_size: Any, dp_rank: Any = 0) -> NDArray[np.int32] | None:
+        """The first ``need_size`` free slots of the rank (int32), or ``None`` if it has fewer."""
+        if type(need_size) is not int:
+            need_size = as_count(need_size, "need_size")
+        r = self._rank(dp_rank)
+        if need_size < 0:
+            raise HostPoolError(f"need_size must be non-negative, got need_size={need_size}")
+        if need_size > self.size_per_rank:
+            return None
+        out = np.empty(need_size, dtype=np.int32)
+        with self.lock:
+            status = P.alloc_tokens(self._st[r], out)
+        if status >= 0:
+            return out
+        if status == -1 - K.E_SHORT:
+            return None
+        raise self._corrupt("alloc", status)
+
+    def free(self, free_index: Any, dp_rank: Any = 0) -> int:
+        """Append ``free_index`` (slots, any integer dtype and shape) to the rank's free list.
+
+        Each slot must be allocated and named once: a :class:`DoubleFreeError`
+        otherwise, and a :class:`SlotRangeError` for slot 0 (the padding
+        slot) or beyond the rank, before anything changes. Inside a free
+        group the slots are appended when it ends. Returns the number of
+        slots freed (or made pending).
+        """
+        return self._free(free_index, dp_rank, P.FREE_TOKENS)
+
+
+__all__ = ["PagedState", "PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator"]
