@@ -3,7 +3,7 @@
 A result row is a plain dict (so the JSON is the rows as they are):
 
 ``workload``, ``params`` (short text), ``unit`` (``"s/op"``, ``"s/batch"``,
-``"B/page"`` or ``"s"``), ``values`` (implementation -> number, missing when not run),
+``"s/call"``, ``"B/page"`` or ``"s"``), ``values`` (implementation -> number, missing when not run),
 ``ratios`` (baseline -> baseline / hostpool_nb: above 1 means hostpool_nb is
 faster or smaller), ``target`` (text, empty when the row only informs),
 ``met`` (True, False or None) and ``note``; optionally ``columns`` (the

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import report
 from .impls import HOSTPOOL, NUMPY, TORCH, implementations, torch_available
 from .memory import MEMORY_PAGE_SIZE, MEMORY_POOL_SLOTS, measure_memory
+from .paged_workloads import (
+    PAGED_WORKLOAD,
+    PagedConfig,
+    measure_paged,
+    paged_cases,
+    paged_implementations,
+    paged_steps,
+    timer_overhead,
+)
 from .startup import measure_startup
 from .timing import Progress
 from .workloads import (
@@ -23,7 +33,7 @@ from .workloads import (
     roundtrip_pool_size,
 )
 
-WORKLOADS = ("roundtrip", "batch", "trace", "memory", "startup")
+WORKLOADS = ("roundtrip", "batch", "trace", "memory", "startup", "paged")
 
 # The headline cell: single-page round trip, page size 64, 1M-slot pool.
 TARGET_CELL = (64, 64, MIB_SLOTS)
@@ -60,6 +70,8 @@ class Config:
     seed: int = 0
     workloads: tuple[str, ...] = WORKLOADS
     notes: list[str] = field(default_factory=list)
+    # hostpool_nb.paged against its numpy oracle (bench/paged_workloads.py).
+    paged: PagedConfig = field(default_factory=PagedConfig)
 
 
 def _grid(page_size: int, full: bool) -> list[int]:
@@ -98,6 +110,7 @@ def quick_config() -> Config:
         startup_repeats=3,
         startup_references=("python",),
         floor_repeats=3,
+        paged=PagedConfig(repeats=3, min_iters=1, min_loop_s=0.02, max_loop_s=0.25),
     )
 
 
@@ -123,10 +136,11 @@ def full_config() -> Config:
         startup_repeats=7,
         startup_references=("python", "numba"),
         floor_repeats=9,
+        paged=PagedConfig(repeats=7, min_iters=1, min_loop_s=0.1, max_loop_s=1.0),
     )
 
 
-def tiny_config(workloads: tuple[str, ...] = ("roundtrip", "batch", "trace", "memory")) -> Config:
+def tiny_config(workloads: tuple[str, ...] = ("roundtrip", "batch", "trace", "memory", "paged")) -> Config:
     """Seconds-long sizes for the smoke test (works under NUMBA_DISABLE_JIT=1)."""
     return Config(
         mode="tiny",
@@ -150,6 +164,25 @@ def tiny_config(workloads: tuple[str, ...] = ("roundtrip", "batch", "trace", "me
         floor_repeats=1,
         min_cycles=1,
         workloads=workloads,
+        paged=PagedConfig(
+            free_pages=(32, 128),
+            free_request_tokens=64,
+            extend_requests=4,
+            extend_max_prefix=64,
+            extend_max_tokens=48,
+            extend_pool_pages=64,
+            decode_seqs=16,
+            decode_max_len=64,
+            decode_pool_pages=128,
+            merge_released=48,
+            merge_free=32,
+            merge_held=16,
+            merge_chunk_pages=16,
+            repeats=1,
+            min_iters=1,
+            min_loop_s=0.0,
+            max_loop_s=0.0,
+        ),
     )
 
 
@@ -165,6 +198,8 @@ def _steps(cfg: Config, nimpl: int) -> int:
         n += 3 * nimpl
     if "startup" in cfg.workloads:
         n += cfg.startup_repeats * (2 + (nimpl > 2) + len(cfg.startup_references))
+    if "paged" in cfg.workloads:  # no torch baseline: always two implementations
+        n += paged_steps(cfg.paged)
     return n
 
 
@@ -236,6 +271,52 @@ def trace_params(page_size: int, pool_slots: int, n_ops: int) -> str:
 
 def memory_params(pool_slots: int, page_size: int, phase: str) -> str:
     return f"{_slots(pool_slots)} slots p{page_size} {phase}"
+
+
+# The paged rows: hostpool_nb.paged against its numpy oracle, page size 16.
+# Each target is stated at one size (the issue tracker's); the other rows
+# report. Decimal counts: 62.5k free pages are 1M tokens at page size 16.
+PAGED_PAGE_SIZE = 16
+PAGED_FREE_TARGET = ">=300x numpy"
+PAGED_EXTEND_TARGET = ">=25x numpy"
+PAGED_DECODE_TARGET = ">=4x numpy"
+PAGED_MERGE_TARGET = ">=4x numpy"
+# call -> (the row's params that carry a target, the bound, its text)
+PAGED_TARGETS: dict[str, tuple[dict[str, Any], float, str]] = {
+    "free": ({"free_pages": 62_500, "request_tokens": 2048}, 300.0, PAGED_FREE_TARGET),
+    "alloc_extend": ({"requests": 32, "inputs": "lists"}, 25.0, PAGED_EXTEND_TARGET),
+    "alloc_decode": ({"sequences": 256, "inputs": "lists"}, 4.0, PAGED_DECODE_TARGET),
+    "merge_and_sort_free": ({"released_pages": 100_000}, 4.0, PAGED_MERGE_TARGET),
+}
+
+
+def _count(n: int) -> str:
+    """A decimal count, short: 10k, 62.5k, 1M."""
+    if n >= 1_000_000 and n % 100_000 == 0:
+        return f"{n / 1_000_000:g}M"
+    if n >= 1000 and n % 100 == 0:
+        return f"{n / 1000:g}k"
+    return str(n)
+
+
+def paged_params(p: dict[str, Any]) -> str:
+    """The params text of a paged row, from its cell's ``params``."""
+    call = p["call"]
+    if call == "free":
+        return f"free {p['request_tokens']} tok, {_count(p['free_pages'])} free"
+    if call == "alloc_extend":
+        return f"extend {p['requests']} reqs, {p['inputs']}"
+    if call == "alloc_decode":
+        return f"decode {p['sequences']} seqs, {p['inputs']}"
+    return f"merge {_count(p['released_pages'])} released"
+
+
+def paged_target(p: dict[str, Any], ratios: dict[str, float]) -> tuple[str, bool | None]:
+    """The target of a paged row (page size 16, at the issue's sizes) and whether ``ratios`` meet it."""
+    where, bound, text = PAGED_TARGETS[p["call"]]
+    if p["page_size"] != PAGED_PAGE_SIZE or any(p.get(k) != v for k, v in where.items()):
+        return "", None
+    return text, _at_least(ratios, NUMPY, bound)
 
 
 def run_suite(
@@ -481,6 +562,9 @@ def run_suite(
             "x torch = the same for `import torch` / hostpool_nb's" + (f"; references ({refs})" if refs else "")
         )
 
+    if "paged" in cfg.workloads:
+        _run_paged(cfg, progress, tick, rows, notes, raw)
+
     if with_torch:
         import torch
 
@@ -498,3 +582,100 @@ def run_suite(
         "raw": raw,
         "elapsed_s": time.perf_counter() - t_start,
     }
+
+
+def _run_paged(
+    cfg: Config,
+    progress: Progress,
+    tick: Callable[[], None],
+    rows: list[dict[str, Any]],
+    notes: list[str],
+    raw: dict[str, Any],
+) -> None:
+    """The paged workload's rows and notes (hostpool_nb.paged against the numpy oracle; no torch)."""
+    pc = cfg.paged
+    impls = paged_implementations()
+    overhead = timer_overhead()
+    cells: list[Cell] = []
+    for case in paged_cases(pc):
+        size = {k: v for k, v in case.items() if k not in ("page_size", "call")}
+        progress.label(f"paged {case['call']} " + " ".join(f"{v}" for v in size.values()))
+        cells.append(measure_paged(impls, pc, case, cfg.seed, tick))
+    for c in cells:
+        ratios = report.row("", "", "s/call", c.per_op)["ratios"]
+        target, met = paged_target(c.params, ratios)
+        rows.append(
+            report.row(
+                PAGED_WORKLOAD,
+                paged_params(c.params),
+                "s/call",
+                c.per_op,
+                target,
+                met,
+                samples=c.samples,
+                columns=(HOSTPOOL, NUMPY),
+                case=c.params,
+                iterations_per_sample=c.extra["iterations_per_sample"],
+                sample_means=c.extra["sample_means"],
+            )
+        )
+    ps = pc.page_size
+    by_call: dict[str, list[Cell]] = {}
+    for c in cells:
+        by_call.setdefault(c.params["call"], []).append(c)
+    notes.append(
+        f"paged allocator (page size {ps}): hostpool_nb.paged.PagedTokenToKVPoolAllocator against "
+        "bench/paged_baselines.py, sglang-jax's allocator algorithm in numpy from SPEC-paged (no torch "
+        "baseline: x torch reads -). Every iteration is one call, timed alone, on a state set up outside the "
+        f"timed region; a sample is the median call of its iterations (the clock adds {report.fmt_time(overhead)} "
+        f"per call), the row the median of {pc.repeats} interleaved samples; sample means, paired ratios and "
+        "iteration counts are in --json. Before and after timing, one call's arguments (set-up results), "
+        "result (values and dtype) and the lists after it and after a merge were checked equal on both"
+    )
+    raw["paged"] = {"cells": [asdict(c) for c in cells], "timer_overhead_s": overhead}
+    if "free" in by_call:
+        small, big = by_call["free"][0], by_call["free"][-1]
+        flatness = {name: big.per_op[name] / small.per_op[name] for name in big.per_op}
+        raw["paged"]["free_flatness"] = {"free_pages": [small.params["free_pages"], big.params["free_pages"]]}
+        raw["paged"]["free_flatness"].update(flatness)
+        tok = small.params["request_tokens"]
+        notes.append(
+            f"paged free: a pool of {ps}*(N + {tok // ps}) tokens; before each timed call a {tok}-token request "
+            "is allocated (untimed), leaving exactly N pages on the free and release lists, which the oracle's "
+            "free scans (the allocation merges them, untimed, when the free list runs short); timed: one free of "
+            "the request's slots as an int32 array, as sglang-jax passes device indices. Flatness, time at "
+            f"{_count(big.params['free_pages'])} free pages / at {_count(small.params['free_pages'])}: "
+            f"hostpool_nb {report.fmt_ratio(flatness[HOSTPOOL])} ({report.fmt_time(small.per_op[HOSTPOOL])} -> "
+            f"{report.fmt_time(big.per_op[HOSTPOOL])}), numpy {report.fmt_ratio(flatness[NUMPY])}"
+        )
+    batch_texts = []
+    if "alloc_extend" in by_call:
+        ext = by_call["alloc_extend"][0].params
+        batch_texts.append(
+            f"extend: {ext['requests']} requests (seed {ext['seed']}), prefixes 0-{pc.extend_max_prefix} tokens "
+            f"({ext['prefix_tokens']} in all), extensions 1-{pc.extend_max_tokens} ({ext['extend_tokens']} "
+            f"tokens, new pages: {ext['new_pages']}) on a {_count(ext['pool_tokens'])}-token pool"
+        )
+    if "alloc_decode" in by_call:
+        dec = by_call["alloc_decode"][0].params
+        batch_texts.append(
+            f"decode: {dec['sequences']} sequences of 1-{pc.decode_max_len} tokens (seed {dec['seed']}) gain "
+            f"one, new pages: {dec['new_pages']}, on a {_count(dec['pool_tokens'])}-token pool"
+        )
+    if batch_texts:
+        notes.append(
+            "paged extend/decode: the requests made first by alloc_extend from empty (last_loc their last "
+            "slots), restore_state of that state before each call (untimed). "
+            + ". ".join(batch_texts)
+            + ". lists: Python lists, as sglang-jax passes them; arrays: int64 numpy arrays; both "
+            "implementations get the same"
+        )
+    if "merge_and_sort_free" in by_call:
+        mer = by_call["merge_and_sort_free"][0].params
+        notes.append(
+            f"paged merge: a pool of {_count(mer['free_pages'])} free, {_count(mer['released_pages'])} released "
+            f"and {_count(mer['held_pages'])} allocated pages; the released ones picked at random (seed "
+            f"{mer['seed']}) and freed {mer['chunk']} pages per call, every slot; restore_state before each merge "
+            "(untimed). hostpool_nb merges by one pass over the pool's page flags (allocated pages included), "
+            "the oracle by sorting the free and release lists together"
+        )

@@ -37,11 +37,23 @@ from bench.impls import (
     merges_of,
 )
 from bench.memory import measure_memory
+from bench.paged_baselines import PagedTokenToKVPoolAllocator as PagedOracle
+from bench.paged_workloads import (
+    PAGED_WORKLOAD,
+    PagedDivergence,
+    measure_paged,
+    paged_cases,
+    paged_implementations,
+)
 from bench.suite import (
     BATCH_TARGET,
     BATCH_TARGET_REQUESTS,
     BIG_K,
     METADATA_TARGET,
+    PAGED_DECODE_TARGET,
+    PAGED_EXTEND_TARGET,
+    PAGED_FREE_TARGET,
+    PAGED_MERGE_TARGET,
     STARTUP_PARAMS,
     STARTUP_TARGET,
     TRACE_TARGET,
@@ -51,6 +63,8 @@ from bench.suite import (
     floor_params,
     full_config,
     memory_params,
+    paged_params,
+    paged_target,
     quick_config,
     roundtrip_params,
     roundtrip_target,
@@ -70,6 +84,7 @@ from bench.workloads import (
     replay,
 )
 from hostpool_nb import LogicalHostPool
+from hostpool_nb.paged import PagedTokenToKVPoolAllocator as PagedHostPool
 
 POOL, PAGE = 4096, 16
 ROOT = Path(__file__).resolve().parent.parent
@@ -320,6 +335,222 @@ def test_batch_workload_without_the_jit() -> None:
     assert res.stdout.count(BATCH) == 2 * len(tiny_config().batch_requests), res.stdout
 
 
+# -- the paged workload ---------------------------------------------------------
+
+
+def test_paged_rows_have_ratios_and_no_torch_column() -> None:
+    cfg = tiny_config(("paged",))
+    progress = _CountingProgress()
+    doc = run_suite(cfg, with_torch=False, progress=progress)
+    assert progress.steps == _steps(cfg, 2) == _steps(cfg, 3) > 0  # torch or not: two implementations
+    rows = doc["rows"]
+    cases = paged_cases(cfg.paged)
+    assert [r["workload"] for r in rows] == [PAGED_WORKLOAD] * len(cases) == [PAGED_WORKLOAD] * 7
+    assert [c["call"] for c in cases] == ["free"] * 2 + ["alloc_extend"] * 2 + ["alloc_decode"] * 2 + [
+        "merge_and_sort_free"
+    ]
+    for r, case in zip(rows, cases, strict=True):
+        assert r["case"].items() >= case.items()  # the measured cell is the case, with details added
+        assert r["params"] == paged_params(case)
+        assert r["unit"] == "s/call"
+        assert r["columns"] == (HOSTPOOL, NUMPY)
+        assert set(r["values"]) == {HOSTPOOL, NUMPY}
+        assert all(v > 0 for v in r["values"].values())
+        assert r["ratios"] == {NUMPY: pytest.approx(r["values"][NUMPY] / r["values"][HOSTPOOL])}
+        assert set(r["paired_ratios"]) == {NUMPY}
+        assert (r["target"], r["met"]) == ("", None)  # targets are at the issue's sizes only
+        assert set(r["iterations_per_sample"]) == set(r["sample_means"]) == {HOSTPOOL, NUMPY}
+        assert all(len(m) == cfg.paged.repeats for m in r["sample_means"].values())
+    free_rows = rows[:2]
+    assert [r["case"]["pool_tokens"] for r in free_rows] == [16 * (32 + 4), 16 * (128 + 4)]
+    assert rows[5]["case"]["new_pages"] >= 1  # alloc_decode takes at least one page
+    raw = doc["raw"]["paged"]
+    assert [c["params"] for c in raw["cells"]] == [r["case"] for r in rows]
+    assert raw["free_flatness"]["free_pages"] == [32, 128]
+    assert raw["free_flatness"][HOSTPOOL] == pytest.approx(rows[1]["values"][HOSTPOOL] / rows[0]["values"][HOSTPOOL])
+    assert 0 < raw["timer_overhead_s"] < 1e-4
+    notes = [n for n in doc["notes"] if n.startswith("paged")]
+    assert len(notes) == 4
+    assert "int32 array" in notes[1]
+    assert "Flatness" in notes[1]
+    table = report.render_table(rows, torch_present=True).splitlines()
+    assert all(len(line) <= TABLE_WIDTH for line in table)
+    for line, r in zip(table[2:], rows, strict=True):
+        cells = re.split(r"\s{2,}", line.strip())
+        assert cells[:2] == [PAGED_WORKLOAD, r["params"]]
+        assert cells[4] == "-"  # no torch baseline for the paged allocator, torch installed or not
+    json.dumps(doc, default=report._jsonable)  # the JSON writer takes it
+
+
+def _issue_case(call: str, **changes: Any) -> dict[str, Any]:
+    """The quick config's case for ``call`` (the issue's sizes), with ``changes``."""
+    case = next(c for c in paged_cases(quick_config().paged) if c["call"] == call)
+    return {**case, **changes}
+
+
+def test_paged_targets_are_at_the_issue_sizes() -> None:
+    for cfg in (quick_config(), full_config()):
+        pc = cfg.paged
+        assert pc.page_size == 16
+        assert pc.free_pages == (10_000, 62_500, 250_000, 1_000_000)
+        assert pc.free_request_tokens == 2048
+        assert (pc.extend_requests, pc.extend_max_prefix, pc.extend_max_tokens) == (32, 4096, 2048)
+        assert pc.decode_seqs == 256
+        assert pc.merge_released == 100_000
+        targets = [paged_target(c, {NUMPY: 1e9})[0] for c in paged_cases(pc)]
+        assert targets == [
+            "",
+            PAGED_FREE_TARGET,
+            "",
+            "",
+            PAGED_EXTEND_TARGET,
+            "",
+            PAGED_DECODE_TARGET,
+            "",
+            PAGED_MERGE_TARGET,
+        ]
+    free = _issue_case("free", free_pages=62_500)
+    assert paged_params(free) == "free 2048 tok, 62.5k free"
+    assert paged_target(free, {NUMPY: 300.0}) == (PAGED_FREE_TARGET, True)
+    assert paged_target(free, {NUMPY: 299.9}) == (PAGED_FREE_TARGET, False)
+    assert paged_target(free, {}) == (PAGED_FREE_TARGET, None)
+    assert paged_target({**free, "page_size": 64}, {NUMPY: 1e9}) == ("", None)
+    assert paged_target({**free, "request_tokens": 4096}, {NUMPY: 1e9}) == ("", None)
+    assert paged_target(_issue_case("alloc_extend"), {NUMPY: 24.9}) == (PAGED_EXTEND_TARGET, False)
+    assert paged_target(_issue_case("alloc_decode"), {NUMPY: 4.0}) == (PAGED_DECODE_TARGET, True)
+    assert paged_target(_issue_case("alloc_decode", inputs="arrays"), {NUMPY: 1.0}) == ("", None)
+    assert paged_target(_issue_case("merge_and_sort_free"), {NUMPY: 3.9}) == (PAGED_MERGE_TARGET, False)
+    assert [paged_params(c) for c in paged_cases(full_config().paged)] == [
+        "free 2048 tok, 10k free",
+        "free 2048 tok, 62.5k free",
+        "free 2048 tok, 250k free",
+        "free 2048 tok, 1M free",
+        "extend 32 reqs, lists",
+        "extend 32 reqs, arrays",
+        "decode 256 seqs, lists",
+        "decode 256 seqs, arrays",
+        "merge 100k released",
+    ]
+
+
+def _as_int64(real: Callable[..., Any]) -> Callable[..., Any]:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return real(self, *args, **kwargs).astype(np.int64)
+
+    return call
+
+
+def _last_slot_off(real: Callable[..., Any]) -> Callable[..., Any]:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = real(self, *args, **kwargs).copy()
+        out[-1] += 1
+        return out
+
+    return call
+
+
+def _frees_nothing(real: Callable[..., Any]) -> Callable[..., Any]:
+    def free(self: Any, free_index: Any, dp_rank: int = 0) -> int:
+        return 0
+
+    return free
+
+
+def _merge_unsorted(real: Callable[..., Any]) -> Callable[..., Any]:
+    def merge_and_sort_free(self: PagedOracle, dp_rank: int = 0) -> None:
+        if len(self.release_pages[dp_rank]):
+            self.free_pages[dp_rank] = np.concatenate([self.free_pages[dp_rank], self.release_pages[dp_rank]])
+            self.release_pages[dp_rank] = np.empty(0, np.int32)
+
+    return merge_and_sort_free
+
+
+@pytest.mark.parametrize(
+    ("cls", "method", "misbehave", "message"),
+    [
+        (
+            PagedHostPool,
+            "alloc_decode",
+            _as_int64,
+            r"alloc_decode of 16 sequences \(lists\), checked call before timing, the result: "
+            r"hostpool_nb's has dtype int64, not int32 \(as numpy's\)",
+        ),
+        (
+            PagedHostPool,
+            "alloc_decode",
+            _last_slot_off,
+            r"alloc_decode of 16 sequences \(lists\), checked call before timing, the result: "
+            r"hostpool_nb's differs first at position 15 \(1 in all\)",
+        ),
+        (
+            PagedHostPool,
+            "alloc_extend",
+            _last_slot_off,
+            r"alloc_extend of 4 requests \(lists\), set-up: the requests' alloc_extend from empty: hostpool_nb's",
+        ),
+        (
+            PagedHostPool,
+            "free",
+            _frees_nothing,
+            r"free of 64 tokens with 32 free pages, checked call before timing, the lists after the call, "
+            r"release_pages\[0\] \(sorted\): hostpool_nb's has shape \(0,\), not \(4,\)",
+        ),
+        (
+            PagedOracle,
+            "merge_and_sort_free",
+            _merge_unsorted,
+            r"free of 64 tokens with 32 free pages, checked call before timing, the lists after a "
+            r"merge_and_sort_free, free_pages\[0\]: hostpool_nb's differs first at position 0",
+        ),
+    ],
+    ids=["decode-dtype", "decode-value", "extend-setup", "free-nothing", "oracle-merge-unsorted"],
+)
+def test_paged_workload_refuses_a_misbehaving_implementation(
+    monkeypatch: pytest.MonkeyPatch,
+    cls: type,
+    method: str,
+    misbehave: Callable[[Callable[..., Any]], Callable[..., Any]],
+    message: str,
+) -> None:
+    """The differential check is live: either side answering otherwise stops the run before timing."""
+    monkeypatch.setattr(cls, method, misbehave(getattr(cls, method)))
+    cfg = tiny_config(("paged",))
+    if method != "free" and cls is PagedHostPool:
+        cfg.paged.free_pages = ()  # straight to the call under test
+    with pytest.raises(PagedDivergence, match=message):
+        run_suite(cfg, with_torch=False)
+
+
+def test_paged_merge_case_checks_the_merged_lists(monkeypatch: pytest.MonkeyPatch) -> None:
+    pc = tiny_config(("paged",)).paged
+    case = paged_cases(pc)[-1]
+    cell = measure_paged(paged_implementations(), pc, case, seed=5)
+    assert cell.params["call"] == "merge_and_sort_free"
+    assert cell.params["free_calls"] == 3  # 48 released pages, 16 per free
+    monkeypatch.setattr(PagedHostPool, "merge_and_sort_free", lambda self, dp_rank=0: None)
+    with pytest.raises(PagedDivergence, match=r"merge_and_sort_free of 48 released pages, checked call before"):
+        measure_paged(paged_implementations(), pc, case, seed=5)
+
+
+def test_paged_workload_without_the_jit() -> None:
+    """The paged workload in a child process with ``NUMBA_DISABLE_JIT=1`` (kernels as plain Python)."""
+    code = (
+        "import numba\n"
+        "from bench.report import render_table\n"
+        "from bench.suite import run_suite, tiny_config\n"
+        "doc = run_suite(tiny_config(('paged',)), with_torch=False)\n"
+        "print('jit disabled:', bool(numba.config.DISABLE_JIT))\n"
+        "print(render_table(doc['rows'], True))\n"
+    )
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    assert "jit disabled: True" in res.stdout
+    assert res.stdout.count(PAGED_WORKLOAD) == len(paged_cases(tiny_config().paged)), res.stdout
+
+
 def test_roundtrip_cell_pays_every_merge() -> None:
     impls = implementations(with_torch=False)
     cell = measure_roundtrip(impls, PAGE, 64, 1024, repeats=2, min_cycles=2, min_loop_s=0.0)
@@ -351,7 +582,7 @@ def test_suite_json_table_and_plot(tmp_path: Path) -> None:
     for key in ("cpu_model", "cpu_count", "cpus_usable", "python", "numpy", "numba", "torch", "date"):
         assert key in loaded["machine"]
     workloads = {r["workload"] for r in loaded["rows"]}
-    assert {"round trip", BATCH, "KV-cache trace", "metadata peak", "memory floor"} <= workloads
+    assert {"round trip", BATCH, "KV-cache trace", "metadata peak", "memory floor", PAGED_WORKLOAD} <= workloads
     for r in loaded["rows"]:
         assert {"workload", "params", "unit", "values", "ratios", "target", "met"} <= set(r)
         assert r["met"] in (True, False, None)
@@ -473,6 +704,8 @@ def test_cli_rejects_unknown_workload(capsys: pytest.CaptureFixture[str], no_mea
     assert "nonsense" in err
     assert "roundtrip" in err
     assert parse_args(["--only", "trace,memory"]).only == ("trace", "memory")
+    assert parse_args(["--only", "paged"]).only == ("paged",)
+    assert "paged" in err
 
 
 def test_cli_checks_output_paths_before_measuring(
@@ -600,6 +833,23 @@ def _full_run_rows() -> list[dict]:
             target, met = batch_target(n, as_list, ratios)
             params = batch_params(cfg.batch_page_size, n, cfg.batch_pool_slots, as_list)
             rows.append(report.row(BATCH, params, "s/batch", t, target, met))
+    # The paged rows: two columns, torch shows '-'.
+    for case in paged_cases(cfg.paged):
+        ratios = report.row("", "", "s/call", t)["ratios"]
+        target, met = paged_target(case, ratios)
+        samples = {n: [v, v * 1.1] for n, v in t.items() if n != TORCH}
+        rows.append(
+            report.row(
+                PAGED_WORKLOAD,
+                paged_params(case),
+                "s/call",
+                {n: v for n, v in t.items() if n != TORCH},
+                target,
+                met,
+                samples=samples,
+                columns=(HOSTPOOL, NUMPY),
+            )
+        )
     # A target too long for its column (what the issue tracker may plan next).
     rows.append(
         report.row(
@@ -648,6 +898,7 @@ def test_every_target_reads_as_a_bound_on_the_ratios() -> None:
     """One direction everywhere: ratio = baseline / hostpool_nb, targets as lower bounds on it."""
     targets = {r["target"] for r in _full_run_rows()[:-1]} - {"", METADATA_TARGET}
     assert BATCH_TARGET in targets
+    assert {PAGED_FREE_TARGET, PAGED_EXTEND_TARGET, PAGED_DECODE_TARGET, PAGED_MERGE_TARGET} <= targets
     for target in targets:
         for part in target.split(", "):
             assert re.fullmatch(r">=\d+(\.\d+)?x (numpy|torch)", part), target
