@@ -481,8 +481,9 @@ def _run(pool: Any, op: Operation, backups: dict[int, Any]) -> tuple[Any, BaseEx
         "backup": lambda: backups.__setitem__(op.arg, pool.backup_state()),
         "restore": lambda: pool.restore_state(backups[op.arg]),
     }
+    call = calls.get(op.name) or getattr(pool, op.name)  # clear, merge, free_group_begin/end
     try:
-        return calls.get(op.name, getattr(pool, op.name))(), None
+        return call(), None
     except Exception as exc:  # noqa: BLE001 - every error is compared with the record
         return None, exc
 
