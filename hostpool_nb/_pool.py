@@ -256,7 +256,7 @@ class LogicalHostPool(DataPlaneHooks):
         if need_size < 0:
             raise HostPoolError(f"need_size must be non-negative, got need_size={need_size}")
         tracker = self._tracker
-        site = 0 if tracker is None else tracker.site_id(tag)  # an unhashable tag raises here
+        where = None if tracker is None else tracker.where(tag)  # an unhashable tag raises here
         if need_size > _PRECHECK_SLOTS and self._refused(need_size):
             return None
         # The output is allocated before taking the lock, so its page faults
@@ -266,7 +266,10 @@ class LogicalHostPool(DataPlaneHooks):
         lock = self.lock
         lock.acquire()  # acquire/release: measurably cheaper than ``with``
         try:
-            status = _alloc_pages(self._st, out) if tracker is None else _alloc_tracked(self._st, out, site)
+            if tracker is None or where is None:
+                status = _alloc_pages(self._st, out)
+            else:  # the site's id is looked up under the lock, where a sweep cannot drop it
+                status = _alloc_tracked(self._st, out, tracker.intern(where, self._st))
         finally:
             lock.release()
         if status >= 0:
@@ -316,7 +319,7 @@ class LogicalHostPool(DataPlaneHooks):
         arr = as_sizes(sizes)
         page_size = self.page_size
         tracker = self._tracker
-        site = 0 if tracker is None else tracker.site_id(tag)
+        where = None if tracker is None else tracker.where(tag)
         if isinstance(arr, list):  # sizes beyond int64: checked here, never served
             for i, s in enumerate(arr):
                 self._check_batch_size(i, s, page_size)
@@ -336,7 +339,10 @@ class LogicalHostPool(DataPlaneHooks):
         lock = self.lock
         lock.acquire()
         try:
-            status = _alloc_pages(self._st, out) if tracker is None else _alloc_tracked(self._st, out, site)
+            if tracker is None or where is None:
+                status = _alloc_pages(self._st, out)
+            else:  # the site's id is looked up under the lock, where a sweep cannot drop it
+                status = _alloc_tracked(self._st, out, tracker.intern(where, self._st))
         finally:
             lock.release()
         if status >= 0:
@@ -397,9 +403,9 @@ class LogicalHostPool(DataPlaneHooks):
             finally:
                 lock.release()
         else:
-            site = tracker.site_id(None)
+            where = tracker.where(None)
             with lock:
-                status = _free_tracked(self._st, slots, site)
+                status = _free_tracked(self._st, slots, tracker.intern(where, self._st))
         if status < 0:
             raise self._free_error(status, slots)
         return n
@@ -498,9 +504,10 @@ class LogicalHostPool(DataPlaneHooks):
 
     def __getstate__(self) -> dict[str, Any]:
         """What pickle and ``copy.deepcopy`` keep: the shape, the layout and one state copy."""
-        with self.lock:
-            words = self._st.copy()
         tracker = self._tracker
+        with self.lock:  # the state and its site table, as of one moment
+            words = self._st.copy()
+            sites = None if tracker is None else tracker.table()
         return {
             "format": FORMAT,
             "size": self.size,
@@ -508,7 +515,7 @@ class LogicalHostPool(DataPlaneHooks):
             "layout": self.layout,
             "merge": self.merge_order,
             "state": words,
-            "sites": None if tracker is None else tracker.table(),
+            "sites": sites,
         }
 
     def __setstate__(self, saved: Any) -> None:
@@ -534,7 +541,9 @@ class LogicalHostPool(DataPlaneHooks):
         shape = (size, page_size, merge)
         sites = saved.get("sites")
         words = checked_words(saved["state"], shape, shape, what, sites is not None)
-        if sites is not None and not (isinstance(sites, tuple) and all(isinstance(s, Site) for s in sites)):
+        if sites is not None and not (
+            isinstance(sites, tuple) and all(s is None or isinstance(s, Site) for s in sites)
+        ):
             raise HostPoolError(f"{what} has a damaged site table")
         self._setup(size, page_size, saved["layout"], merge, words, None if sites is None else Tracker(list(sites)))
 

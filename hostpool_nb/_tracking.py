@@ -14,8 +14,7 @@ life of the pool and of its snapshots.
 from __future__ import annotations
 
 import sys
-import threading
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -27,6 +26,7 @@ from . import _kernels as K
 
 UNKNOWN, CLEARED = 0, 1
 _MAX_SITES = 2**31 - 1  # ids share an int64 word with another id
+_SWEEP_AT = 1024  # the smallest table worth sweeping
 _PACKAGE = __name__.rsplit(".", 1)[0]
 
 
@@ -82,7 +82,7 @@ class Outstanding:
 def caller() -> tuple[str, int, str]:
     """File, line and function of the first frame outside hostpool_nb."""
     frame: FrameType | None = sys._getframe(2)
-    while frame is not None and frame.f_globals.get("__name__", "").startswith(_PACKAGE):
+    while frame is not None and _inside(frame.f_globals.get("__name__", "")):
         frame = frame.f_back
     if frame is None:
         return "<unknown>", 0, "?"
@@ -90,46 +90,95 @@ def caller() -> tuple[str, int, str]:
     return code.co_filename, frame.f_lineno, code.co_name
 
 
+def _inside(module: str) -> bool:
+    """Whether ``module`` is hostpool_nb or one of its modules (``hostpool_nb_x`` is not)."""
+    return module == _PACKAGE or module.startswith(_PACKAGE + ".")
+
+
 class Tracker:
-    """The site table of one pool: ``Site`` by id, id by (file, line, function, tag)."""
+    """The site table of one pool: ``Site`` by id, and id by (file, line, function, tag).
 
-    def __init__(self, sites: list[Site] | None = None) -> None:
-        self._lock = threading.Lock()
-        self._sites: list[Site] = list(sites) if sites else list(_FIXED)
-        self._ids: dict[tuple[str, int, str, Hashable], int] = {
-            (s.file, s.line, s.function, s.tag): i for i, s in enumerate(self._sites) if i >= len(_FIXED)
-        }
+    The table only holds what some page refers to. A scheduler tags each
+    request with its own id, so entries come and go with requests: when the
+    table has doubled since the last sweep, the entries no page's words
+    mention any more are dropped and their ids reused. The table then holds
+    at most two entries per page (its allocation's and its last free's)
+    plus those added since the sweep, however many requests the pool has
+    served. Ids of entries still referred to never change.
 
-    def site_id(self, tag: Hashable) -> int:
-        """The id of the calling site with ``tag``, added to the table on first use.
+    :meth:`where` runs before the pool's lock is taken (it reads the
+    caller's frame and checks the tag); :meth:`intern` and :meth:`sweep`
+    run under it, so an id cannot be dropped between its lookup and the
+    kernel that records it.
+    """
 
-        Raises ``TypeError`` for an unhashable tag, before any state changes.
-        """
+    def __init__(self, sites: Sequence[Site | None] | None = None) -> None:
+        self._sites: list[Site | None] = list(sites) if sites else list(_FIXED)
+        self._ids: dict[tuple[str, int, str, Hashable], int] = {}
+        self._free_ids: list[int] = []
+        for i, s in enumerate(self._sites):
+            if i < len(_FIXED):
+                continue
+            if s is None:
+                self._free_ids.append(i)
+            else:
+                self._ids[(s.file, s.line, s.function, s.tag)] = i
+        self._live_after_sweep = len(self._ids)
+
+    def where(self, tag: Hashable) -> tuple[str, int, str, Hashable]:
+        """The caller's site with ``tag``; ``TypeError`` for an unhashable tag (before any change)."""
         file, line, function = caller()
-        key = (file, line, function, tag)
         try:
-            sid = self._ids.get(key)
+            hash(tag)
         except TypeError:
             raise TypeError(f"tag must be hashable, got {type(tag).__name__} {tag!r}") from None
-        if sid is None:
-            with self._lock:  # two threads meeting a new site add it once
-                sid = self._ids.get(key)
-                if sid is None:
-                    sid = len(self._sites)
-                    if sid > _MAX_SITES:
-                        return UNKNOWN
-                    self._sites.append(Site(file, line, function, tag))
-                    self._ids[key] = sid
+        return file, line, function, tag
+
+    def intern(self, key: tuple[str, int, str, Hashable], st: NDArray[np.int64]) -> int:
+        """The id of ``key`` (from :meth:`where`), added on first use. Call under the pool's lock."""
+        sid = self._ids.get(key)
+        if sid is not None:
+            return sid
+        if len(self._ids) >= max(2 * self._live_after_sweep, _SWEEP_AT):
+            self.sweep(st)
+        if self._free_ids:
+            sid = self._free_ids.pop()
+            self._sites[sid] = Site(*key)
+        else:
+            sid = len(self._sites)
+            if sid > _MAX_SITES:
+                return UNKNOWN
+            self._sites.append(Site(*key))
+        self._ids[key] = sid
         return sid
+
+    def sweep(self, st: NDArray[np.int64]) -> int:
+        """Drop the entries no page refers to; return how many. O(pages + table). Under the pool's lock."""
+        n = int(st[K.H_NPAGES])
+        t = int(st[K.H_TRACK])
+        words = st[t + n : t + 2 * n]
+        used = np.zeros(len(self._sites), dtype=bool)
+        used[np.unique(words >> 32)] = True
+        used[np.unique(words & 0xFFFFFFFF)] = True
+        used[: len(_FIXED)] = True
+        dropped = 0
+        for key, sid in list(self._ids.items()):
+            if not used[sid]:
+                del self._ids[key]
+                self._sites[sid] = None
+                self._free_ids.append(sid)
+                dropped += 1
+        self._live_after_sweep = len(self._ids)
+        return dropped
 
     def site(self, sid: int) -> Site:
         sites = self._sites
-        return sites[sid] if 0 <= sid < len(sites) else sites[UNKNOWN]
+        found = sites[sid] if 0 <= sid < len(sites) else None
+        return found if found is not None else _FIXED[UNKNOWN]
 
-    def table(self) -> tuple[Site, ...]:
-        """The sites so far: what a snapshot or a pickle keeps."""
-        with self._lock:
-            return tuple(self._sites)
+    def table(self) -> tuple[Site | None, ...]:
+        """The table (``None`` for a reusable id): what a snapshot or a pickle keeps. Under the pool's lock."""
+        return tuple(self._sites)
 
     def history(self, st: NDArray[np.int64], page: int) -> str:
         """Where ``page`` was last allocated and last freed, for an error message."""
@@ -137,6 +186,8 @@ class Tracker:
         t = int(st[K.H_TRACK])
         word = int(st[t + n + page])
         seq = int(st[t + page])
+        if seq == 0:  # allocations are numbered from 1: this page was never handed out
+            return "never allocated by this pool"
         alloc = self.site(word >> 32)
         freed = self.site(word & 0xFFFFFFFF)
         text = f"allocated at {alloc}{_tag_text(alloc.tag)} (allocation #{seq})"
@@ -190,6 +241,10 @@ class Tracker:
         return records
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _tag_text(tag: Any) -> str:
     return "" if tag is None else f" with tag {tag!r}"
 
@@ -202,11 +257,11 @@ def leak_report(pool_text: str, records: list[Outstanding] | None, held_pages: i
     """
     if held_pages == 0:
         return f"{pool_text}: no pages are allocated; nothing is outstanding."
-    head = f"{pool_text}: {held_pages} pages ({held_pages * page_size} slots) are allocated"
+    head = f"{pool_text}: {_count(held_pages, 'page')} ({_count(held_pages * page_size, 'slot')}) allocated"
     if records is None:
         return f"{head}; the pool does not track where: construct it with track=True to see the call sites."
     allocations = sum(r.allocations for r in records)
-    lines = [f"{head}, by {allocations} allocations from {len(records)} call sites (with tags):"]
+    lines = [f"{head}, by {_count(allocations, 'allocation')} in {_count(len(records), 'group')} (call site, tag):"]
     shown = records[:limit]
     rows = [("pages", "slots", "allocs", "oldest", "tag", "site")]
     rows += [(str(r.pages), str(r.slots), str(r.allocations), f"#{r.oldest}", repr(r.tag), r.site) for r in shown]
@@ -217,5 +272,6 @@ def leak_report(pool_text: str, records: list[Outstanding] | None, held_pages: i
         lines.append("  " + "  ".join(cells) + "  " + row[-1])
     if len(records) > limit:
         rest = records[limit:]
-        lines.append(f"  ... and {len(rest)} more groups holding {sum(r.pages for r in rest)} pages (limit={limit})")
+        more = f"{_count(len(rest), 'more group')} holding {_count(sum(r.pages for r in rest), 'page')}"
+        lines.append(f"  ... and {more} (limit={limit})")
     return "\n".join(lines)

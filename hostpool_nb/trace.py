@@ -18,7 +18,8 @@ with four arrays:
     the next two arrays, so a truncated file is caught).
 ``ops``, one fixed-size record per call, in the order the calls changed the pool
     ``op`` (uint8: see :data:`OPS`), ``error`` (uint8: 0 for none, else an
-    index into :data:`ERRORS`), ``arg`` (int64: ``need_size`` for alloc,
+    index into :data:`ERRORS`), ``unreadable`` (bool: the call's argument
+    is not in the record, see below), ``arg`` (int64: ``need_size`` for alloc,
     the number of sizes for alloc_many, the number of slots for free, the
     snapshot number for backup and restore), ``result`` (int64: the number
     of slots returned, freed or merged; -1 for ``None``), ``offset``
@@ -31,15 +32,19 @@ with four arrays:
 ``messages``, unicode
     The error texts.
 
-A call whose argument could not be read as numbers (a float array given to
-``free``, say) is recorded with its error and ``arg == -1``; replay checks
-nothing for it and says how many it skipped.
+A call whose argument the record cannot hold (not integers, such as a float
+array given to ``free``, or integers beyond int64) and a call that failed
+for a reason the record does not hold (a ``TypeError`` for an unhashable
+``tag``) are recorded with their error and ``unreadable`` set; replay
+checks nothing for them and says how many it skipped. A ``restore`` of a
+snapshot taken before the recording began is recorded the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import operator
 import os
 import sys
 import tempfile
@@ -68,7 +73,15 @@ _ERROR_CLASSES: dict[str, type[Exception]] = {
     "DoubleFreeError": DoubleFreeError,
 }
 OP_DTYPE = np.dtype(
-    [("op", "u1"), ("error", "u1"), ("arg", "<i8"), ("result", "<i8"), ("offset", "<i8"), ("message", "<i4")]
+    [
+        ("op", "u1"),
+        ("error", "u1"),
+        ("unreadable", "?"),
+        ("arg", "<i8"),
+        ("result", "<i8"),
+        ("offset", "<i8"),
+        ("message", "<i4"),
+    ]
 )
 HEADER_DTYPE = np.dtype(
     [
@@ -104,6 +117,7 @@ class Operation:
     name: str
     arg: int
     result: int
+    unreadable: bool
     sizes: NDArray[np.int64] | None
     slots: NDArray[np.int64] | None
     error: str | None
@@ -133,11 +147,11 @@ class Recorder:
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
-        self.ops: list[tuple[int, int, int, int, int, int]] = []
+        self.ops: list[tuple[int, int, bool, int, int, int, int]] = []
         self.data: list[NDArray[np.int64]] = []
         self.data_len = 0
         self.messages: list[str] = []
-        self.backups: dict[int, int] = {}  # id(state) -> snapshot number
+        self.backups: list[Any] = []  # snapshots taken while recording: their number is their place
 
     def _numbers(self, *arrays: Any) -> int:
         offset = self.data_len
@@ -148,16 +162,24 @@ class Recorder:
         return offset
 
     def add(
-        self, op: str, arg: int, result: int, numbers: tuple[Any, ...] = (), exc: BaseException | None = None
+        self,
+        op: str,
+        arg: int | None,
+        result: int,
+        numbers: tuple[Any, ...] = (),
+        exc: BaseException | None = None,
     ) -> None:
+        """Append one call; ``arg=None`` (or a ``TypeError``) marks it as not replayable."""
         offset = self._numbers(*numbers)
         error, message = 0, -1
+        unreadable = arg is None
         if exc is not None:
             name = type(exc).__name__
             error = ERRORS.index(name) if name in ERRORS else ERRORS.index("HostPoolError")
             message = len(self.messages)
             self.messages.append(str(exc))
-        self.ops.append((OPS.index(op), error, arg, result, offset, message))
+            unreadable = unreadable or isinstance(exc, TypeError)  # the record holds only numbers
+        self.ops.append((OPS.index(op), error, unreadable, -1 if arg is None else arg, result, offset, message))
 
     def write(self, path: str | os.PathLike[str]) -> None:
         """Write the trace atomically (a temporary file in the same folder, then a rename)."""
@@ -258,19 +280,19 @@ class _Calls:
             try:
                 out = self.method(need_size, tag=tag)
             except Exception as exc:
-                self.rec.add("alloc", _int_or(need_size), 0, (), exc)
+                self.rec.add("alloc", _int_or_none(need_size), 0, (), exc)
                 raise
             slots = _slots_of(out)
             if slots is None:
-                self.rec.add("alloc", _int_or(need_size), -1)
+                self.rec.add("alloc", _int_or_none(need_size), -1)
             else:
-                self.rec.add("alloc", _int_or(need_size), slots.shape[0], (slots,))
+                self.rec.add("alloc", _int_or_none(need_size), slots.shape[0], (slots,))
             return out
 
     def alloc_many(self, sizes: Any, *, tag: Any = None) -> Any:
         with self.lock:
             known = _sizes_or_none(sizes)
-            arg, numbers = (-1, ()) if known is None else (known.shape[0], (known,))
+            arg, numbers = (None, ()) if known is None else (known.shape[0], (known,))
             try:
                 got = self.method(sizes, tag=tag)
             except Exception as exc:
@@ -289,7 +311,7 @@ class _Calls:
                 slots: NDArray[np.int64] | None = _slots_of_input(indices)
             except Exception:  # noqa: BLE001 - unreadable input: the pool decides, the record skips it
                 slots = None
-            arg, numbers = (-1, ()) if slots is None else (slots.shape[0], (slots,))
+            arg, numbers = (None, ()) if slots is None else (slots.shape[0], (slots,))
             try:
                 n = self.method(indices)
             except Exception as exc:
@@ -301,14 +323,13 @@ class _Calls:
     def backup_state(self) -> Any:
         with self.lock:
             state = self.method()
-            number = len(self.rec.backups)
-            self.rec.backups[id(state)] = number
-            self.rec.add("backup", number, 0)
+            self.rec.backups.append(state)  # kept alive, so no later object can take its identity
+            self.rec.add("backup", len(self.rec.backups) - 1, 0)
             return state
 
     def restore_state(self, state: Any) -> Any:
         with self.lock:
-            number = self.rec.backups.get(id(state), -1)  # -1: a snapshot from before the recording
+            number = next((i for i, s in enumerate(self.rec.backups) if s is state), None)  # None: taken before
             try:
                 self.method(state)
             except Exception as exc:
@@ -332,13 +353,15 @@ class _Calls:
         return call
 
 
-def _int_or(value: Any) -> int:
-    """An int argument as recorded: the value if it fits int64, else -1 (not replayable)."""
+def _int_or_none(value: Any) -> int | None:
+    """A count as recorded: an integer within int64 (``__index__``, so a 0-d integer tensor too), else ``None``."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
     try:
-        v = int(value)
-    except Exception:  # noqa: BLE001 - whatever it is, it is recorded as unreadable
-        return -1
-    return v if -(2**63) <= v < 2**63 and not isinstance(value, bool) else -1
+        v = operator.index(value)
+    except Exception:  # noqa: BLE001 - not an integer: not replayable
+        return None
+    return v if -(2**63) <= v < 2**63 else None
 
 
 def _sizes_or_none(sizes: Any) -> NDArray[np.int64] | None:
@@ -348,6 +371,8 @@ def _sizes_or_none(sizes: Any) -> NDArray[np.int64] | None:
         return None
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
         return None
+    if arr.size and arr.dtype.kind == "u" and int(arr.max()) >= 2**63:
+        return None  # beyond int64: astype would wrap it
     try:
         return np.array(arr, dtype=np.int64)
     except (OverflowError, ValueError):
@@ -365,20 +390,23 @@ def _slots_of_input(indices: Any) -> NDArray[np.int64] | None:
 
 def load(path: str | os.PathLike[str]) -> Trace:
     """Read a trace file; raise :class:`TraceError` saying what is wrong with a damaged one."""
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise TraceError(f"{path} is not a hostpool_nb trace (not a readable .npz archive: {exc})") from None
-    with archive:
+    with open(path, "rb") as f:  # our handle: closed whatever numpy makes of the bytes
         try:
-            header, ops, data, messages = (archive[k] for k in ("header", "ops", "data", "messages"))
-        except KeyError as exc:
-            raise TraceError(f"{path} is not a hostpool_nb trace: it has no {exc} array") from None
+            archive = np.load(f, allow_pickle=False)
         except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-            raise TraceError(f"{path} is damaged: an array cannot be read ({exc})") from None
-    return _check(path, header, ops, data, messages)
+            raise TraceError(f"{path} is not a hostpool_nb trace (not a readable .npz archive: {exc})") from None
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise TraceError(f"{path} is not a hostpool_nb trace (a single .npy array, not an .npz archive)")
+        with archive:
+            arrays = {}
+            for name in ("header", "ops", "data", "messages"):
+                if name not in archive.files:
+                    raise TraceError(f"{path} is not a hostpool_nb trace: it has no {name!r} array")
+                try:
+                    arrays[name] = archive[name]
+                except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+                    raise TraceError(f"{path} is damaged: its {name!r} array cannot be read ({exc})") from None
+    return _check(path, arrays["header"], arrays["ops"], arrays["data"], arrays["messages"])
 
 
 def _check(path: Any, header: Any, ops: Any, data: Any, messages: Any) -> Trace:  # noqa: PLR0912 - one check each
@@ -390,6 +418,8 @@ def _check(path: Any, header: Any, ops: Any, data: Any, messages: Any) -> Trace:
         raise TraceError(f"{path} is a version {int(h['version'])} trace; this hostpool_nb reads version {VERSION}")
     if ops.dtype != OP_DTYPE or ops.ndim != 1 or data.dtype != np.int64 or data.ndim != 1:
         raise TraceError(f"{where}: its ops or data array has the wrong type")
+    if messages.ndim != 1 or messages.dtype.kind != "U":
+        raise TraceError(f"{where}: its messages array has the wrong type")
     if ops.shape[0] != int(h["ops"]) or data.shape[0] != int(h["data"]):
         raise TraceError(
             f"{where}: the header says {int(h['ops'])} operations and {int(h['data'])} numbers, "
@@ -400,31 +430,34 @@ def _check(path: Any, header: Any, ops: Any, data: Any, messages: Any) -> Trace:
         raise TraceError(f"{where}: the pool it records is not a pool (size={size}, page_size={page_size}, {merge})")
     result: list[Operation] = []
     for i, rec in enumerate(ops.tolist()):
-        op, error, arg, res, offset, message = rec
+        op, error, unreadable, arg, res, offset, message = rec
         if not 0 < op < len(OPS) or error >= len(ERRORS) or not -1 <= message < messages.shape[0]:
             raise TraceError(f"{where}: operation {i} has an unknown code (op {op}, error {error})")
         name = OPS[op]
-        sizes = slots = None
+        served = not error and res >= 0  # alloc and alloc_many returned slots (maybe none)
         count = 0
-        if name == "alloc" and not error and res >= 0:
-            count = res
-        elif name == "alloc_many" and arg >= 0:
-            count = arg + (res if not error and res >= 0 else 0)
-        elif name == "free" and arg >= 0:
-            count = arg
+        if not unreadable:
+            if name == "alloc" and served:
+                count = res
+            elif name == "alloc_many":
+                count = arg + (res if served else 0)
+            elif name == "free":
+                count = arg
         if count < 0 or offset < 0 or offset + count > data.shape[0]:
             raise TraceError(f"{where}: operation {i} ({name}) points outside the data ({offset}+{count})")
         numbers = data[offset : offset + count]
-        if name == "alloc_many" and arg >= 0:
-            sizes, slots = numbers[:arg], (numbers[arg:] if not error and res >= 0 else None)
-        elif count or name == "free":
-            slots = numbers if (name != "free" or arg >= 0) else None
+        sizes = slots = None
+        if not unreadable and name == "alloc_many":
+            sizes, slots = numbers[:arg], (numbers[arg:] if served else None)
+        elif not unreadable and (name == "free" or (name == "alloc" and served)):
+            slots = numbers
         result.append(
             Operation(
                 index=i,
                 name=name,
                 arg=int(arg),
                 result=int(res),
+                unreadable=bool(unreadable),
                 sizes=sizes,
                 slots=slots,
                 error=ERRORS[error] if error else None,
@@ -469,8 +502,8 @@ def replay(trace: Trace) -> tuple[int, int, Divergence | None]:
 
 
 def _replayable(op: Operation) -> bool:
-    """Whether the record holds the call's argument (not an unreadable one, or a foreign snapshot)."""
-    return not (op.name in ("alloc", "alloc_many", "free", "restore") and op.arg < 0)
+    """Whether the record holds what the call needs (its argument; the snapshot it restored)."""
+    return not op.unreadable
 
 
 def _run(pool: Any, op: Operation, backups: dict[int, Any]) -> tuple[Any, BaseException | None]:
@@ -542,7 +575,13 @@ def main(argv: list[str] | None = None) -> int:
     except TraceError as exc:
         print(f"python -m hostpool_nb.replay: error: {exc}", file=sys.stderr)
         return 2
-    done, skipped, divergence = replay(trace)
+    try:
+        done, skipped, divergence = replay(trace)
+    except (HostPoolError, MemoryError) as exc:  # the recorded pool cannot be built here
+        print(
+            f"python -m hostpool_nb.replay: error: {args.path}: cannot build the recorded pool: {exc}", file=sys.stderr
+        )
+        return 2
     pool = f"{trace.pool}(size={trace.size}, page_size={trace.page_size}, merge={trace.merge!r}, track={trace.track})"
     if divergence is not None:
         print(f"{args.path}: {pool}: DIVERGES at {divergence} (after {done} matching operations)")
