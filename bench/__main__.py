@@ -6,8 +6,13 @@ issue's sizes in both modes: the numpy oracle's ``free`` with 1M free pages
 takes seconds), and prints one table; ``--full`` runs the complete sizes.
 Ratios are baseline time / hostpool_nb time (above 1: hostpool_nb is
 faster), each the median of interleaved repeats in this one process; targets
-are bounds on those ratios. ``--json`` keeps every figure, baselines' times
-included.
+are bounds on those ratios (but the tracking workload's: hostpool_nb against
+itself, it bounds tracked / untracked time). ``--json`` keeps every figure,
+baselines' times included.
+
+``--trace PATH`` times a trace recorded with ``pool.recording(PATH)`` the
+same way, on hostpool_nb and the baselines: your own workload. Given
+alone, it runs only that; with ``--only NAMES`` those workloads run too.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 from . import report
 from .cli import Parser, output_path_error, wrap
 from .impls import torch_available
+from .recorded import RecordedTraceError, ReplayDivergence, read
 from .suite import WORKLOADS, _steps, full_config, quick_config, run_suite
 from .timing import Progress
 
@@ -49,6 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-progress", action="store_true", help="no progress bar (there is one only on a terminal, with tqdm)"
     )
     ap.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="time a trace recorded with pool.recording(PATH) on hostpool_nb and the baselines; "
+        "runs only that unless --only names workloads too",
+    )
+    ap.add_argument(
         "--seed", type=int, default=0, help="seed of the trace, the memory workload's free order and the paged batches"
     )
     args = ap.parse_args(argv)
@@ -62,8 +74,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.only = chosen
     if args.torch_threads < 0:
         ap.error(f"--torch-threads: {args.torch_threads} is negative")
-    if args.plot and args.only and "roundtrip" not in args.only:
-        ap.error("--plot needs the roundtrip workload")
+    running = args.only or (() if args.trace else WORKLOADS)
+    if args.plot and "roundtrip" not in running:
+        hint = "" if args.only else " (with --trace, add --only roundtrip)"
+        ap.error("--plot needs the roundtrip workload" + hint)
     for option, path in (("--json", args.json), ("--plot", args.plot)):
         if path is not None:
             problem = output_path_error(option, path)
@@ -71,11 +85,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 ap.error(problem)
     if args.json is not None and args.plot is not None and Path(args.json).resolve() == Path(args.plot).resolve():
         ap.error("--json and --plot name the same file")
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path and args.trace and Path(path).resolve() == Path(args.trace).resolve():
+            ap.error(f"{option} names the --trace file, which it would overwrite")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             ap.error("--plot needs matplotlib: pip install matplotlib (or the bench extra: pip install -e '.[bench]')")
+    # Last: reading a long trace takes a moment, and every cheaper check
+    # should fail first.
+    args.recorded = None
+    if args.trace is not None:
+        if not args.trace:
+            ap.error("--trace: no path given")
+        try:
+            args.recorded = read(args.trace)
+        except RecordedTraceError as exc:
+            ap.error(f"--trace {exc}")
     return args
 
 
@@ -86,17 +113,24 @@ def main(argv: list[str] | None = None) -> int:
     cfg.seed = args.seed
     if args.only:
         cfg.workloads = args.only
+    elif args.trace:
+        cfg.workloads = ()
+    cfg.recorded_trace = args.trace
     with_torch = torch_available() and not args.no_torch
     nimpl = 3 if with_torch else 2
-    progress = Progress(_steps(cfg, nimpl), enabled=not args.no_progress)
+    progress = Progress(_steps(cfg, nimpl, args.recorded), enabled=not args.no_progress)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # torch's import-time chatter would break the bar
-            doc = run_suite(cfg, with_torch, progress, torch_threads=args.torch_threads or None)
+            doc = run_suite(cfg, with_torch, progress, torch_threads=args.torch_threads or None, recorded=args.recorded)
     except KeyboardInterrupt:  # Ctrl-C is not an error worth a traceback
         progress.close()
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except ReplayDivergence as exc:  # the trace, not the benchmark: one line, like the checks above
+        progress.close()
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
     progress.close()
 
     info = doc["machine"]
@@ -109,9 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         wrap(
             "x numpy, x torch = baseline / hostpool_nb, of time (of bytes on the metadata rows): above 1x, "
-            "hostpool_nb is faster (smaller); targets are bounds on these ratios. hostpool_nb = its median time "
-            "(bytes per page). Medians of interleaved repeats; the baselines' own figures and the spread of "
-            "the paired ratios are in --json."
+            "hostpool_nb is faster (smaller); targets are bounds on these ratios, except on the tracking rows, "
+            "hostpool_nb against itself, which have no ratio columns and whose target names both sides. "
+            "hostpool_nb = its median time (bytes per page). Medians of interleaved repeats; the baselines' own "
+            "figures and the spread of the paired ratios are in --json."
         )
     )
     print()

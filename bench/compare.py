@@ -1,12 +1,16 @@
 """Compare this checkout's hostpool_nb with an earlier revision's, side by side.
 
-``python -m bench.compare [REV] [--only-cells ...]`` (REV defaults to HEAD)
+``python -m bench.compare [REV] [--only-cells PAGE:K,...]`` (REV defaults to HEAD)
 
 Every change to the hot path must say what it cost or saved. Absolute times
 on a shared machine move by tens of percent between runs, so the working
 tree's pool and REV's pool are timed in the same process, interleaved, on
 the same round-trip cells as ``python -m bench``: the ratio REV time / this
 time is what a change is judged by (above 1: this checkout is faster).
+
+``--only-cells 64:64`` times the single-page headline cell alone (page
+size 64, 64 slots, 1M-slot pool); by default all six cells run: one page
+and 65,536 slots at page sizes 64, 16 and 1.
 
 REV's package is extracted with ``git archive`` into a cache folder under
 the system's temporary directory, renamed so both can be imported at once;
@@ -47,6 +51,23 @@ def _git(*args: str) -> bytes:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, check=True).stdout
 
 
+def revision_before(path: str) -> str | None:
+    """``SHA^``, the revision before the commit that added ``path`` (relative to the root); ``None`` if unknown.
+
+    What to compare against to see what a feature costs when it is off:
+    read from git, so the note stays right when the history is rewritten.
+    """
+    try:
+        added = _git("log", "--diff-filter=A", "--format=%h", "--", path).decode().split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{added[-1]}^" if added else None
+
+
+def cell_name(page_size: int, k: int) -> str:
+    return f"{page_size}:{k}"
+
+
 def load_revision(rev: str) -> tuple[str, Callable[[int, int], Any]]:
     """``(short sha, LogicalHostPool class)`` of ``rev``'s package."""
     try:
@@ -77,14 +98,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--min-loop", type=float, default=0.05, metavar="S", help="shortest timed loop, seconds (default: 0.05)"
     )
+    ap.add_argument(
+        "--only-cells",
+        metavar="PAGE:K,...",
+        help="comma-separated cells to time, as page size:k, of "
+        + ",".join(cell_name(ps, k) for ps, k, _ in DEFAULT_CELLS)
+        + " (default: all)",
+    )
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats: {args.repeats} is not a positive number")
+    cells = DEFAULT_CELLS
+    if args.only_cells is not None:
+        by_name = {cell_name(ps, k): (ps, k, pool) for ps, k, pool in DEFAULT_CELLS}
+        chosen = [c.strip() for c in args.only_cells.split(",") if c.strip()]
+        unknown = [c for c in chosen if c not in by_name]
+        if not chosen or unknown:
+            ap.error(
+                f"--only-cells: unknown cell(s) {','.join(unknown) or '(none given)'}; choose from {','.join(by_name)}"
+            )
+        cells = [by_name[c] for c in dict.fromkeys(chosen)]
     from hostpool_nb import LogicalHostPool
 
     short, old = load_revision(args.rev)
     impls: dict[str, Callable[[int, int], Any]] = {"this": LogicalHostPool, short: old}
     print(f"round trip free(alloc(k)): this checkout vs {args.rev} ({short}); ratio = {short} time / this time")
     print(f"{'page':>4}  {'k':>6}  {'pool':>8}  {'this':>9}  {short:>10}  {'ratio':>6}  paired min..max")
-    for ps, k, pool in DEFAULT_CELLS:
+    for ps, k, pool in cells:
         cell = measure_roundtrip(impls, ps, k, pool, args.repeats, min_loop_s=args.min_loop, max_loop_s=1.0)
         a, b = cell.samples["this"], cell.samples[short]
         paired = sorted(y / x for x, y in zip(a, b, strict=True))

@@ -10,7 +10,9 @@ and tests confirm that every implementation merged equally often.
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -72,10 +74,14 @@ def implementations(with_torch: bool | None = None) -> dict[str, Callable[[int, 
 
 
 def merges_of(pool: Any) -> int | None:
-    """Merges a pool has performed, when it counts them."""
+    """Merges a pool has performed, when it counts them.
+
+    A hostpool_nb pool's header is read with its own package's offsets:
+    ``python -m bench.compare`` imports another revision under another name.
+    """
     st = getattr(pool, "_st", None)
     if st is not None:
-        from hostpool_nb import _kernels as K
-
+        package = type(pool).__module__.split(".", 1)[0]
+        K = sys.modules.get(f"{package}._kernels") or importlib.import_module("hostpool_nb._kernels")
         return int(st[K.H_MERGES])
     return getattr(pool, "merges", None)

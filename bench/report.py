@@ -3,7 +3,7 @@
 A result row is a plain dict (so the JSON is the rows as they are):
 
 ``workload``, ``params`` (short text), ``unit`` (``"s/op"``, ``"s/batch"``,
-``"s/call"``, ``"B/page"`` or ``"s"``), ``values`` (implementation -> number, missing when not run),
+``"s/call"``, ``"B/page"``, ``"B/tag"`` or ``"s"``), ``values`` (implementation -> number, missing when not run),
 ``ratios`` (baseline -> baseline / hostpool_nb: above 1 means hostpool_nb is
 faster or smaller), ``target`` (text, empty when the row only informs),
 ``met`` (True, False or None) and ``note``; optionally ``columns`` (the
@@ -11,7 +11,9 @@ implementations the row is about) and extra figures for the JSON.
 
 Every ratio points one way - baseline / hostpool_nb, higher is better - and
 targets are written as bounds on those same ratios (``>=2x torch``), so a
-reader never has to work out which way a figure goes.
+reader never has to work out which way a figure goes. The one exception is
+the tracking workload, hostpool_nb against itself: its rows show no ratio
+columns, and its target names both sides (``tracked <=3x untracked``).
 """
 
 from __future__ import annotations
@@ -95,8 +97,9 @@ def fmt_time(seconds: float | None) -> str:
 def fmt_value(value: float | None, unit: str) -> str:
     if value is None:
         return "n/a"
-    if unit == "B/page":
-        return f"{value:.1f} B/pg" if value < 100 else f"{value:.0f} B/pg"
+    if unit.startswith("B/"):
+        label = "B/pg" if unit == "B/page" else unit
+        return f"{value:.1f} {label}" if value < 100 else f"{value:.0f} {label}"
     return fmt_time(value)
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from . import recorded as rec
 from . import report
+from .compare import revision_before
 from .impls import HOSTPOOL, NUMPY, TORCH, implementations, torch_available
 from .memory import MEMORY_PAGE_SIZE, MEMORY_POOL_SLOTS, measure_memory
 from .paged_workloads import (
@@ -21,6 +24,16 @@ from .paged_workloads import (
 )
 from .startup import measure_startup
 from .timing import Progress
+from .tracking import (
+    NEW_TAGS,
+    REQUEST_IDS,
+    TRACKED,
+    UNTRACKED,
+    measure_tracking,
+    paired,
+    site_table_bytes,
+    state_bytes_per_page,
+)
 from .workloads import (
     HOSTPOOL_LIST,
     MIB_SLOTS,
@@ -33,7 +46,7 @@ from .workloads import (
     roundtrip_pool_size,
 )
 
-WORKLOADS = ("roundtrip", "batch", "trace", "memory", "startup", "paged")
+WORKLOADS = ("roundtrip", "batch", "trace", "tracking", "memory", "startup", "paged")
 
 # The headline cell: single-page round trip, page size 64, 1M-slot pool.
 TARGET_CELL = (64, 64, MIB_SLOTS)
@@ -60,6 +73,10 @@ class Config:
     trace_pool_slots: int
     trace_ops: int
     trace_repeats: int
+    # The tracking workload: the headline round-trip cell, (page_size, k, pool_slots).
+    tracking_cell: tuple[int, int, int]
+    tracking_repeats: int
+    tracking_new_tags: int  # new tags whose site-table bytes tracemalloc counts
     memory_pool_slots: int
     memory_page_size: int
     memory_torch_pool_slots: int
@@ -69,6 +86,8 @@ class Config:
     min_cycles: int = 3
     seed: int = 0
     workloads: tuple[str, ...] = WORKLOADS
+    # --trace PATH: a recorded trace, timed with trace_repeats repeats.
+    recorded_trace: str | None = None
     notes: list[str] = field(default_factory=list)
     # hostpool_nb.paged against its numpy oracle (bench/paged_workloads.py).
     paged: PagedConfig = field(default_factory=PagedConfig)
@@ -104,6 +123,9 @@ def quick_config() -> Config:
         trace_pool_slots=MIB_SLOTS,
         trace_ops=30_000,
         trace_repeats=3,
+        tracking_cell=TARGET_CELL,
+        tracking_repeats=5,
+        tracking_new_tags=4096,
         memory_pool_slots=MEMORY_POOL_SLOTS,
         memory_page_size=MEMORY_PAGE_SIZE,
         memory_torch_pool_slots=MIB_SLOTS,
@@ -130,6 +152,9 @@ def full_config() -> Config:
         trace_pool_slots=MIB_SLOTS,
         trace_ops=200_000,
         trace_repeats=5,
+        tracking_cell=TARGET_CELL,
+        tracking_repeats=9,
+        tracking_new_tags=16384,
         memory_pool_slots=MEMORY_POOL_SLOTS,
         memory_page_size=MEMORY_PAGE_SIZE,
         memory_torch_pool_slots=MEMORY_POOL_SLOTS,
@@ -140,7 +165,7 @@ def full_config() -> Config:
     )
 
 
-def tiny_config(workloads: tuple[str, ...] = ("roundtrip", "batch", "trace", "memory", "paged")) -> Config:
+def tiny_config(workloads: tuple[str, ...] = ("roundtrip", "batch", "trace", "tracking", "memory", "paged")) -> Config:
     """Seconds-long sizes for the smoke test (works under NUMBA_DISABLE_JIT=1)."""
     return Config(
         mode="tiny",
@@ -156,6 +181,9 @@ def tiny_config(workloads: tuple[str, ...] = ("roundtrip", "batch", "trace", "me
         trace_pool_slots=4096,
         trace_ops=400,
         trace_repeats=1,
+        tracking_cell=(16, 16, 1024),
+        tracking_repeats=1,
+        tracking_new_tags=256,
         memory_pool_slots=4096,
         memory_page_size=16,
         memory_torch_pool_slots=4096,
@@ -186,7 +214,8 @@ def tiny_config(workloads: tuple[str, ...] = ("roundtrip", "batch", "trace", "me
     )
 
 
-def _steps(cfg: Config, nimpl: int) -> int:
+def _steps(cfg: Config, nimpl: int, recorded: Any = None) -> int:
+    """Progress steps of a run (``recorded``: the loaded ``--trace``, if any)."""
     n = 0
     if "roundtrip" in cfg.workloads:
         n += len(cfg.roundtrip_cells) * cfg.roundtrip_repeats * nimpl + len({k for _, k, _ in cfg.roundtrip_cells})
@@ -194,6 +223,10 @@ def _steps(cfg: Config, nimpl: int) -> int:
         n += len(cfg.batch_requests) * cfg.batch_repeats * (nimpl + 1)
     if "trace" in cfg.workloads:
         n += len(cfg.trace_page_sizes) * cfg.trace_repeats * nimpl
+    if "tracking" in cfg.workloads:
+        n += cfg.tracking_repeats * 3 + 1
+    if recorded is not None:
+        n += rec.steps_of(recorded, nimpl, cfg.trace_repeats)
     if "memory" in cfg.workloads:
         n += 3 * nimpl
     if "startup" in cfg.workloads:
@@ -232,6 +265,10 @@ BIG_K_TARGET = ">=1x torch"
 BATCH_TARGET = ">=50x torch"
 TRACE_TARGET = ">=3x torch"
 METADATA_TARGET = "<=24 B/page"
+# The one target that is no bound on the table's ratios: the tracking rows
+# compare hostpool_nb with itself, have no ratio columns, and say so.
+TRACKING_TARGET = "tracked <=3x untracked"
+TRACKING_BOUND = 3.0
 STARTUP_TARGET = ">=2x torch"  # start-up under half of a fresh `import torch`
 STARTUP_PARAMS = {"warm": "warm numba cache", "cold": "empty numba cache"}
 
@@ -319,10 +356,43 @@ def paged_target(p: dict[str, Any], ratios: dict[str, float]) -> tuple[str, bool
     return text, _at_least(ratios, NUMPY, bound)
 
 
+def tracking_params(page_size: int, k: int, pool_slots: int, variant: str) -> str:
+    """A tracking time row: the round-trip cell and ``untracked``, ``tracked`` or ``new tags``."""
+    return f"{roundtrip_params(page_size, k, pool_slots)} {variant}"
+
+
+def tracking_state_params(pool_slots: int, page_size: int, variant: str) -> str:
+    return f"pool={_slots(pool_slots)} p{page_size} {variant}"
+
+
+TRACKING_SITES_PARAMS = "site table, per new tag"
+
+
+def tracking_target(variant: str, tracked_over_untracked: float | None) -> tuple[str, bool | None]:
+    """The target of a tracking time row (the reused-tag row only) and whether the ratio meets it."""
+    if variant != TRACKED:
+        return "", None
+    return TRACKING_TARGET, None if tracked_over_untracked is None else tracked_over_untracked <= TRACKING_BOUND
+
+
+def recorded_params(path: str, n_ops: int) -> str:
+    """A recorded trace's row: the file's name and its replayed operations."""
+    name = Path(path).name
+    count = str(n_ops) if n_ops < 100_000 else f"{n_ops // 1000}K"
+    return f"{name} {count} ops"
+
+
 def run_suite(
-    cfg: Config, with_torch: bool | None = None, progress: Progress | None = None, torch_threads: int | None = 1
+    cfg: Config,
+    with_torch: bool | None = None,
+    progress: Progress | None = None,
+    torch_threads: int | None = 1,
+    recorded: Any = None,
 ) -> dict[str, Any]:
     """Run every workload of ``cfg``; return the results document.
+
+    ``recorded`` is ``cfg.recorded_trace`` already loaded (by the command
+    line, which checks it before measuring); loaded here when not given.
 
     ``torch_threads`` sets torch's intra-op threads (``None``: torch's
     default). One thread by default: hostpool_nb and numpy use one, and on a
@@ -338,7 +408,9 @@ def run_suite(
         torch.set_num_threads(torch_threads)
     impls = implementations(with_torch)
     names = list(impls)
-    progress = progress or Progress(_steps(cfg, len(names)), enabled=False)
+    if cfg.recorded_trace is not None and recorded is None:
+        recorded = rec.read(cfg.recorded_trace)
+    progress = progress or Progress(_steps(cfg, len(names), recorded), enabled=False)
     tick = progress.step
     t_start = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -504,6 +576,134 @@ def run_suite(
                 f"merges per replay {c.extra['merges_per_replay']}"
                 + ("" if st["ops"] >= 100_000 else "; quick mode: fewer than 100,000 ops (--full runs 200,000)")
             )
+
+    if recorded is not None:
+        path = cfg.recorded_trace or "trace"
+        progress.label(f"recorded trace {Path(path).name}")
+        c = rec.measure_recorded(impls, recorded, path, cfg.trace_repeats, tick)
+        raw["recorded_trace"] = asdict(c)
+        p = c.params
+        skipped = c.extra["baselines_skipped"]
+        rows.append(
+            report.row(
+                "recorded trace",
+                recorded_params(path, p["replayed"]),
+                "s/op",
+                c.per_op,
+                samples=c.samples,
+                columns=(HOSTPOOL,) if skipped else report.IMPL_COLUMNS,
+                trace=p,
+                merges=c.extra["merges_per_replay"],
+                calls_per_replay=c.extra["calls_per_replay"],
+                baselines_skipped=skipped,
+            )
+        )
+        calls = ", ".join(f"{n} {name}" for name, n in p["calls"].items())
+        unreadable = (
+            f"; {p['not_replayable']} not replayable (unreadable argument), left out" if p["not_replayable"] else ""
+        )
+        notes.append(
+            f"recorded trace {path}: {p['replayed']} calls ({calls}; {p['errors']} raised) on "
+            f"{p['pool']}(size={p['size']}, page_size={p['page_size']}, merge={p['merge']!r}, track={p['track']})"
+            f"{unreadable}, each repeat on a fresh pool; time per recorded call. hostpool_nb makes every call, "
+            "the ones that raised included (expecting their errors), on a pool made as the recorded one"
+            + (
+                f"; the baselines were not run: {skipped}"
+                if skipped
+                else "; the baselines make the calls a scheduler on the original would: alloc_many as one alloc "
+                "of the total, a free group's frees at its end, merge() as nothing (they merge when needed), "
+                "calls that raised left out"
+            )
+            + ". Every allocation's slots were checked against the trace, on every implementation, before timing"
+        )
+
+    if "tracking" in cfg.workloads:
+        ps, k, pool = cfg.tracking_cell
+        progress.label(f"tracking p{ps} k={k}")
+        c = measure_tracking(
+            ps,
+            k,
+            pool,
+            cfg.tracking_repeats,
+            cfg.min_cycles,
+            cfg.roundtrip_min_loop_s,
+            tick,
+            max_loop_s=cfg.roundtrip_max_loop_s,
+        )
+        progress.label("tracking: metadata")
+        state = state_bytes_per_page(pool, ps)
+        per_tag = site_table_bytes(ps, cfg.tracking_new_tags)
+        tick()
+        raw["tracking"] = {**asdict(c), "state_bytes_per_page": state, "site_table_bytes_per_new_tag": per_tag}
+        over = {v: c.per_op[v] / c.per_op[UNTRACKED] for v in (TRACKED, NEW_TAGS)}
+        spread = {v: paired(c.samples, v, UNTRACKED) for v in (TRACKED, NEW_TAGS)}
+        for variant in (UNTRACKED, TRACKED, NEW_TAGS):
+            target, met = tracking_target(variant, over.get(variant))
+            rows.append(
+                report.row(
+                    "tracking",
+                    tracking_params(ps, k, pool, variant),
+                    "s/op",
+                    {HOSTPOOL: c.per_op[variant]},
+                    target,
+                    met,
+                    columns=(HOSTPOOL,),
+                    variant=variant,
+                    samples_s=c.samples[variant],
+                    over_untracked=over.get(variant),
+                    paired_over_untracked=spread.get(variant),
+                    cycles_per_loop=c.params["cycles_per_loop"],
+                )
+            )
+        rows.extend(
+            report.row(
+                "tracking state",
+                tracking_state_params(pool, ps, variant),
+                "B/page",
+                {HOSTPOOL: state[variant]},
+                columns=(HOSTPOOL,),
+                variant=variant,
+            )
+            for variant in (UNTRACKED, TRACKED)
+        )
+        rows.append(
+            report.row(
+                "tracking state",
+                TRACKING_SITES_PARAMS,
+                "B/tag",
+                {HOSTPOOL: per_tag},
+                columns=(HOSTPOOL,),
+                new_tags_counted=cfg.tracking_new_tags,
+            )
+        )
+
+        def ratio(v: str) -> str:
+            s = spread[v]
+            return f"{report.fmt_ratio(over[v])}" + (f" (paired {s['min']:.2f}..{s['max']:.2f})" if s else "")
+
+        cell = roundtrip_params(ps, k, pool)
+        met = over[TRACKED] <= TRACKING_BOUND
+        notes.append(
+            f"tracking {cell}: free(alloc({k})) on an untracked pool and on pools made with track=True, "
+            f"interleaved; no ratio columns (hostpool_nb against itself). tracked: alloc({k}, tag=request id), "
+            f"{REQUEST_IDS} int ids reused, each already in the pool's site table: tracked / untracked = "
+            f"{ratio(TRACKED)}, target {TRACKING_TARGET}: {'met' if met else 'NOT met'}. new tags: a "
+            f"never-seen id on every call (each adds a table entry; a fresh pool per repeat): {ratio(NEW_TAGS)}"
+        )
+        notes.append(
+            f"tracking metadata: the state array is {state[UNTRACKED]:.2f} B/page untracked and "
+            f"{state[TRACKED]:.2f} B/page tracked (+{state['added']:.0f}: two int64 words per page, its "
+            "allocation's number and the ids of the sites that allocated and last freed it), the pools' "
+            "_st.nbytes, checked against _kernels.state_length; the site table keeps about "
+            f"{per_tag:.0f} B per new (call site, tag) for the pool's life (tracemalloc over "
+            f"{cfg.tracking_new_tags} new tags): a tag per request grows it with every request"
+        )
+        rev = revision_before("hostpool_nb/_tracking.py") or "REV"
+        notes.append(
+            f"tracking off against the code before tracking: python -m bench.compare {rev} --only-cells "
+            f"{ps}:{k} times this checkout's untracked pool and that revision's in one process, interleaved "
+            "(target: within 5%, ratio >= 0.95x)"
+        )
 
     if "memory" in cfg.workloads:
         mem = {}

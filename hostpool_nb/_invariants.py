@@ -36,28 +36,23 @@ def problems(st: NDArray[np.int64], num_pages: int, page_size: int) -> list[str]
     Costs O(number of pages).
     """
     n = num_pages
+    layout = _layout_problems(st, n)
+    if layout:
+        return layout
     found: list[str] = []
-    if st.ndim != 1 or st.dtype != np.int64:
-        return [f"state must be a 1-D int64 array, got {st.dtype} with shape {st.shape}"]
-    if st.shape[0] != K.state_length(n):
-        return [f"state array has length {st.shape[0]}, expected {K.state_length(n)}"]
     header = (int(st[K.H_NPAGES]), int(st[K.H_PAGE_SIZE]), int(st[K.H_PAGE_SHIFT]))
     if header != (n, page_size, K.page_shift(page_size)):
         found.append(
             f"header says (pages, page_size, shift) = {header}, pool has {(n, page_size, K.page_shift(page_size))}"
         )
     head, nfree, nrel, npend = (int(st[h]) for h in (K.H_HEAD, K.H_NFREE, K.H_NREL, K.H_NPEND))
-    depth, sorted_flag = int(st[K.H_GROUP_DEPTH]), int(st[K.H_SORTED])
     if not (nfree >= 0 and nrel >= 0 and npend >= 0 and nfree + nrel + npend <= n and (n == 0 or 0 <= head < n)):
         found.append(f"counters out of range: head={head} nfree={nfree} nrel={nrel} npend={npend} pages={n}")
         return found
-    if depth < 0 or (npend > 0 and depth == 0):
-        found.append(f"free groups out of range: depth={depth} with {npend} pending pages")
-    if sorted_flag not in (0, 1):
-        found.append(f"merge order word is {sorted_flag}, expected 0 (fifo) or 1 (sorted)")
+    found += _word_problems(st, npend)
+    sorted_flag = int(st[K.H_SORTED])
+    track = int(st[K.H_TRACK])
     counters = {name: int(st[h]) for name, h in _COUNTERS}
-    if min(counters.values()) < 0 or counters["failed_allocs"] > counters["alloc_calls"]:
-        found.append(f"statistics out of range: {counters}")
     ring = st[K.HEADER : K.HEADER + n]
     listed = ring[(head + np.arange(nfree + nrel + npend)) % max(n, 1)]
     if listed.size and (listed.min() < 0 or listed.max() >= n):
@@ -82,7 +77,44 @@ def problems(st: NDArray[np.int64], num_pages: int, page_size: int) -> list[str]
     held = n - nfree - nrel - npend
     if counters["peak_allocated_pages"] < held:
         found.append(f"peak of {counters['peak_allocated_pages']} pages is below the {held} held now")
+    if track:
+        found += _tracking_problems(st, n, track, owner)
     return found
+
+
+def _layout_problems(st: NDArray[np.int64], n: int) -> list[str]:
+    """The array itself: 1-D int64, of the length its layout (tracking or not) needs."""
+    if st.ndim != 1 or st.dtype != np.int64:
+        return [f"state must be a 1-D int64 array, got {st.dtype} with shape {st.shape}"]
+    track = int(st[K.H_TRACK]) if st.shape[0] > K.H_TRACK else 0
+    if track not in (0, K.track_offset(n)):
+        return [f"tracking words said to start at {track}, expected 0 or {K.track_offset(n)}"]
+    if st.shape[0] != K.state_length(n, track != 0):
+        return [f"state array has length {st.shape[0]}, expected {K.state_length(n, track != 0)}"]
+    return []
+
+
+def _word_problems(st: NDArray[np.int64], npend: int) -> list[str]:
+    """Free groups, the merge order word and the statistics, each in its range."""
+    found = []
+    depth, sorted_flag = int(st[K.H_GROUP_DEPTH]), int(st[K.H_SORTED])
+    if depth < 0 or (npend > 0 and depth == 0):
+        found.append(f"free groups out of range: depth={depth} with {npend} pending pages")
+    if sorted_flag not in (0, 1):
+        found.append(f"merge order word is {sorted_flag}, expected 0 (fifo) or 1 (sorted)")
+    counters = {name: int(st[h]) for name, h in _COUNTERS}
+    if min(counters.values()) < 0 or counters["failed_allocs"] > counters["alloc_calls"]:
+        found.append(f"statistics out of range: {counters}")
+    return found
+
+
+def _tracking_problems(st: NDArray[np.int64], n: int, track: int, owner: NDArray[np.uint8]) -> list[str]:
+    """A tracking pool's words: every held page's allocation number below the next one."""
+    seq = int(st[K.H_SEQ])
+    numbers = st[track : track + n][owner == K.OWNER_ALLOCATED]
+    if seq < 1 or (numbers.size and (numbers.min() < 0 or numbers.max() >= seq)):
+        return [f"allocation numbers of held pages are not below the next one, {seq}"]
+    return []
 
 
 _COUNTERS = (

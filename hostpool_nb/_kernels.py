@@ -30,6 +30,11 @@ as few arguments as possible):
     One flag per page: ``OWNER_ALLOCATED`` for a page a caller holds,
     ``OWNER_FREE`` for a page on the free or release list,
     ``OWNER_PENDING`` for a page on the pending list.
+``st[st[H_TRACK]:]``, only in a pool made with ``track=True``
+    Two words per page: the number of the allocation that handed it out
+    (``H_SEQ`` counts them), then the id of that allocation's call site
+    and tag (high 32 bits) with the id of the site that last freed it (low
+    32 bits); ``_tracking.py`` keeps the table the ids index.
 
 Because ``free`` stages a page on the ring only after its flag said it was
 allocated, the ring never holds a page twice and never overflows: the spare
@@ -81,7 +86,9 @@ H_FAILED_ALLOCS = 11  # of those, answered None
 H_FREE_CALLS = 12  # free calls that freed at least one page
 H_PEAK = 13  # most pages allocated at once
 H_CLEARS = 14  # clear() calls: a free_group() block tells it was ended by one
-HEADER = 16  # header length; the spare word keeps room for a later counter
+H_TRACK = 15  # where the tracking words start (0: the pool does not track)
+H_SEQ = 16  # allocations recorded by a tracking pool: the next one's number
+HEADER = 24  # header length; the spare words keep room for later counters
 
 OWNER_FREE = 0
 OWNER_ALLOCATED = 1
@@ -97,9 +104,21 @@ E_CORRUPT = 7  # internal state is inconsistent (never through the public API)
 E_NEGATIVE = 8  # a batch size is negative
 E_NO_GROUP = 9  # free_group_end without a group
 
+_LOW32 = (1 << 32) - 1  # a tracking word's low half: the id of the site that last freed the page
 
-def state_length(num_pages: int) -> int:
-    """Length of the int64 state array of a pool of ``num_pages`` pages."""
+
+def state_length(num_pages: int, tracked: bool = False) -> int:
+    """Length of the int64 state array of a pool of ``num_pages`` pages.
+
+    A tracking pool has two more words per page after the owner flags
+    (:func:`track_offset`): each page's allocation number, then its
+    allocation site's id (high 32 bits) and its last freeing site's id.
+    """
+    return track_offset(num_pages) + (2 * num_pages if tracked else 0)
+
+
+def track_offset(num_pages: int) -> int:
+    """Where a tracking pool's per-page words start: right after the owner flags."""
     return HEADER + num_pages + (num_pages + 7) // 8
 
 
@@ -143,7 +162,10 @@ def reset(st: NDArray[np.int64]) -> int:
     """
     n: int = st[H_NPAGES]
     owner = owner_view(st)
+    t: int = st[H_TRACK]
     for p in range(n):
+        if t != 0 and owner[p] == OWNER_ALLOCATED:
+            st[t + n + p] = (st[t + n + p] & ~_LOW32) | 1  # freed by clear() (the tracker's id 1)
         st[HEADER + p] = p
         owner[p] = OWNER_FREE
     st[H_HEAD] = 0
@@ -490,6 +512,50 @@ def free_pages(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     # taking them in is one counter.
     _take_staged(st, count)
     return count * page_size
+
+
+@_jit("i8(i8[::1], i8[::1], i8)")
+def alloc_pages_tracked(st: NDArray[np.int64], out: NDArray[np.int64], site: int) -> int:
+    """:func:`alloc_pages`, then each page handed out records this allocation.
+
+    The allocation gets the next number (``H_SEQ``); each of its pages
+    records that number and ``site`` (the id of the call site and tag),
+    keeping the id of the site that last freed it. O(pages).
+    """
+    status = alloc_pages(st, out)
+    if status <= 0:
+        return status
+    page_size: int = st[H_PAGE_SIZE]
+    n: int = st[H_NPAGES]
+    t: int = st[H_TRACK]
+    seq: int = st[H_SEQ]
+    st[H_SEQ] = seq + 1
+    for i in range(out.shape[0] // page_size):
+        p = out[i * page_size] // page_size
+        st[t + p] = seq
+        st[t + n + p] = (site << 32) | (st[t + n + p] & _LOW32)
+    return status
+
+
+@_jit("i8(i8[::1], i8[::1], i8)")
+def free_pages_tracked(st: NDArray[np.int64], slots: NDArray[np.int64], site: int) -> int:
+    """:func:`free_pages`, then each page freed records ``site`` as the site that freed it.
+
+    The pages are read back from where the free staged them on the ring (not
+    from ``slots`` again). O(pages).
+    """
+    tail = _ring_tail(st)
+    status = free_pages(st, slots)
+    if status <= 0:
+        return status
+    n: int = st[H_NPAGES]
+    t: int = st[H_TRACK]
+    pos = tail
+    for _ in range(status // st[H_PAGE_SIZE]):
+        p = st[HEADER + pos]
+        st[t + n + p] = (st[t + n + p] & ~_LOW32) | site
+        pos = pos + 1 if pos + 1 < n else 0
+    return status
 
 
 @_jit("i8(i8[::1])")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ from ._hooks import DataPlaneHooks
 from ._invariants import problems
 from ._snapshot import FORMAT, PoolState, check_format, checked_words
 from ._stats import PoolStats
+from ._tracking import Outstanding, Site, Tracker, leak_report
 
 _alloc_pages = K.entry_point(K.alloc_pages)
 _free_pages = K.entry_point(K.free_pages)
@@ -33,6 +34,8 @@ _plan_batch = K.entry_point(K.plan_batch)
 _group_begin = K.entry_point(K.group_begin)
 _group_end = K.entry_point(K.group_end)
 _load_state = K.entry_point(K.load_state)
+_alloc_tracked = K.entry_point(K.alloc_pages_tracked)
+_free_tracked = K.entry_point(K.free_pages_tracked)
 
 MERGE_ORDERS = ("fifo", "sorted")
 
@@ -49,9 +52,9 @@ _STRIDES_1D = (8,)
 _PRECHECK_SLOTS = 1 << 15
 
 
-def _new_state(size: int, page_size: int, num_pages: int) -> NDArray[np.int64]:
+def _new_state(size: int, page_size: int, num_pages: int, track: bool) -> NDArray[np.int64]:
     """A zeroed state array, or a clear error for a pool too large to hold."""
-    words = K.state_length(num_pages)
+    words = K.state_length(num_pages, track)
     if words * 8 > sys.maxsize:  # numpy's own error would be about "dimensions"
         raise HostPoolError(
             f"LogicalHostPool(size={size}, page_size={page_size}) is too large: its {num_pages} pages "
@@ -121,7 +124,9 @@ class LogicalHostPool(DataPlaneHooks):
         multiple of ``page_size``.
     """
 
-    def __init__(self, size: int, page_size: int, layout: str = "layer_first", *, merge: str = "fifo") -> None:
+    def __init__(
+        self, size: int, page_size: int, layout: str = "layer_first", *, merge: str = "fifo", track: bool = False
+    ) -> None:
         size = as_count(size, "size")
         page_size = as_count(page_size, "page_size")
         if page_size < 1:
@@ -135,17 +140,24 @@ class LogicalHostPool(DataPlaneHooks):
             raise AlignmentError(f"LogicalHostPool size must be page-aligned, got size={size}, page_size={page_size}")
         if merge not in MERGE_ORDERS:
             raise HostPoolError(f"merge must be 'fifo' or 'sorted', got merge={merge!r}")
+        if type(track) is not bool:
+            raise TypeError(f"track must be True or False, got {type(track).__name__} {track!r}")
         num_pages = size // page_size
-        st = _new_state(size, page_size, num_pages)
+        st = _new_state(size, page_size, num_pages, track)
         st[K.H_NPAGES] = num_pages
         st[K.H_PAGE_SIZE] = page_size
         st[K.H_PAGE_SHIFT] = K.page_shift(page_size)
         st[K.H_SORTED] = merge == "sorted"
-        self._setup(size, page_size, layout, merge, st)
+        if track:
+            st[K.H_TRACK] = K.track_offset(num_pages)
+            st[K.H_SEQ] = 1  # allocations are numbered from 1
+        self._setup(size, page_size, layout, merge, st, Tracker() if track else None)
         self.clear()
         self._st[K.H_CLEARS] = 0  # the construction is not a clear() call
 
-    def _setup(self, size: int, page_size: int, layout: Any, merge: str, st: NDArray[np.int64]) -> None:
+    def _setup(  # noqa: PLR0913, PLR0917 - every attribute the pickle restores
+        self, size: int, page_size: int, layout: Any, merge: str, st: NDArray[np.int64], tracker: Tracker | None
+    ) -> None:
         """Set every attribute: for ``__init__`` and for unpickling."""
         self.size = size
         self.logical_size = size
@@ -161,6 +173,8 @@ class LogicalHostPool(DataPlaneHooks):
         self.allocator = None
         self.can_use_write_back_jit = True
         self.merge_order = merge
+        self.track = tracker is not None
+        self._tracker = tracker
         self.lock = threading.RLock()
         self._st = st
         # A view for Python-side checks; the kernels find it inside ``_st``.
@@ -202,13 +216,18 @@ class LogicalHostPool(DataPlaneHooks):
         with self.lock:
             return int(st[K.H_NFREE] + st[K.H_NREL]) * self.page_size
 
-    def alloc(self, need_size: int) -> NDArray[np.int64] | None:
+    def alloc(self, need_size: int, *, tag: Any = None) -> NDArray[np.int64] | None:
         """Allocate ``need_size`` slots: whole pages, in FIFO order.
 
         Parameters
         ----------
         need_size : int
             Number of slots; a non-negative multiple of ``page_size``.
+        tag : hashable, optional, keyword-only
+            A label for this allocation (e.g. a request id) that a tracking
+            pool records with its call site (``outstanding()``,
+            ``leak_report()``); accepted and ignored when the pool does not
+            track.
 
         Returns
         -------
@@ -236,6 +255,8 @@ class LogicalHostPool(DataPlaneHooks):
             )
         if need_size < 0:
             raise HostPoolError(f"need_size must be non-negative, got need_size={need_size}")
+        tracker = self._tracker
+        where = None if tracker is None else tracker.where(tag)  # an unhashable tag raises here
         if need_size > _PRECHECK_SLOTS and self._refused(need_size):
             return None
         # The output is allocated before taking the lock, so its page faults
@@ -245,7 +266,10 @@ class LogicalHostPool(DataPlaneHooks):
         lock = self.lock
         lock.acquire()  # acquire/release: measurably cheaper than ``with``
         try:
-            status = _alloc_pages(self._st, out)
+            if tracker is None or where is None:
+                status = _alloc_pages(self._st, out)
+            else:  # the site's id is looked up under the lock, where a sweep cannot drop it
+                status = _alloc_tracked(self._st, out, tracker.intern(where, self._st))
         finally:
             lock.release()
         if status >= 0:
@@ -254,7 +278,7 @@ class LogicalHostPool(DataPlaneHooks):
             return None
         raise self._corrupt("alloc", status)
 
-    def alloc_many(self, sizes: Any) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
+    def alloc_many(self, sizes: Any, *, tag: Any = None) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
         """Allocate a batch of requests at once: all of them, or none.
 
         The batch is one allocation of ``sum(sizes)`` slots, so ``slots``
@@ -269,6 +293,9 @@ class LogicalHostPool(DataPlaneHooks):
         sizes : sequence or 1-D array of int
             Slots per request, each a non-negative multiple of
             ``page_size``. A numpy int64 array is read fastest.
+        tag : hashable, optional, keyword-only
+            As for :meth:`alloc`: recorded for the whole batch by a
+            tracking pool (one allocation), ignored otherwise.
 
         Returns
         -------
@@ -291,6 +318,8 @@ class LogicalHostPool(DataPlaneHooks):
         """
         arr = as_sizes(sizes)
         page_size = self.page_size
+        tracker = self._tracker
+        where = None if tracker is None else tracker.where(tag)
         if isinstance(arr, list):  # sizes beyond int64: checked here, never served
             for i, s in enumerate(arr):
                 self._check_batch_size(i, s, page_size)
@@ -310,7 +339,10 @@ class LogicalHostPool(DataPlaneHooks):
         lock = self.lock
         lock.acquire()
         try:
-            status = _alloc_pages(self._st, out)
+            if tracker is None or where is None:
+                status = _alloc_pages(self._st, out)
+            else:  # the site's id is looked up under the lock, where a sweep cannot drop it
+                status = _alloc_tracked(self._st, out, tracker.intern(where, self._st))
         finally:
             lock.release()
         if status >= 0:
@@ -362,12 +394,18 @@ class LogicalHostPool(DataPlaneHooks):
             )
         if n == 0:
             return 0
+        tracker = self._tracker
         lock = self.lock
-        lock.acquire()
-        try:
-            status = _free_pages(self._st, slots)
-        finally:
-            lock.release()
+        if tracker is None:
+            lock.acquire()
+            try:
+                status = _free_pages(self._st, slots)
+            finally:
+                lock.release()
+        else:
+            where = tracker.where(None)
+            with lock:
+                status = _free_tracked(self._st, slots, tracker.intern(where, self._st))
         if status < 0:
             raise self._free_error(status, slots)
         return n
@@ -414,15 +452,15 @@ class LogicalHostPool(DataPlaneHooks):
         leaves the pool alone.
         """
         st = self._st
-        with self.lock:
-            _group_begin(st)
+        with self.lock:  # the public calls, so a recording sees the group
+            self.free_group_begin()
             clears = int(st[K.H_CLEARS])
         try:
             yield
         finally:
             with self.lock:
-                if int(st[K.H_CLEARS]) == clears:
-                    _group_end(st)
+                if int(st[K.H_CLEARS]) == clears and int(st[K.H_GROUP_DEPTH]) > 0:
+                    self.free_group_end()
 
     # -- snapshots and pickling -----------------------------------------------
 
@@ -432,8 +470,10 @@ class LogicalHostPool(DataPlaneHooks):
         ``restore_state`` of it makes every later call behave exactly as it
         would have now: the lists, open free groups and counters.
         """
+        tracker = self._tracker
         with self.lock:  # PoolState makes the one copy, under the lock
-            return PoolState(self.size, self.page_size, self.merge_order, self._st)
+            sites = None if tracker is None else tracker.table()
+            return PoolState(self.size, self.page_size, self.merge_order, self._st, sites)
 
     def restore_state(self, state: PoolState) -> None:
         """Put the pool back in the state of a snapshot from ``backup_state``.
@@ -454,14 +494,20 @@ class LogicalHostPool(DataPlaneHooks):
             (self.size, self.page_size, self.merge_order),
             (state.size, state.page_size, state.merge),
             "the state",
+            self.track,
         )
+        tracker = None if state.sites is None else Tracker(list(state.sites))
         with self.lock:
             _load_state(self._st, words)
+            if tracker is not None:
+                self._tracker = tracker  # the ids in the restored words index the snapshot's sites
 
     def __getstate__(self) -> dict[str, Any]:
         """What pickle and ``copy.deepcopy`` keep: the shape, the layout and one state copy."""
-        with self.lock:
+        tracker = self._tracker
+        with self.lock:  # the state and its site table, as of one moment
             words = self._st.copy()
+            sites = None if tracker is None else tracker.table()
         return {
             "format": FORMAT,
             "size": self.size,
@@ -469,6 +515,7 @@ class LogicalHostPool(DataPlaneHooks):
             "layout": self.layout,
             "merge": self.merge_order,
             "state": words,
+            "sites": sites,
         }
 
     def __setstate__(self, saved: Any) -> None:
@@ -492,8 +539,13 @@ class LogicalHostPool(DataPlaneHooks):
         if merge not in MERGE_ORDERS:
             raise HostPoolError(f"{what} has merge={merge!r}, not 'fifo' or 'sorted'")
         shape = (size, page_size, merge)
-        words = checked_words(saved["state"], shape, shape, what)
-        self._setup(size, page_size, saved["layout"], merge, words)
+        sites = saved.get("sites")
+        words = checked_words(saved["state"], shape, shape, what, sites is not None)
+        if sites is not None and not (
+            isinstance(sites, tuple) and all(s is None or isinstance(s, Site) for s in sites)
+        ):
+            raise HostPoolError(f"{what} has a damaged site table")
+        self._setup(size, page_size, saved["layout"], merge, words, None if sites is None else Tracker(list(sites)))
 
     # -- statistics -----------------------------------------------------------
 
@@ -502,6 +554,59 @@ class LogicalHostPool(DataPlaneHooks):
         with self.lock:
             header = self._st[: K.HEADER].copy()
         return PoolStats.from_header(header)
+
+    # -- diagnostics ----------------------------------------------------------
+
+    def outstanding(self) -> list[Outstanding]:
+        """The pages allocated now, grouped by the call site and tag that allocated them.
+
+        Largest groups first (then oldest). Each record has ``site``
+        (``"file:line in function"`` of the first frame outside
+        hostpool_nb), ``tag``, ``pages``, ``slots``, ``allocations`` and
+        ``oldest`` (the number of the group's oldest allocation). O(pages).
+
+        Raises
+        ------
+        HostPoolError
+            If the pool was not constructed with ``track=True``.
+        """
+        tracker = self._tracker
+        if tracker is None:
+            raise HostPoolError(
+                "outstanding() needs a tracking pool: construct it with track=True "
+                "(leak_report() still says how much is allocated)"
+            )
+        with self.lock:
+            return tracker.outstanding(self._st, self._owner, self.page_size)
+
+    def recording(self, path: Any) -> AbstractContextManager[None]:
+        """``with pool.recording(path): ...``: write every call made in the block to ``path``.
+
+        The trace (``hostpool_nb.trace`` documents its format: a ``.npz``
+        archive, readable with ``numpy.load``) holds the pool's parameters
+        and each call's arguments, results and errors, in order; ``python
+        -m hostpool_nb.replay path`` checks that a fresh pool does the same,
+        and ``python -m bench --trace path`` times the workload against the
+        original algorithm. Calls are serialised while recording.
+        """
+        from .trace import recording  # noqa: PLC0415 - keeps the trace machinery out of `import hostpool_nb`
+
+        return recording(self, path)
+
+    def leak_report(self, limit: int = 20) -> str:
+        """A readable table of what is allocated now and where, for logs and test failures.
+
+        Groups by call site and tag, largest first, at most ``limit`` rows;
+        says so plainly when nothing is allocated. Without ``track=True``
+        it gives the totals and says how to see the sites.
+        """
+        limit = as_count(limit, "limit")
+        if limit < 0:
+            raise HostPoolError(f"limit must be non-negative, got limit={limit}")
+        s = self.stats()
+        records = self.outstanding() if self._tracker is not None else None
+        name = f"{type(self).__name__}(size={s.size}, page_size={s.page_size})"
+        return leak_report(name, records, s.allocated_pages, s.page_size, limit)
 
     # -- checks ----------------------------------------------------------
 
@@ -582,13 +687,22 @@ class LogicalHostPool(DataPlaneHooks):
         if code == K.E_NOT_ALLOCATED:
             return DoubleFreeError(
                 f"{self._page_text(slot // ps)}, freed at indices[{pos}] (flattened), is not "
-                "allocated: it was freed already, freed by clear(), or never allocated"
+                "allocated: it was freed already, freed by clear(), or never allocated" + self._history(slot // ps)
             )
         if code == K.E_DUPLICATE:
             return DoubleFreeError(
                 f"{self._page_text(slot // ps)} is freed twice in one call (again at indices[{pos}], flattened)"
+                + self._history(slot // ps)
             )
         return self._corrupt("free", status)
+
+    def _history(self, page: int) -> str:
+        """``"; it was allocated at ..., then freed at ..."`` for a tracking pool, else nothing."""
+        tracker = self._tracker
+        if tracker is None or not 0 <= page < self.size // self.page_size:
+            return ""
+        with self.lock:
+            return f"; it was {tracker.history(self._st, page)}"
 
     def _corrupt(self, op: str, status: int) -> RuntimeError:
         code, pos = K.decode_status(status)

@@ -21,7 +21,7 @@ from ._invariants import problems
 
 # The layout of the state array. A snapshot or pickle of another format was
 # made by a hostpool_nb whose kernels read the array differently.
-FORMAT = 1
+FORMAT = 2
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,12 +38,16 @@ class PoolState:
         The shape of the pool it was taken from.
     merge : str
         That pool's merge order, ``"fifo"`` or ``"sorted"``.
+    sites : tuple of Site, or None
+        A tracking pool's call sites and tags at the backup (the ids in the
+        state index them); ``None`` for a pool that does not track.
     """
 
     size: int
     page_size: int
     merge: str
     _words: NDArray[np.int64] = field(repr=False)
+    sites: tuple[Any, ...] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         words = np.array(self._words, dtype=np.int64, copy=True)
@@ -51,7 +55,7 @@ class PoolState:
         object.__setattr__(self, "_words", words)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_load_state, (FORMAT, self.size, self.page_size, self.merge, self._words))
+        return (_load_state, (FORMAT, (self.size, self.page_size, self.merge, self._words, self.sites)))
 
     def __repr__(self) -> str:
         h = self._words
@@ -62,10 +66,11 @@ class PoolState:
         )
 
 
-def _load_state(version: int, size: int, page_size: int, merge: str, words: NDArray[np.int64]) -> PoolState:
+def _load_state(version: int, fields: tuple[Any, ...]) -> PoolState:
     """Unpickle a ``PoolState``, refusing another format."""
     check_format(version, "PoolState")
-    return PoolState(size, page_size, merge, words)
+    size, page_size, merge, words, sites = fields
+    return PoolState(size, page_size, merge, words, sites)
 
 
 def check_format(version: Any, what: str) -> None:
@@ -76,11 +81,14 @@ def check_format(version: Any, what: str) -> None:
         )
 
 
-def checked_words(words: Any, pool: tuple[int, int, str], source: tuple[int, int, str], what: str) -> NDArray[np.int64]:
+def checked_words(
+    words: Any, pool: tuple[int, int, str], source: tuple[int, int, str], what: str, track: bool = False
+) -> NDArray[np.int64]:
     """``words`` as a state for ``pool``, or a ``HostPoolError`` saying why not.
 
     ``pool`` is the (size, page_size, merge) of the pool taking the state,
-    ``source`` the one the state says it came from.
+    ``source`` the one the state says it came from; ``track`` whether the
+    taking pool tracks (a state must come from a pool that does the same).
     """
     size, page_size, merge = pool
     if source != pool:
@@ -96,6 +104,8 @@ def checked_words(words: Any, pool: tuple[int, int, str], source: tuple[int, int
     found = problems(np.ascontiguousarray(arr), size // page_size, page_size)
     if not found and int(arr[K.H_SORTED]) != (merge == "sorted"):
         found = [f"its merge order word is {int(arr[K.H_SORTED])}, but it says merge={merge!r}"]
+    if not found and bool(arr[K.H_TRACK]) != track:
+        raise HostPoolError(f"{what} is from a pool with track={bool(arr[K.H_TRACK])}; this pool has track={track}")
     if found:
         raise HostPoolError(f"{what} fails the pool's invariants: " + "; ".join(found))
     return np.array(arr, dtype=np.int64, copy=True)  # writable: a kernel argument is never read-only

@@ -159,7 +159,7 @@ class LogicalHostPool(_CorePool):
 
     # The adapter returns tensors where the core returns numpy arrays, as
     # sglang's pool does: a deliberate break of substitutability.
-    def alloc(self, need_size: int | torch.Tensor) -> torch.Tensor | None:  # type: ignore[override]
+    def alloc(self, need_size: int | torch.Tensor, *, tag: Any = None) -> torch.Tensor | None:  # type: ignore[override]
         """Allocate ``need_size`` slots: whole pages, in FIFO order.
 
         Parameters
@@ -190,11 +190,11 @@ class LogicalHostPool(_CorePool):
         """
         if type(need_size) is not int and isinstance(need_size, _Tensor):
             need_size = _tensor_count(need_size)
-        out = super().alloc(need_size)
+        out = super().alloc(need_size, tag=tag)
         return None if out is None else _from_numpy(out)
 
     def alloc_many(  # type: ignore[override]  # returns tensors, as alloc does
-        self, sizes: Any
+        self, sizes: Any, *, tag: Any = None
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Allocate a batch of requests at once: all of them, or none.
 
@@ -217,7 +217,7 @@ class LogicalHostPool(_CorePool):
             if arr.dtype is not _INT64:
                 _check_tensor_dtype(sizes.dtype, "sizes")
             sizes = arr
-        got = super().alloc_many(sizes)
+        got = super().alloc_many(sizes, tag=tag)
         if got is None:
             return None
         return _from_numpy(got[0]), _from_numpy(got[1])

@@ -4,9 +4,11 @@ No timing is asserted (speed is never a test); these check that what the
 benchmark compares is comparable - the trace replays to identical slot
 sequences on hostpool_nb and on the baselines, the batch workload refuses
 implementations that hand out other slots or merge unequally, the counted baselines behave
-exactly as the shared ones, the memory accounting agrees with tracemalloc -
-and that the JSON, table, plot, progress bar and command line behave. Fast, and
-passes under ``NUMBA_DISABLE_JIT=1``.
+exactly as the shared ones, the memory accounting agrees with tracemalloc, the
+tracking workload measures pools that track, a recorded trace (``--trace``) replays
+to the recorded slots everywhere or stops naming the call that diverged - and that
+the JSON, table, plot, progress bar and command line behave. Fast, and passes
+under ``NUMBA_DISABLE_JIT=1``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,16 @@ from bench.paged_workloads import (
     paged_cases,
     paged_implementations,
 )
+from bench.recorded import (
+    ALLOC,
+    CLEAR,
+    FREE,
+    RecordedTraceError,
+    ReplayDivergence,
+    baseline_plan,
+    hostpool_plan,
+)
+from bench.recorded import read as read_trace
 from bench.suite import (
     BATCH_TARGET,
     BATCH_TARGET_REQUESTS,
@@ -57,6 +69,8 @@ from bench.suite import (
     STARTUP_PARAMS,
     STARTUP_TARGET,
     TRACE_TARGET,
+    TRACKING_SITES_PARAMS,
+    TRACKING_TARGET,
     _steps,
     batch_params,
     batch_target,
@@ -66,13 +80,18 @@ from bench.suite import (
     paged_params,
     paged_target,
     quick_config,
+    recorded_params,
     roundtrip_params,
     roundtrip_target,
     run_suite,
     tiny_config,
     trace_params,
+    tracking_params,
+    tracking_state_params,
+    tracking_target,
 )
 from bench.timing import Progress, interleaved
+from bench.tracking import NEW_TAGS, TRACKED, UNTRACKED, VARIANTS
 from bench.workloads import (
     HOSTPOOL_LIST,
     MIB_SLOTS,
@@ -83,12 +102,15 @@ from bench.workloads import (
     measure_roundtrip,
     replay,
 )
-from hostpool_nb import LogicalHostPool
+from hostpool_nb import AlignmentError, DoubleFreeError, LogicalHostPool
+from hostpool_nb import _kernels as K
+from hostpool_nb import trace as hp_trace
 from hostpool_nb.paged import PagedTokenToKVPoolAllocator as PagedHostPool
 
 POOL, PAGE = 4096, 16
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = "batch round trip"
+RECORDED = "recorded trace"
 
 
 @pytest.fixture(scope="module")
@@ -604,6 +626,299 @@ def test_suite_json_table_and_plot(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+# -- tracking ------------------------------------------------------------------
+
+
+def test_tracking_rows_have_a_target_and_real_metadata() -> None:
+    cfg = tiny_config(("tracking",))
+    progress = _CountingProgress()
+    doc = run_suite(cfg, with_torch=False, progress=progress)
+    assert progress.steps == _steps(cfg, 2) > 0
+    ps, k, pool = cfg.tracking_cell
+    rows = doc["rows"]
+    assert [(r["workload"], r["params"]) for r in rows] == [
+        *(("tracking", tracking_params(ps, k, pool, v)) for v in VARIANTS),
+        *(("tracking state", tracking_state_params(pool, ps, v)) for v in (UNTRACKED, TRACKED)),
+        ("tracking state", TRACKING_SITES_PARAMS),
+    ]
+    for r in rows:
+        # hostpool_nb against itself: no ratio columns, no ratios.
+        assert r["columns"] == (HOSTPOOL,)
+        assert set(r["values"]) == {HOSTPOOL}
+        assert r["values"][HOSTPOOL] > 0
+        assert r["ratios"] == {}
+    times = {r["variant"]: r for r in rows[:3]}
+    tracked = times[TRACKED]
+    ratio = tracked["values"][HOSTPOOL] / times[UNTRACKED]["values"][HOSTPOOL]
+    assert tracked["over_untracked"] == pytest.approx(ratio)
+    assert tracked["met"] in (True, False)
+    assert (tracked["target"], tracked["met"]) == (TRACKING_TARGET, ratio <= 3.0)
+    for variant in (UNTRACKED, NEW_TAGS):
+        assert (times[variant]["target"], times[variant]["met"]) == ("", None)
+    # The state rows are the pools' arrays, per page, as the layout says.
+    pages = pool // ps
+    untracked_b, tracked_b = (r["values"][HOSTPOOL] for r in rows[3:5])
+    assert untracked_b == K.state_length(pages) * 8 / pages == LogicalHostPool(pool, ps)._st.nbytes / pages
+    assert tracked_b - untracked_b == 16.0
+    assert rows[5]["unit"] == "B/tag"
+    assert rows[5]["values"][HOSTPOOL] > 50  # a Site, its key and the tag, at least
+    notes = " ".join(" ".join(doc["notes"]).split())
+    assert "python -m bench.compare" in notes
+    assert f"--only-cells {ps}:{k}" in notes
+    assert f"target {TRACKING_TARGET}: {'met' if tracked['met'] else 'NOT met'}" in notes
+    raw = doc["raw"]["tracking"]
+    assert set(raw["per_op"]) == set(VARIANTS)
+    assert raw["extra"]["merges_per_loop"] == {UNTRACKED: 1.0, TRACKED: 1.0}  # one per cycle, each
+    table = report.render_table(rows, torch_present=False).splitlines()
+    assert all(len(line) <= TABLE_WIDTH for line in table)
+    line = next(x for x in table if TRACKING_TARGET in x)
+    assert line.split()[-1] == report.fmt_met(tracked["met"])
+
+
+def test_tracking_target_bounds_tracked_over_untracked() -> None:
+    assert tracking_target(TRACKED, 3.0) == (TRACKING_TARGET, True)
+    assert tracking_target(TRACKED, 3.01) == (TRACKING_TARGET, False)
+    assert tracking_target(TRACKED, None) == (TRACKING_TARGET, None)
+    assert tracking_target(UNTRACKED, 1.0) == ("", None)
+    assert tracking_target(NEW_TAGS, 9.0) == ("", None)
+    # The round-trip workload's headline cell, in the quick and full runs.
+    for cfg in (quick_config(), full_config()):
+        assert cfg.tracking_cell == (64, 64, MIB_SLOTS)
+        assert "tracking" in cfg.workloads
+
+
+# -- a recorded trace (--trace) -------------------------------------------------
+
+
+def _record(path: Path, *, snapshots: bool = False, merge: str = "fifo", track: bool = False) -> None:
+    """A scheduler-like run recorded to ``path``: every call the baselines map, failures and errors."""
+    pool = LogicalHostPool(POOL, PAGE, merge=merge, track=track)
+    rng = np.random.default_rng(5)
+    held: list[np.ndarray] = []
+    with pool.recording(path):
+        for i in range(300):
+            r = rng.random()
+            if r < 0.45 or not held:
+                got = pool.alloc(PAGE * int(rng.integers(1, 24)), tag=i)
+                if got is not None:
+                    held.append(got)
+            elif r < 0.55:
+                many = pool.alloc_many(np.array([PAGE, 2 * PAGE, 0], dtype=np.int64), tag=i)
+                if many is not None:
+                    held.append(many[0])
+            elif r < 0.65:
+                with pool.free_group():
+                    for _ in range(min(2, len(held))):
+                        pool.free(held.pop(int(rng.integers(len(held)))))
+            else:
+                pool.free(held.pop(int(rng.integers(len(held)))))
+        assert pool.alloc(2 * POOL) is None
+        with pytest.raises(AlignmentError):
+            pool.alloc(PAGE + 1)
+        a = pool.alloc(PAGE)
+        pool.free(a)
+        with pytest.raises(DoubleFreeError):
+            pool.free(a)
+        pool.merge()
+        if snapshots:
+            pool.restore_state(pool.backup_state())
+        pool.free_group_begin()
+        if held:
+            pool.free(held.pop())
+        pool.clear()  # ends the group; what it held is free again
+        pool.free(pool.alloc(4 * PAGE))
+
+
+@pytest.fixture
+def recorded(tmp_path: Path) -> Path:
+    path = tmp_path / "sched.npz"
+    _record(path)
+    trace = hp_trace.load(path)
+    names = {op.name for op in trace.operations}
+    assert {"alloc", "alloc_many", "free", "free_group_begin", "free_group_end", "merge", "clear"} <= names
+    assert sum(op.name == "alloc" and op.result < 0 for op in trace.operations) > 1  # answered None
+    assert {op.error for op in trace.operations} >= {"AlignmentError", "DoubleFreeError"}
+    assert hp_trace.replay(trace)[2] is None  # the library's own replay agrees with the record
+    return path
+
+
+def test_recorded_trace_rows_and_ratios(recorded: Path) -> None:
+    cfg = tiny_config(())
+    cfg.recorded_trace = str(recorded)
+    progress = _CountingProgress()
+    doc = run_suite(cfg, with_torch=False, progress=progress)
+    trace = read_trace(str(recorded))
+    assert progress.steps == _steps(cfg, 2, trace) == 2 * (cfg.trace_repeats + 1)
+    [row] = doc["rows"]
+    assert row["workload"] == RECORDED
+    assert row["params"] == recorded_params(str(recorded), len(trace.operations))
+    assert row["params"] == f"sched.npz {len(trace.operations)} ops"
+    assert set(row["values"]) == {HOSTPOOL, NUMPY}
+    assert all(v > 0 for v in row["values"].values())
+    assert row["ratios"][NUMPY] == pytest.approx(row["values"][NUMPY] / row["values"][HOSTPOOL])
+    assert set(row["paired_ratios"]) == {NUMPY}
+    assert (row["target"], row["met"], row["baselines_skipped"]) == ("", None, None)
+    # Fewer calls on the baseline: no merge or group calls, none of the calls that raised.
+    calls = row["calls_per_replay"]
+    assert calls[NUMPY] < calls[HOSTPOOL] == len(trace.operations)
+    assert any(note.startswith(f"recorded trace {recorded}:") for note in doc["notes"])
+    table = report.render_table(doc["rows"], torch_present=False).splitlines()
+    assert all(len(line) <= TABLE_WIDTH for line in table)
+    assert sum(line.startswith(RECORDED) for line in table) == 1
+
+
+@pytest.mark.torch
+def test_recorded_trace_with_torch(recorded: Path) -> None:
+    pytest.importorskip("torch")
+    cfg = tiny_config(())
+    cfg.recorded_trace = str(recorded)
+    [row] = run_suite(cfg, with_torch=True)["rows"]
+    assert set(row["ratios"]) == {NUMPY, TORCH}
+
+
+def test_baselines_get_the_calls_a_scheduler_on_the_original_makes(tmp_path: Path) -> None:
+    path = tmp_path / "small.npz"
+    pool = LogicalHostPool(POOL, PAGE)
+    with pool.recording(path):
+        a = pool.alloc(2 * PAGE)  # 0
+        slots, _ = pool.alloc_many([PAGE, 3 * PAGE])  # 1
+        pool.free_group_begin()  # 2
+        pool.free(a)  # 3: released at the group's end
+        c = pool.alloc(PAGE)  # 4: so not from a's pages
+        pool.merge()  # 5
+        with pytest.raises(AlignmentError):
+            pool.alloc(1)  # 6
+        pool.free_group_end()  # 7
+        pool.free_group_begin()  # 8
+        pool.free(slots)  # 9: never released, clear() ends the group
+        pool.clear()  # 10
+        with pytest.raises(DoubleFreeError):
+            pool.free(c)  # 11: clear() freed it
+    trace = hp_trace.load(path)
+    assert [op.error for op in trace.operations][6] == "AlignmentError"
+    assert trace.operations[11].error == "DoubleFreeError"
+    ours, theirs = hostpool_plan(trace), baseline_plan(trace)
+    assert [op.index for op, _, _ in ours.expect] == list(range(12))
+    assert [op.index for op, _, _ in theirs.expect] == [0, 1, 4, 3, 10]
+    assert [code for code, _ in theirs.steps] == [ALLOC, ALLOC, ALLOC, FREE, CLEAR]
+    assert [arg for code, arg in theirs.steps if code == ALLOC] == [2 * PAGE, 4 * PAGE, PAGE]
+    cfg = tiny_config(())
+    cfg.recorded_trace = str(path)
+    [row] = run_suite(cfg, with_torch=False)["rows"]
+    assert row["calls_per_replay"] == {HOSTPOOL: 12, NUMPY: 5}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "why"),
+    [({"snapshots": True}, "backup/restore calls"), ({"merge": "sorted"}, "FIFO order only")],
+    ids=["snapshots", "sorted"],
+)
+def test_recorded_trace_the_baselines_cannot_replay(tmp_path: Path, kwargs: dict, why: str) -> None:
+    path = tmp_path / "t.npz"
+    _record(path, **kwargs)
+    cfg = tiny_config(())
+    cfg.recorded_trace = str(path)
+    progress = _CountingProgress()
+    doc = run_suite(cfg, with_torch=False, progress=progress)
+    assert progress.steps == _steps(cfg, 2, read_trace(str(path))) == cfg.trace_repeats + 1
+    [row] = doc["rows"]
+    assert set(row["values"]) == {HOSTPOOL}
+    assert row["columns"] == (HOSTPOOL,)
+    assert why in row["baselines_skipped"]
+    assert any(f"the baselines were not run: {row['baselines_skipped']}" in note for note in doc["notes"])
+
+
+def test_recorded_trace_of_a_tracking_pool_replays_tracked(tmp_path: Path) -> None:
+    path = tmp_path / "t.npz"
+    _record(path, track=True)
+    cfg = tiny_config(())
+    cfg.recorded_trace = str(path)
+    [row] = run_suite(cfg, with_torch=False)["rows"]
+    assert row["trace"]["track"] is True
+    assert set(row["ratios"]) == {NUMPY}
+
+
+def _altered(src: Path, dst: Path, op_name: str) -> int:
+    """``src`` with one slot of the first successful ``op_name`` moved a page on; that call's index."""
+    trace = hp_trace.load(src)
+    op = next(o for o in trace.operations if o.name == op_name and o.error is None and o.slots is not None)
+    arrays = dict(np.load(src))
+    data = arrays["data"].copy()
+    where = int(arrays["ops"][op.index]["offset"]) + (op.arg if op_name == "alloc_many" else 0)
+    data[where] = (data[where] + PAGE) % POOL
+    arrays["data"] = data
+    np.savez(dst, **arrays)
+    return op.index
+
+
+@pytest.mark.parametrize("op_name", ["alloc", "alloc_many", "free"])
+def test_recorded_trace_with_altered_slots_stops_at_the_call(recorded: Path, tmp_path: Path, op_name: str) -> None:
+    bad = tmp_path / "bad.npz"
+    index = _altered(recorded, bad, op_name)
+    cfg = tiny_config(())
+    cfg.recorded_trace = str(bad)
+    expected = rf"^--trace {re.escape(str(bad))}: hostpool_nb diverges from the trace at operation {index} \({op_name}"
+    with pytest.raises(ReplayDivergence, match=expected):
+        run_suite(cfg, with_torch=False)
+
+
+def test_recorded_trace_refuses_a_baseline_that_diverges(recorded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(NumpyBaseline, "alloc", _next_page(NumpyBaseline.alloc))
+    cfg = tiny_config(())
+    cfg.recorded_trace = str(recorded)
+    with pytest.raises(ReplayDivergence, match=r"numpy diverges from the trace at operation 0 \(alloc\("):
+        run_suite(cfg, with_torch=False)
+
+
+def test_read_trace_says_what_is_wrong_in_one_line(tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.arange(3))  # load() lets a .npy through as a TypeError
+    (tmp_path / "text.npz").write_text("not a trace\nat all")
+    empty = tmp_path / "empty.npz"
+    with LogicalHostPool(POOL, PAGE).recording(empty):
+        pass
+    for path, says in (
+        (tmp_path / "missing.npz", "no such file"),
+        (tmp_path, "is a directory"),
+        (tmp_path / "x.npy", "is not a hostpool_nb trace"),
+        (tmp_path / "text.npz", "is not a hostpool_nb trace"),
+        (empty, "holds no call to replay"),
+    ):
+        with pytest.raises(RecordedTraceError) as exc:
+            read_trace(str(path))
+        assert says in str(exc.value)
+        assert "\n" not in str(exc.value)
+
+
+def test_tracking_and_recorded_trace_without_the_jit(recorded: Path) -> None:
+    """Both workloads in a child process with ``NUMBA_DISABLE_JIT=1`` (kernels as plain Python)."""
+    code = (
+        "import sys, numba\n"
+        "from bench.report import render_table\n"
+        "from bench.suite import run_suite, tiny_config\n"
+        "cfg = tiny_config(('tracking',))\n"
+        "cfg.recorded_trace = sys.argv[1]\n"
+        "doc = run_suite(cfg, with_torch=False)\n"
+        "print('jit disabled:', bool(numba.config.DISABLE_JIT))\n"
+        "print(render_table(doc['rows'], False))\n"
+    )
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(recorded)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "jit disabled: True" in res.stdout
+    lines = res.stdout.splitlines()
+    assert sum(line.split("  ")[0] == "tracking" for line in lines) == 3, res.stdout
+    assert sum(line.startswith(RECORDED) for line in lines) == 1, res.stdout
+    assert TRACKING_TARGET in res.stdout
+
+
 class _Terminal(io.StringIO):
     """A stream that says it is a terminal, as stderr does in an interactive shell."""
 
@@ -729,6 +1044,65 @@ def test_cli_plot_without_matplotlib(
     assert "needs matplotlib" in _cli_error(capsys, ["--plot", str(tmp_path / "x.png")])
 
 
+def test_cli_checks_the_trace_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_measuring: None
+) -> None:
+    missing = tmp_path / "missing.npz"
+    assert _cli_error(capsys, ["--trace", str(missing)]) == f"python -m bench: error: --trace {missing}: no such file\n"
+    junk = tmp_path / "junk.npz"
+    junk.write_text("junk\nmore junk")
+    assert f"--trace {junk} is not a hostpool_nb trace" in _cli_error(capsys, ["--trace", str(junk)])
+    assert "--trace: no path given" in _cli_error(capsys, ["--trace", ""])
+
+
+def test_cli_trace_with_output_options(
+    recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], no_measuring: None
+) -> None:
+    err = _cli_error(capsys, ["--trace", str(recorded), "--plot", str(tmp_path / "p.png")])
+    assert "--plot needs the roundtrip workload (with --trace, add --only roundtrip)" in err
+    assert "--json names the --trace file" in _cli_error(capsys, ["--trace", str(recorded), "--json", str(recorded)])
+
+
+def test_cli_trace_alone_runs_only_the_trace(
+    recorded: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import bench.__main__ as cli
+
+    monkeypatch.setattr(cli, "quick_config", tiny_config)
+    assert cli.main(["--trace", str(recorded), "--no-torch"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    lines = out.splitlines()
+    assert all(len(line) <= TABLE_WIDTH for line in lines), max(lines, key=len)
+    workloads = [
+        line.split("  ")[0] for line in lines[lines.index(next(x for x in lines if x.startswith("---"))) + 1 :]
+    ]
+    assert workloads[0] == RECORDED
+    assert not any(line.startswith(("round trip", "tracking", "KV-cache trace")) for line in lines)
+    # With --only, those workloads run too.
+    assert cli.main(["--trace", str(recorded), "--no-torch", "--only", "tracking"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith(RECORDED) for line in lines) == 1
+    assert sum(line.split("  ")[0] == "tracking" for line in lines) == 3
+
+
+def test_cli_trace_divergence_is_one_line(
+    recorded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import bench.__main__ as cli
+
+    monkeypatch.setattr(cli, "quick_config", tiny_config)
+    bad = tmp_path / "bad.npz"
+    index = _altered(recorded, bad, "alloc")
+    assert cli.main(["--trace", str(bad), "--no-torch"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(
+        f"python -m bench: error: --trace {bad}: hostpool_nb diverges from the trace at operation {index} (alloc("
+    )
+
+
 def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
     from bench.__main__ import main as bench_main
     from bench.profile import main as profile_main
@@ -850,6 +1224,43 @@ def _full_run_rows() -> list[dict]:
                 columns=(HOSTPOOL, NUMPY),
             )
         )
+    ps, k, pool = cfg.tracking_cell
+    for variant, seconds in ((UNTRACKED, 123e-6), (TRACKED, 369e-6), (NEW_TAGS, 999e-6)):
+        target, met = tracking_target(variant, seconds / 123e-6)
+        rows.append(
+            report.row(
+                "tracking",
+                tracking_params(ps, k, pool, variant),
+                "s/op",
+                {HOSTPOOL: seconds},
+                target,
+                met,
+                columns=(HOSTPOOL,),
+            )
+        )
+    for variant, per_page in ((UNTRACKED, 9.01), (TRACKED, 125.01)):
+        rows.append(
+            report.row(
+                "tracking state",
+                tracking_state_params(pool, ps, variant),
+                "B/page",
+                {HOSTPOOL: per_page},
+                columns=(HOSTPOOL,),
+            )
+        )
+    rows.append(report.row("tracking state", TRACKING_SITES_PARAMS, "B/tag", {HOSTPOOL: 1234.5}, columns=(HOSTPOOL,)))
+    # A user's trace: a usual file name, and one too long for its column;
+    # one the baselines could replay and one they could not.
+    rows.append(report.row(RECORDED, recorded_params("/data/sched.npz", 99_999), "s/op", t))
+    rows.append(
+        report.row(
+            RECORDED,
+            recorded_params("/data/scheduler-2026-11-30-prod-replica-3.npz", 12_345_678),
+            "s/op",
+            {HOSTPOOL: 123e-6},
+            columns=(HOSTPOOL,),
+        )
+    )
     # A target too long for its column (what the issue tracker may plan next).
     rows.append(
         report.row(
@@ -891,14 +1302,26 @@ def test_table_fits_120_columns_and_shows_every_row(torch_present: bool) -> None
             if cell != text:  # moved to a numbered note under the table
                 assert re.fullmatch(r"\[\d+\]", cell), (cell, text)
                 assert " ".join(footnotes.split()).count(f"{cell} {text}") == 1
-    assert "[1] >=50x torch, >=10x numpy, in every batch size" in footnotes
+    assert footnotes.splitlines() == [
+        "[1] scheduler-2026-11-30-prod-replica-3.npz 12345K ops",
+        "[2] >=50x torch, >=10x numpy, in every batch size",
+    ]
 
 
 def test_every_target_reads_as_a_bound_on_the_ratios() -> None:
-    """One direction everywhere: ratio = baseline / hostpool_nb, targets as lower bounds on it."""
-    targets = {r["target"] for r in _full_run_rows()[:-1]} - {"", METADATA_TARGET}
+    """One direction everywhere: ratio = baseline / hostpool_nb, targets as lower bounds on it.
+
+    But for two, each unmistakable: bytes per page, and the tracking row's,
+    which compares hostpool_nb with itself on a row without ratio columns
+    and names both sides.
+    """
+    rows = _full_run_rows()
+    targets = {r["target"] for r in rows[:-1]} - {"", METADATA_TARGET, TRACKING_TARGET}
     assert BATCH_TARGET in targets
     assert {PAGED_FREE_TARGET, PAGED_EXTEND_TARGET, PAGED_DECODE_TARGET, PAGED_MERGE_TARGET} <= targets
     for target in targets:
         for part in target.split(", "):
             assert re.fullmatch(r">=\d+(\.\d+)?x (numpy|torch)", part), target
+    [tracked] = [r for r in rows if r["target"] == TRACKING_TARGET]
+    assert tracked["columns"] == (HOSTPOOL,)
+    assert re.fullmatch(r"tracked <=\d+x untracked", TRACKING_TARGET)

@@ -43,6 +43,10 @@ from tests.conftest import JIT_DISABLED, take_snapshot
 from tests.scheduler_ops import run_ops, summary
 from tests.test_torch_missing import run_child
 
+# State lengths of the 6-page rich pool and of a 12-page one (the layout decides them).
+_W6 = K.state_length(6)
+_W12 = K.state_length(12)
+
 INT64_MAX = 2**63 - 1
 PAGE_SIZES = [1, 3, 16]
 
@@ -649,8 +653,8 @@ TAMPERED_CASES = [
     pytest.param(_set(K.H_MERGES, -1), "statistics out of range: " + _STATS % (-1, 1, 0), id="merges-negative"),
     pytest.param(_set(K.H_FAILED_ALLOCS, 2), "statistics out of range: " + _STATS % (0, 1, 2), id="failed-over-calls"),
     pytest.param(_set(K.H_PEAK, 2), "peak of 2 pages is below the 3 held now", id="peak-below-held"),
-    pytest.param(lambda w: w[:-1], "state array has length 22, expected 23", id="truncated"),
-    pytest.param(lambda w: np.append(w, 0), "state array has length 24, expected 23", id="extended"),
+    pytest.param(lambda w: w[:-1], f"state array has length {_W6 - 1}, expected {_W6}", id="truncated"),
+    pytest.param(lambda w: np.append(w, 0), f"state array has length {_W6 + 1}, expected {_W6}", id="extended"),
 ]
 
 
@@ -659,7 +663,7 @@ def test_restore_state_refuses_a_tampered_state(tamper: Any, problem: str, snaps
     """``PoolState(size, page_size, merge, words)`` from a modified copy of a real snapshot."""
     pool = rich_pool()
     good = pool.backup_state()
-    assert good._words.shape == (23,)
+    assert good._words.shape == (_W6,)
     words = tamper(good._words.copy())
     state = PoolState(96, 16, "fifo", words)
     # The pool is elsewhere when it refuses: nothing must move it.
@@ -680,7 +684,7 @@ def test_restore_state_refuses_a_2d_state(snapshot: Any, unchanged: Any) -> None
     state = PoolState(96, 16, "fifo", pool.backup_state()._words.reshape(1, -1))
     with pytest.raises(HostPoolError) as info:
         pool.restore_state(state)
-    assert str(info.value) == "the state holds a int64 array of shape (1, 23), not a pool state"
+    assert str(info.value) == f"the state holds a int64 array of shape (1, {_W6}), not a pool state"
     unchanged(pool, before)
 
 
@@ -801,7 +805,7 @@ def tampered_pickle(pool: LogicalHostPool, **changes: Any) -> bytes:
     """``pickle.dumps(pool)`` with keys of its saved dict replaced (``...``: deleted)."""
     reduced = pool.__reduce_ex__(1)  # (copyreg._reconstructor, (cls, object, None), saved dict)
     saved = dict(reduced[2])
-    assert set(saved) == {"format", "size", "page_size", "layout", "merge", "state"}
+    assert set(saved) == {"format", "size", "page_size", "layout", "merge", "state", "sites"}
     for key, value in changes.items():
         if value is ...:
             del saved[key]
@@ -857,12 +861,12 @@ PICKLE_CASES = [
     ),
     pytest.param(
         {"size": 192},
-        _pickled_inv("state array has length 23, expected 30"),
+        _pickled_inv(f"state array has length {_W6}, expected {_W12}"),
         id="size-larger",
     ),
     pytest.param(
         {"page_size": 8},
-        _pickled_inv("state array has length 23, expected 30"),
+        _pickled_inv(f"state array has length {_W6}, expected {_W12}"),
         id="page-size-smaller",
     ),
     pytest.param(
@@ -872,7 +876,7 @@ PICKLE_CASES = [
     ),
     pytest.param(
         {"state": _words_with(K.H_NFREE, 1).astype(np.int32)},
-        [exact(f"{_PICKLED} holds a int32 array of shape (23,), not a pool state")],
+        [exact(f"{_PICKLED} holds a int32 array of shape ({_W6},), not a pool state")],
         id="state-int32",
     ),
     pytest.param({"state": None}, [exact(f"{_PICKLED} holds a NoneType, not a pool state")], id="state-none"),

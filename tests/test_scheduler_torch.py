@@ -65,8 +65,8 @@ def test_alloc_many_wraps_the_cores_arrays_without_copy(monkeypatch: pytest.Monk
     seen: list[tuple[np.ndarray, np.ndarray]] = []
     core_alloc_many = hostpool_nb.LogicalHostPool.alloc_many
 
-    def spy(self: Any, sizes: Any) -> Any:
-        got = core_alloc_many(self, sizes)
+    def spy(self: Any, sizes: Any, *, tag: Any = None) -> Any:
+        got = core_alloc_many(self, sizes, tag=tag)
         seen.append(got)
         return got
 

@@ -276,8 +276,8 @@ def test_alloc_wraps_the_cores_array_without_copy(monkeypatch: pytest.MonkeyPatc
     seen: list[np.ndarray] = []
     core_alloc = hostpool_nb.LogicalHostPool.alloc
 
-    def spy(self: Any, need_size: Any) -> Any:
-        out = core_alloc(self, need_size)
+    def spy(self: Any, need_size: Any, *, tag: Any = None) -> Any:
+        out = core_alloc(self, need_size, tag=tag)
         seen.append(out)
         return out
 

@@ -1,0 +1,277 @@
+"""Who holds each page: call sites and tags of allocations and frees (``track=True``).
+
+A tracking pool keeps, per page, the number of the allocation that handed it
+out and two small ids, in its state array (``_kernels.py``); the kernels
+write them as they allocate and free. This module keeps what the ids index:
+the table of call sites (file, line, function of the first frame outside
+hostpool_nb) and tags, and turns the per-page words into reports.
+
+Id 0 is "unknown" and id 1 is ``clear()`` (it freed every page held then);
+real sites start at 2. The table only grows, so an id stays valid for the
+life of the pool and of its snapshots.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from . import _kernels as K
+
+UNKNOWN, CLEARED = 0, 1
+_MAX_SITES = 2**31 - 1  # ids share an int64 word with another id
+_SWEEP_AT = 1024  # the smallest table worth sweeping
+_PACKAGE = __name__.rsplit(".", 1)[0]
+
+
+@dataclass(frozen=True)
+class Site:
+    """One allocation or free site: where the call came from, and the caller's tag."""
+
+    file: str
+    line: int
+    function: str
+    tag: Hashable = None
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+
+_FIXED = (Site("<unknown>", 0, "?"), Site("<clear()>", 0, "clear"))
+
+
+@dataclass(frozen=True)
+class Outstanding:
+    """Pages allocated now from one call site with one tag (``pool.outstanding()``).
+
+    Attributes
+    ----------
+    site : str
+        ``"file:line in function"`` of the allocating call (the first frame
+        outside hostpool_nb).
+    tag : hashable
+        The ``tag`` given to ``alloc`` / ``alloc_many`` (``None`` if none).
+    pages, slots : int
+        How much of the pool these allocations hold now.
+    oldest : int
+        The number of the oldest of these allocations (allocations are
+        numbered from 1 in the order they were made).
+    allocations : int
+        How many allocations the pages come from.
+    file, line, function : str, int, str
+        The site's parts.
+    """
+
+    site: str
+    tag: Hashable
+    pages: int
+    slots: int
+    oldest: int
+    allocations: int
+    file: str
+    line: int
+    function: str
+
+
+def caller() -> tuple[str, int, str]:
+    """File, line and function of the first frame outside hostpool_nb."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and _inside(frame.f_globals.get("__name__", "")):
+        frame = frame.f_back
+    if frame is None:
+        return "<unknown>", 0, "?"
+    code = frame.f_code
+    return code.co_filename, frame.f_lineno, code.co_name
+
+
+def _inside(module: str) -> bool:
+    """Whether ``module`` is hostpool_nb or one of its modules (``hostpool_nb_x`` is not)."""
+    return module == _PACKAGE or module.startswith(_PACKAGE + ".")
+
+
+class Tracker:
+    """The site table of one pool: ``Site`` by id, and id by (file, line, function, tag).
+
+    The table only holds what some page refers to. A scheduler tags each
+    request with its own id, so entries come and go with requests: when the
+    table has doubled since the last sweep, the entries no page's words
+    mention any more are dropped and their ids reused. The table then holds
+    at most two entries per page (its allocation's and its last free's)
+    plus those added since the sweep, however many requests the pool has
+    served. Ids of entries still referred to never change.
+
+    :meth:`where` runs before the pool's lock is taken (it reads the
+    caller's frame and checks the tag); :meth:`intern` and :meth:`sweep`
+    run under it, so an id cannot be dropped between its lookup and the
+    kernel that records it.
+    """
+
+    def __init__(self, sites: Sequence[Site | None] | None = None) -> None:
+        self._sites: list[Site | None] = list(sites) if sites else list(_FIXED)
+        self._ids: dict[tuple[str, int, str, Hashable], int] = {}
+        self._free_ids: list[int] = []
+        for i, s in enumerate(self._sites):
+            if i < len(_FIXED):
+                continue
+            if s is None:
+                self._free_ids.append(i)
+            else:
+                self._ids[(s.file, s.line, s.function, s.tag)] = i
+        self._live_after_sweep = len(self._ids)
+
+    def where(self, tag: Hashable) -> tuple[str, int, str, Hashable]:
+        """The caller's site with ``tag``; ``TypeError`` for an unhashable tag (before any change)."""
+        file, line, function = caller()
+        try:
+            hash(tag)
+        except TypeError:
+            raise TypeError(f"tag must be hashable, got {type(tag).__name__} {tag!r}") from None
+        return file, line, function, tag
+
+    def intern(self, key: tuple[str, int, str, Hashable], st: NDArray[np.int64]) -> int:
+        """The id of ``key`` (from :meth:`where`), added on first use. Call under the pool's lock."""
+        sid = self._ids.get(key)
+        if sid is not None:
+            return sid
+        if len(self._ids) >= max(2 * self._live_after_sweep, _SWEEP_AT):
+            self.sweep(st)
+        if self._free_ids:
+            sid = self._free_ids.pop()
+            self._sites[sid] = Site(*key)
+        else:
+            sid = len(self._sites)
+            if sid > _MAX_SITES:
+                return UNKNOWN
+            self._sites.append(Site(*key))
+        self._ids[key] = sid
+        return sid
+
+    def sweep(self, st: NDArray[np.int64]) -> int:
+        """Drop the entries no page refers to; return how many. O(pages + table). Under the pool's lock."""
+        n = int(st[K.H_NPAGES])
+        t = int(st[K.H_TRACK])
+        words = st[t + n : t + 2 * n]
+        used = np.zeros(len(self._sites), dtype=bool)
+        used[np.unique(words >> 32)] = True
+        used[np.unique(words & 0xFFFFFFFF)] = True
+        used[: len(_FIXED)] = True
+        dropped = 0
+        for key, sid in list(self._ids.items()):
+            if not used[sid]:
+                del self._ids[key]
+                self._sites[sid] = None
+                self._free_ids.append(sid)
+                dropped += 1
+        self._live_after_sweep = len(self._ids)
+        return dropped
+
+    def site(self, sid: int) -> Site:
+        sites = self._sites
+        found = sites[sid] if 0 <= sid < len(sites) else None
+        return found if found is not None else _FIXED[UNKNOWN]
+
+    def table(self) -> tuple[Site | None, ...]:
+        """The table (``None`` for a reusable id): what a snapshot or a pickle keeps. Under the pool's lock."""
+        return tuple(self._sites)
+
+    def history(self, st: NDArray[np.int64], page: int) -> str:
+        """Where ``page`` was last allocated and last freed, for an error message."""
+        n = int(st[K.H_NPAGES])
+        t = int(st[K.H_TRACK])
+        word = int(st[t + n + page])
+        seq = int(st[t + page])
+        if seq == 0:  # allocations are numbered from 1: this page was never handed out
+            return "never allocated by this pool"
+        alloc = self.site(word >> 32)
+        freed = self.site(word & 0xFFFFFFFF)
+        text = f"allocated at {alloc}{_tag_text(alloc.tag)} (allocation #{seq})"
+        if (word & 0xFFFFFFFF) == CLEARED:
+            return f"{text}, then freed by clear()"
+        if (word & 0xFFFFFFFF) != UNKNOWN:
+            return f"{text}, then freed at {freed}"
+        return text
+
+    def outstanding(self, st: NDArray[np.int64], owner: NDArray[np.uint8], page_size: int) -> list[Outstanding]:
+        """The allocated pages grouped by (site, tag), largest first, then oldest first."""
+        n = int(st[K.H_NPAGES])
+        t = int(st[K.H_TRACK])
+        held = np.flatnonzero(owner == K.OWNER_ALLOCATED)
+        if held.size == 0:
+            return []
+        ids = st[t + n + held] >> 32
+        seqs = st[t + held]
+        # Sort by (site, allocation number): each site's pages are then one
+        # run, its oldest allocation first, and allocations are told apart
+        # by a change of number. O(P log P) for P pages held, whatever the
+        # number of sites or tags.
+        order = np.lexsort((seqs, ids))
+        ids, seqs = ids[order], seqs[order]
+        first_of_site = np.ones(ids.shape[0], dtype=bool)
+        first_of_site[1:] = ids[1:] != ids[:-1]
+        first_of_alloc = first_of_site.copy()
+        first_of_alloc[1:] |= seqs[1:] != seqs[:-1]
+        starts = np.flatnonzero(first_of_site)
+        uniq = ids[starts]
+        oldest = seqs[starts]
+        pages = np.diff(np.append(starts, ids.shape[0]))
+        allocations = np.add.reduceat(first_of_alloc.astype(np.int64), starts)
+        records = []
+        for i, sid in enumerate(uniq.tolist()):
+            s = self.site(int(sid))
+            records.append(
+                Outstanding(
+                    site=str(s),
+                    tag=s.tag,
+                    pages=int(pages[i]),
+                    slots=int(pages[i]) * page_size,
+                    oldest=int(oldest[i]),
+                    allocations=int(allocations[i]),
+                    file=s.file,
+                    line=s.line,
+                    function=s.function,
+                )
+            )
+        records.sort(key=lambda r: (-r.pages, r.oldest))
+        return records
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _tag_text(tag: Any) -> str:
+    return "" if tag is None else f" with tag {tag!r}"
+
+
+def leak_report(pool_text: str, records: list[Outstanding] | None, held_pages: int, page_size: int, limit: int) -> str:
+    """A readable table of ``records`` for logs and test failures.
+
+    ``records`` is ``None`` for a pool that does not track: the report then
+    says how much is held and how to find out where.
+    """
+    if held_pages == 0:
+        return f"{pool_text}: no pages are allocated; nothing is outstanding."
+    head = f"{pool_text}: {_count(held_pages, 'page')} ({_count(held_pages * page_size, 'slot')}) allocated"
+    if records is None:
+        return f"{head}; the pool does not track where: construct it with track=True to see the call sites."
+    allocations = sum(r.allocations for r in records)
+    lines = [f"{head}, by {_count(allocations, 'allocation')} in {_count(len(records), 'group')} (call site, tag):"]
+    shown = records[:limit]
+    rows = [("pages", "slots", "allocs", "oldest", "tag", "site")]
+    rows += [(str(r.pages), str(r.slots), str(r.allocations), f"#{r.oldest}", repr(r.tag), r.site) for r in shown]
+    numeric = 4  # pages, slots, allocs, oldest: right-aligned; then the tag; the site runs on
+    widths = [max(len(row[c]) for row in rows) for c in range(numeric + 1)]
+    for row in rows:
+        cells = [row[c].rjust(widths[c]) if c < numeric else row[c].ljust(widths[c]) for c in range(numeric + 1)]
+        lines.append("  " + "  ".join(cells) + "  " + row[-1])
+    if len(records) > limit:
+        rest = records[limit:]
+        more = f"{_count(len(rest), 'more group')} holding {_count(sum(r.pages for r in rest), 'page')}"
+        lines.append(f"  ... and {more} (limit={limit})")
+    return "\n".join(lines)

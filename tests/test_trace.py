@@ -1,0 +1,1009 @@
+"""Recorded traces: ``pool.recording(path)``, ``hostpool_nb.trace.load``, and replaying them.
+
+What is recorded for every kind of call, the file format as numpy reads it,
+record -> replay round trips on random workloads, the divergence report on
+deliberately altered traces, and clear errors (exit status 2, no traceback)
+for damaged files. The command line is run as a subprocess once per outcome;
+the other cases call ``trace.main``, which is what ``python -m
+hostpool_nb.replay`` runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hostpool_nb import DoubleFreeError, HostPoolError, LogicalHostPool
+from hostpool_nb import trace as T
+
+REPO = Path(__file__).resolve().parent.parent
+PROG = "python -m hostpool_nb.replay"
+
+HEADER_DTYPE = np.dtype(
+    [
+        ("version", "<i4"),
+        ("pool", "<U32"),
+        ("size", "<i8"),
+        ("page_size", "<i8"),
+        ("merge", "<U8"),
+        ("track", "?"),
+        ("ops", "<i8"),
+        ("data", "<i8"),
+    ]
+)
+OP_DTYPE = np.dtype(
+    [
+        ("op", "u1"),
+        ("error", "u1"),
+        ("unreadable", "?"),
+        ("arg", "<i8"),
+        ("result", "<i8"),
+        ("offset", "<i8"),
+        ("message", "<i4"),
+    ]
+)
+NOT_ALLOCATED = "is not allocated: it was freed already, freed by clear(), or never allocated"
+
+
+def as_tuple(op: T.Operation) -> tuple[Any, ...]:
+    """An operation as plain values: (name, arg, result, sizes, slots, error, message)."""
+    sizes = None if op.sizes is None else op.sizes.tolist()
+    slots = None if op.slots is None else op.slots.tolist()
+    return (op.name, op.arg, op.result, sizes, slots, op.error, op.message)
+
+
+def arrays(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as archive:
+        return {k: archive[k] for k in archive.files}
+
+
+def rewrite(src: Path, dst: Path, **changes: Any) -> Path:
+    """``dst``: the trace ``src`` with some arrays replaced (``None`` drops one)."""
+    got = arrays(src)
+    for key, value in changes.items():
+        if value is None:
+            del got[key]
+        else:
+            got[key] = value
+    np.savez(dst, **got)
+    return dst
+
+
+def run_main(path: Path, capsys: Any) -> tuple[int, str, str]:
+    code = T.main([str(path)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- a known trace ----------------------------------------------------------------
+
+
+def record_every_kind(pool: LogicalHostPool, path: Path) -> None:
+    """One call of every kind the recording sees, with its errors."""
+    before = pool.backup_state()  # from before the recording: not replayable
+    with pool.recording(path):
+        a = pool.alloc(32)
+        assert a is not None
+        assert pool.alloc(64) is None
+        assert pool.alloc_many([16, 0]) is not None
+        assert pool.alloc_many([16]) is not None
+        assert pool.alloc_many([16]) is None
+        for bad in ([15], [-16], [[16]], "x"):
+            with pytest.raises((TypeError, HostPoolError)):
+                pool.alloc_many(bad)
+        with pytest.raises(TypeError):
+            pool.alloc(None)  # type: ignore[arg-type]
+        with pytest.raises(HostPoolError):
+            pool.alloc(8)
+        assert pool.free(a[:16].astype(np.int32).reshape(2, 8)) == 16
+        for bad in (a[:16], a[16:20], np.arange(16, 32, dtype=np.float64), np.arange(64, 80)):
+            with pytest.raises((TypeError, HostPoolError)):
+                pool.free(bad)
+        assert pool.merge() == 16
+        assert pool.merge() == 0
+        state = pool.backup_state()
+        with pool.free_group():
+            assert pool.free(a[16:].tolist()) == 16
+        pool.free_group_begin()
+        pool.free_group_end()
+        with pytest.raises(HostPoolError):
+            pool.free_group_end()
+        pool.restore_state(state)
+        pool.restore_state(before)
+        with pytest.raises(TypeError):
+            pool.restore_state("x")
+        pool.clear()
+
+
+EVERY_KIND = [
+    ("alloc", 32, 32, None, list(range(32)), None, None),
+    ("alloc", 64, -1, None, None, None, None),
+    ("alloc_many", 2, 16, [16, 0], list(range(32, 48)), None, None),
+    ("alloc_many", 1, 16, [16], list(range(48, 64)), None, None),
+    ("alloc_many", 1, -1, [16], None, None, None),
+    (
+        "alloc_many",
+        1,
+        0,
+        [15],
+        None,
+        "AlignmentError",
+        "LogicalHostPool allocation must be page-aligned, got sizes[0]=15, page_size=16",
+    ),
+    ("alloc_many", 1, 0, [-16], None, "HostPoolError", "sizes[0] must be non-negative, got sizes[0]=-16"),
+    ("alloc_many", -1, 0, None, None, "TypeError", "sizes[0] must be an integer, got list [16]"),
+    ("alloc_many", -1, 0, None, None, "TypeError", "sizes must be a 1-D sequence or array of integers, got str 'x'"),
+    ("alloc", -1, 0, None, None, "TypeError", "need_size must be an integer, got NoneType None"),
+    (
+        "alloc",
+        8,
+        0,
+        None,
+        None,
+        "AlignmentError",
+        "LogicalHostPool allocation must be page-aligned, got need_size=8, page_size=16",
+    ),
+    ("free", 16, 16, None, list(range(16)), None, None),
+    (
+        "free",
+        16,
+        0,
+        None,
+        list(range(16)),
+        "DoubleFreeError",
+        f"page 0 (slots 0..15), freed at indices[0] (flattened), {NOT_ALLOCATED}",
+    ),
+    (
+        "free",
+        4,
+        0,
+        None,
+        [16, 17, 18, 19],
+        "AlignmentError",
+        "LogicalHostPool free must be page-aligned, got len(indices)=4, page_size=16",
+    ),
+    (
+        "free",
+        -1,
+        0,
+        None,
+        None,
+        "TypeError",
+        "indices must hold integers, got dtype float64; "
+        "convert with .astype(np.int64) if the values are whole slot ids",
+    ),
+    (
+        "free",
+        16,
+        0,
+        None,
+        list(range(64, 80)),
+        "SlotRangeError",
+        "free got slot 64 at indices[0] (flattened), outside [0, 64)",
+    ),
+    ("merge", 0, 16, None, None, None, None),
+    ("merge", 0, 0, None, None, None, None),
+    ("backup", 0, 0, None, None, None, None),
+    ("free_group_begin", 0, 0, None, None, None, None),
+    ("free", 16, 16, None, list(range(16, 32)), None, None),
+    ("free_group_end", 0, 0, None, None, None, None),
+    ("free_group_begin", 0, 0, None, None, None, None),
+    ("free_group_end", 0, 0, None, None, None, None),
+    (
+        "free_group_end",
+        0,
+        0,
+        None,
+        None,
+        "HostPoolError",
+        "free_group_end() without a free group: none was begun, or clear() ended it",
+    ),
+    ("restore", 0, 0, None, None, None, None),
+    ("restore", -1, 0, None, None, None, None),
+    ("restore", -1, 0, None, None, "TypeError", "state must be a PoolState from backup_state(), got str"),
+    ("clear", 0, 0, None, None, None, None),
+]
+
+
+def test_every_kind_of_call_is_recorded(tmp_path: Path) -> None:
+    pool = LogicalHostPool(64, 16)
+    path = tmp_path / "every.npz"
+    record_every_kind(pool, path)
+    trace = T.load(path)
+    assert (trace.pool, trace.size, trace.page_size, trace.merge, trace.track) == (
+        "LogicalHostPool",
+        64,
+        16,
+        "fifo",
+        False,
+    )
+    assert len(trace) == len(EVERY_KIND)
+    assert [op.index for op in trace.operations] == list(range(len(EVERY_KIND)))
+    for op, want in zip(trace.operations, EVERY_KIND, strict=True):
+        assert as_tuple(op) == want, op.index
+        for arr in (op.sizes, op.slots):
+            assert arr is None or arr.dtype == np.int64
+    # Nothing is left of the recording on the pool, and nothing else in the folder.
+    assert not {"alloc", "free", "clear", "backup_state"} & set(vars(pool))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["every.npz"]
+    # Unreadable inputs (alloc(None), free of floats, two of alloc_many and of restore), and the
+    # restore of a snapshot from before the recording, are skipped.
+    done, skipped, divergence = T.replay(trace)
+    assert (done, skipped, divergence) == (len(EVERY_KIND) - 6, 6, None)
+
+
+def test_the_file_is_an_npz_numpy_reads_without_pickle(tmp_path: Path) -> None:
+    pool = LogicalHostPool(64, 16, merge="sorted", track=True)
+    path = tmp_path / "t.npz"
+    with pool.recording(path):
+        a = pool.alloc(32, tag="x")
+        assert a is not None
+        assert pool.alloc_many([16, 16]) is not None
+        assert pool.free(a) == 32
+        with pytest.raises(DoubleFreeError):
+            pool.free(a)
+    with zipfile.ZipFile(path) as zf:
+        assert sorted(zf.namelist()) == ["data.npy", "header.npy", "messages.npy", "ops.npy"]
+        assert {info.compress_type for info in zf.infolist()} == {zipfile.ZIP_STORED}
+    with np.load(path, allow_pickle=False) as archive:
+        assert sorted(archive.files) == ["data", "header", "messages", "ops"]
+        header, ops, data, messages = (archive[k] for k in ("header", "ops", "data", "messages"))
+    assert header.dtype == HEADER_DTYPE
+    assert header.shape == (1,)
+    assert header[0].tolist() == (1, "LogicalHostPool", 64, 16, "sorted", True, 4, 130)
+    assert ops.dtype == OP_DTYPE
+    assert ops.shape == (4,)
+    assert data.dtype == np.dtype("<i8")
+    assert data.shape == (130,)
+    assert messages.dtype.kind == "U"
+    assert messages.shape == (1,)
+    assert T.OPS == (
+        "",
+        "alloc",
+        "alloc_many",
+        "free",
+        "clear",
+        "merge",
+        "free_group_begin",
+        "free_group_end",
+        "backup",
+        "restore",
+    )
+    assert T.ERRORS == (
+        "",
+        "TypeError",
+        "HostPoolError",
+        "AlignmentError",
+        "PartialPageError",
+        "SlotRangeError",
+        "DoubleFreeError",
+    )
+    assert ops.tolist() == [
+        (1, 0, False, 32, 32, 0, -1),
+        (2, 0, False, 2, 32, 32, -1),
+        (3, 0, False, 32, 32, 66, -1),
+        (3, 6, False, 32, 0, 98, 0),
+    ]
+    assert data[0:32].tolist() == list(range(32))
+    assert data[32:34].tolist() == [16, 16]
+    assert data[34:66].tolist() == list(range(32, 64))
+    assert data[66:98].tolist() == data[98:130].tolist() == list(range(32))
+    # The message keeps the tracking pool's history; replay compares it without.
+    assert str(messages[0]).startswith(f"page 0 (slots 0..15), freed at indices[0] (flattened), {NOT_ALLOCATED}; ")
+    assert "; it was allocated at " in str(messages[0])
+    assert T.replay(T.load(path)) == (4, 0, None)
+
+
+def test_an_empty_recording(tmp_path: Path, capsys: Any) -> None:
+    pool = LogicalHostPool(0, 4)
+    path = tmp_path / "empty.npz"
+    with pool.recording(path):
+        pass
+    trace = T.load(path)
+    assert (len(trace), trace.size, trace.page_size) == (0, 0, 4)
+    assert arrays(path)["data"].shape == (0,)
+    code, out, err = run_main(path, capsys)
+    assert (code, err) == (0, "")
+    assert out == f"{path}: LogicalHostPool(size=0, page_size=4, merge='fifo', track=False): all 0 operations match\n"
+
+
+# -- recording: when and where --------------------------------------------------
+
+
+def test_recording_into_a_missing_directory_fails_before_anything(tmp_path: Path) -> None:
+    pool = LogicalHostPool(64, 16)
+    path = tmp_path / "no" / "such" / "t.npz"
+    ran = []
+    with pytest.raises(HostPoolError) as info, pool.recording(path):
+        ran.append(True)
+    assert str(info.value) == f"cannot record to {path}: directory {path.parent} does not exist"
+    assert ran == []
+    assert not set(T._RECORDED) & set(vars(pool))
+    assert not (tmp_path / "no").exists()
+    # The pool still works, and can record later.
+    with pool.recording(tmp_path / "ok.npz"):
+        assert pool.alloc(16) is not None
+    assert len(T.load(tmp_path / "ok.npz")) == 1
+
+
+def test_recordings_do_not_nest(tmp_path: Path) -> None:
+    pool = LogicalHostPool(64, 16)
+    outer, inner = tmp_path / "outer.npz", tmp_path / "inner.npz"
+    with pool.recording(outer):
+        assert pool.alloc(16) is not None
+        with pytest.raises(HostPoolError) as info, pool.recording(inner):
+            pytest.fail("the nested block ran")
+        assert str(info.value) == "this pool is already recording: recordings do not nest"
+        assert pool.alloc(16) is not None  # still recorded by the outer one
+    assert not inner.exists()
+    assert [as_tuple(op)[:3] for op in T.load(outer).operations] == [("alloc", 16, 16), ("alloc", 16, 16)]
+    # Another pool records on its own at the same time.
+    other = LogicalHostPool(32, 16)
+    with pool.recording(outer), other.recording(inner):
+        assert other.alloc(32) is not None
+        pool.clear()
+    assert [op.name for op in T.load(outer).operations] == ["clear"]
+    assert [op.name for op in T.load(inner).operations] == ["alloc"]
+
+
+def record_then_raise(pool: LogicalHostPool, path: Path, exc: BaseException | None) -> None:
+    """Record an alloc, then leave the block with ``exc`` (or with the pool's error for a bad free)."""
+    with pool.recording(path):
+        assert pool.alloc(32) is not None
+        if exc is not None:
+            raise exc
+        pool.free(np.arange(32, 48))  # page 2 was never allocated: the error leaves the block
+
+
+def test_the_file_is_written_when_the_block_raises(tmp_path: Path) -> None:
+    pool = LogicalHostPool(64, 16)
+    path = tmp_path / "t.npz"
+    with pytest.raises(DoubleFreeError):
+        record_then_raise(pool, path, None)
+    trace = T.load(path)
+    assert [(op.name, op.error) for op in trace.operations] == [("alloc", None), ("free", "DoubleFreeError")]
+    # The pool is no longer recording: later calls are not in the file.
+    assert not set(T._RECORDED) & set(vars(pool))
+    assert pool.alloc(16) is not None
+    assert len(T.load(path)) == 2
+
+
+def test_the_file_is_written_when_the_block_raises_another_error(tmp_path: Path) -> None:
+    pool = LogicalHostPool(64, 16)
+    path = tmp_path / "t.npz"
+    with pytest.raises(KeyError, match="boom"):
+        record_then_raise(pool, path, KeyError("boom"))
+    assert [as_tuple(op)[:3] for op in T.load(path).operations] == [("alloc", 32, 32)]
+
+
+@pytest.mark.torch
+def test_torch_adapter_calls_are_recorded_as_numbers(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from hostpool_nb.torch import LogicalHostPool as TorchPool
+
+    pool = TorchPool(64, 16, track=True)
+    path = tmp_path / "torch.npz"
+    with pool.recording(path):
+        a = pool.alloc(torch.tensor(32), tag="t")
+        b = pool.alloc_many(torch.tensor([16, 0], dtype=torch.int32))
+        assert isinstance(a, torch.Tensor)
+        assert b is not None
+        assert pool.free(a.reshape(2, 16)) == 32
+        with pytest.raises(DoubleFreeError):
+            pool.free(a[:16].to(torch.int16))
+        with pytest.raises(TypeError):
+            pool.free(a.double())
+    trace = T.load(path)
+    assert trace.pool == "LogicalHostPool"
+    assert trace.track is True
+    got = [as_tuple(op) for op in trace.operations]
+    assert got[:3] == [
+        ("alloc", 32, 32, None, list(range(32)), None, None),
+        ("alloc_many", 2, 16, [16, 0], list(range(32, 48)), None, None),
+        ("free", 32, 32, None, list(range(32)), None, None),
+    ]
+    assert got[3][:6] == ("free", 16, 0, None, list(range(16)), "DoubleFreeError")
+    assert got[4][:3] == ("free", -1, 0)
+    assert got[4][5] == "TypeError"
+    assert T.replay(trace) == (4, 1, None)
+
+
+# -- round trips on random workloads ----------------------------------------------
+
+CALLS = st.one_of(
+    # alloc(0) is left out: its replay diverges (test_alloc_of_nothing_replays).
+    st.tuples(st.just("alloc"), st.integers(1, 5)),
+    st.tuples(st.just("alloc_misaligned"), st.integers(1, 3)),
+    st.tuples(st.just("alloc_many"), st.lists(st.integers(0, 3), max_size=4)),
+    st.tuples(st.just("alloc_many_bad"), st.lists(st.integers(0, 3), min_size=1, max_size=3)),
+    st.tuples(st.just("free"), st.integers(0, 1 << 16)),
+    st.tuples(st.just("free_page"), st.integers(0, 1 << 16)),
+    st.tuples(st.just("free_partial"), st.integers(0, 1 << 16)),
+    st.tuples(st.just("free_out_of_range"), st.integers(0, 3)),
+    st.tuples(st.just("clear"), st.just(0)),
+    st.tuples(st.just("merge"), st.just(0)),
+    st.tuples(st.just("begin"), st.just(0)),
+    st.tuples(st.just("end"), st.just(0)),
+    st.tuples(st.just("group"), st.integers(0, 1 << 16)),
+    st.tuples(st.just("backup"), st.just(0)),
+    st.tuples(st.just("restore"), st.integers(0, 1 << 16)),
+)
+
+
+def run_workload(pool: LogicalHostPool, calls: list[tuple[str, Any]], tags: bool) -> list[tuple[str, Any, Any]]:
+    """Make ``calls`` on ``pool``; return what each recorded call did: (name, error class, slots)."""
+    ps, pages = pool.page_size, pool.size // pool.page_size
+    seen: list[np.ndarray] = []  # every allocation so far, freed or not: frees pick among them
+    states: list[Any] = []
+    log: list[tuple[str, Any, Any]] = []
+
+    def call(name: str, fn: Any) -> Any:
+        try:
+            value = fn()
+        except (TypeError, ValueError) as exc:
+            log.append((name, type(exc).__name__, None))
+            return None
+        slots = value[0] if name == "alloc_many" and value is not None else value
+        log.append((name, None, slots.tolist() if name.startswith("alloc") and slots is not None else None))
+        if name.startswith("alloc") and slots is not None and slots.shape[0]:
+            seen.append(slots)
+        return value
+
+    for i, (kind, n) in enumerate(calls):
+        tag = (i, kind) if tags and i % 2 else None
+        if kind == "alloc":
+            call("alloc", lambda n=n, tag=tag: pool.alloc(n * ps, tag=tag))
+        elif kind == "alloc_misaligned":
+            call("alloc", lambda n=n: pool.alloc(n * ps + 1) if ps > 1 else pool.alloc(n))
+        elif kind == "alloc_many":
+            call("alloc_many", lambda n=n, tag=tag: pool.alloc_many([k * ps for k in n], tag=tag))
+        elif kind == "alloc_many_bad":
+            call("alloc_many", lambda n=n: pool.alloc_many([*(k * ps for k in n), -ps]))
+        elif kind in ("free", "free_page", "free_partial", "group") and seen:
+            arr = seen[n % len(seen)]
+            if kind == "free_page":
+                arr = arr[:ps]
+            elif kind == "free_partial" and ps == 1:
+                arr = arr[::-1]  # pages in another order: still valid
+            elif kind == "free_partial":
+                arr = arr[1 : ps + 1] if arr.shape[0] > ps else arr[: ps - 1]  # a partial page, or misaligned
+            if kind == "group":
+                with pool.free_group():
+                    call("free", lambda arr=arr: pool.free(arr))
+                log[-1:-1] = [("free_group_begin", None, None)]
+                log.append(("free_group_end", None, None))
+            else:
+                call("free", lambda arr=arr: pool.free(arr))
+        elif kind == "free_out_of_range":
+            call("free", lambda n=n: pool.free(np.arange((pages + n) * ps, (pages + n + 1) * ps)))
+        elif kind == "clear":
+            call("clear", pool.clear)
+        elif kind == "merge":
+            call("merge", pool.merge)
+        elif kind == "begin":
+            call("free_group_begin", pool.free_group_begin)
+        elif kind == "end":
+            call("free_group_end", pool.free_group_end)
+        elif kind == "backup":
+            states.append(pool.backup_state())
+            log.append(("backup", None, None))
+        elif kind == "restore" and states:
+            call("restore", lambda n=n: pool.restore_state(states[n % len(states)]))
+    return log
+
+
+@given(
+    page_size=st.sampled_from([1, 2, 3, 16]),
+    pages=st.integers(0, 6),
+    merge=st.sampled_from(["fifo", "sorted"]),
+    track=st.booleans(),
+    calls=st.lists(CALLS, max_size=40),
+)
+def test_record_then_replay_round_trip(
+    tmp_path_factory: Any, page_size: int, pages: int, merge: str, track: bool, calls: list[tuple[str, Any]]
+) -> None:
+    path = tmp_path_factory.getbasetemp() / "round-trip.npz"
+    pool = LogicalHostPool(pages * page_size, page_size, merge=merge, track=track)
+    with pool.recording(path):
+        log = run_workload(pool, calls, tags=track)
+    trace = T.load(path)
+    assert (trace.size, trace.page_size, trace.merge, trace.track) == (pages * page_size, page_size, merge, track)
+    recorded = []
+    for op in trace.operations:
+        slots = op.slots.tolist() if op.name.startswith("alloc") and op.slots is not None else None
+        recorded.append((op.name, op.error, slots))
+    assert recorded == log
+    assert T.replay(trace) == (len(log), 0, None)
+
+
+# -- the command line ----------------------------------------------------------
+
+
+def small_trace(path: Path, track: bool = False) -> Path:
+    """Five operations on a pool of 4 pages of 4 slots, the last two an error and a merge."""
+    pool = LogicalHostPool(16, 4, track=track)
+    with pool.recording(path):
+        a = pool.alloc(8)  # 0: slots 0..7
+        assert a is not None
+        assert pool.free(a[:4]) == 4  # 1
+        b = pool.alloc(12)  # 2: pages 2, 3, 0
+        assert b is not None
+        assert b.tolist() == [*range(8, 16), *range(4)]
+        with pytest.raises(DoubleFreeError):
+            pool.free(np.concatenate([a[4:], a[4:]]))  # 3: page 1 twice
+        assert pool.merge() == 0  # 4
+    return path
+
+
+SMALL_POOL = "LogicalHostPool(size=16, page_size=4, merge='fifo', track=False)"
+TWICE = "page 1 (slots 4..7) is freed twice in one call (again at indices[4], flattened)"
+
+
+def test_replay_command_line(tmp_path: Path, capsys: Any) -> None:
+    """Exit 0 and 2 from real ``python -m hostpool_nb.replay`` processes (run at once); exit 1 in-process."""
+    good = small_trace(tmp_path / "good.npz")
+    broken = tmp_path / "broken.npz"
+    broken.write_bytes(good.read_bytes()[:100])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "hostpool_nb.replay", str(p)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for p in (good, broken)
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        results.append((proc.returncode, out, err))
+    assert results[0] == (0, f"{good}: {SMALL_POOL}: all 5 operations match\n", "")
+    code, out, err = results[1]
+    assert (code, out) == (2, "")
+    # One line: the error, no traceback.
+    assert re.fullmatch(
+        re.escape(f"{PROG}: error: {broken} is not a hostpool_nb trace (not a readable .npz archive: ") + r"[^\n]+\)\n",
+        err,
+    ), err
+    # Exit 1 (main() is what the module runs): a slot of operation 2 changed.
+    data = arrays(good)["data"].copy()
+    data[13] = 99  # operation 2's second slot (after 8 for operation 0 and 4 for operation 1)
+    bad = rewrite(good, tmp_path / "bad.npz", data=data)
+    assert run_main(bad, capsys) == (
+        1,
+        f"{bad}: {SMALL_POOL}: DIVERGES at operation 2 (alloc): "
+        "expected 12 slots [8, 99, 10, 11, 12, 13, 14, 15, ...], "
+        "got 12 slots [8, 9, 10, 11, 12, 13, 14, 15, ...] (after 2 matching operations)\n",
+        "",
+    )
+
+
+def test_replay_trace_api(tmp_path: Path) -> None:
+    trace = T.load(small_trace(tmp_path / "t.npz"))
+    assert len(trace) == 5
+    assert [op.name for op in trace.operations] == ["alloc", "free", "alloc", "free", "merge"]
+    assert trace.operations[3].message == TWICE
+    assert T.replay(trace) == (5, 0, None)
+
+
+def test_replay_of_a_tracking_pool_ignores_the_sites_in_messages(tmp_path: Path, capsys: Any) -> None:
+    path = small_trace(tmp_path / "t.npz", track=True)
+    trace = T.load(path)
+    message = trace.operations[3].message
+    assert message is not None
+    assert message.startswith(TWICE + "; it was allocated at ")
+    assert message.endswith(" (allocation #1)")
+    code, out, err = run_main(path, capsys)
+    assert (code, err) == (0, "")
+    assert out == f"{path}: {SMALL_POOL.replace('track=False', 'track=True')}: all 5 operations match\n"
+
+
+def test_replay_reports_skipped_operations(tmp_path: Path, capsys: Any) -> None:
+    pool = LogicalHostPool(16, 4)
+    path = tmp_path / "t.npz"
+    with pool.recording(path):
+        assert pool.alloc(4) is not None
+        with pytest.raises(TypeError):
+            pool.free(np.zeros(4))
+        with pytest.raises(TypeError):
+            pool.alloc_many([[4]])
+    code, out, err = run_main(path, capsys)
+    assert (code, err) == (0, "")
+    assert out == (
+        f"{path}: LogicalHostPool(size=16, page_size=4, merge='fifo', track=False): all 1 operations match; "
+        "2 not replayable (their input was not numbers), skipped\n"
+    )
+
+
+# -- divergence reports ----------------------------------------------------------
+
+
+def test_divergence_a_changed_slot(tmp_path: Path, capsys: Any) -> None:
+    good = small_trace(tmp_path / "good.npz")
+    data = arrays(good)["data"].copy()
+    assert data[:8].tolist() == list(range(8))
+    data[1] = 5
+    bad = rewrite(good, tmp_path / "bad.npz", data=data)
+    assert T.replay(T.load(bad)) == (
+        0,
+        0,
+        T.Divergence(0, "alloc", "8 slots [0, 5, 2, 3, 4, 5, 6, 7]", "8 slots [0, 1, 2, 3, 4, 5, 6, 7]"),
+    )
+    code, out, err = run_main(bad, capsys)
+    assert (code, err) == (1, "")
+    assert out == (
+        f"{bad}: {SMALL_POOL}: DIVERGES at operation 0 (alloc): expected 8 slots [0, 5, 2, 3, 4, 5, 6, 7], "
+        "got 8 slots [0, 1, 2, 3, 4, 5, 6, 7] (after 0 matching operations)\n"
+    )
+
+
+def test_divergence_a_changed_result_count(tmp_path: Path, capsys: Any) -> None:
+    good = small_trace(tmp_path / "good.npz")
+    ops = arrays(good)["ops"].copy()
+    assert ops["result"][1] == 4
+    ops["result"][1] = 8  # free returned 8?
+    bad = rewrite(good, tmp_path / "bad.npz", ops=ops)
+    code, out, err = run_main(bad, capsys)
+    assert (code, err) == (1, "")
+    assert (
+        out == f"{bad}: {SMALL_POOL}: DIVERGES at operation 1 (free): expected 8, got 4 (after 1 matching operations)\n"
+    )
+    # An allocation recorded as refused that the pool serves.
+    ops = arrays(good)["ops"].copy()
+    ops["result"][0] = -1
+    bad2 = rewrite(good, tmp_path / "bad2.npz", ops=ops)
+    code, out, _ = run_main(bad2, capsys)
+    assert code == 1
+    assert out == (
+        f"{bad2}: {SMALL_POOL}: DIVERGES at operation 0 (alloc): expected None, "
+        "got 8 slots [0, 1, 2, 3, 4, 5, 6, 7] (after 0 matching operations)\n"
+    )
+
+
+def test_divergence_a_dropped_operation(tmp_path: Path, capsys: Any) -> None:
+    good = small_trace(tmp_path / "good.npz")
+    got = arrays(good)
+    ops = np.delete(got["ops"], 1)  # the free: the 12-slot allocation no longer fits
+    header = got["header"].copy()
+    header["ops"] = 4
+    bad = rewrite(good, tmp_path / "bad.npz", ops=ops, header=header)
+    code, out, err = run_main(bad, capsys)
+    assert (code, err) == (1, "")
+    assert out == (
+        f"{bad}: {SMALL_POOL}: DIVERGES at operation 1 (alloc): expected 12 slots [8, 9, 10, 11, 12, 13, 14, 15, ...], "
+        "got None (after 1 matching operations)\n"
+    )
+
+
+def test_divergence_a_changed_error(tmp_path: Path, capsys: Any) -> None:
+    good = small_trace(tmp_path / "good.npz")
+    assert arrays(good)["messages"].tolist() == [TWICE]
+    bad = rewrite(good, tmp_path / "bad.npz", messages=np.array(["page 1 is freed twice"]))
+    code, out, err = run_main(bad, capsys)
+    assert (code, err) == (1, "")
+    assert out == (
+        f"{bad}: {SMALL_POOL}: DIVERGES at operation 3 (free): expected DoubleFreeError: page 1 is freed twice, "
+        f"got DoubleFreeError: {TWICE} (after 3 matching operations)\n"
+    )
+    ops = arrays(good)["ops"].copy()
+    ops["error"][3] = T.ERRORS.index("SlotRangeError")
+    bad2 = rewrite(good, tmp_path / "bad2.npz", ops=ops)
+    code, out, _ = run_main(bad2, capsys)
+    assert code == 1
+    assert f"DIVERGES at operation 3 (free): expected SlotRangeError: {TWICE}, got DoubleFreeError: {TWICE}" in out
+    # An error recorded where the pool raises none, and the reverse.
+    ops = arrays(good)["ops"].copy()
+    ops["error"][4], ops["message"][4] = T.ERRORS.index("HostPoolError"), 0
+    bad3 = rewrite(good, tmp_path / "bad3.npz", ops=ops)
+    code, out, _ = run_main(bad3, capsys)
+    assert code == 1
+    assert f"DIVERGES at operation 4 (merge): expected HostPoolError: {TWICE}, got no error" in out
+    ops = arrays(good)["ops"].copy()
+    ops["error"][3], ops["message"][3] = 0, -1
+    bad4 = rewrite(good, tmp_path / "bad4.npz", ops=ops)
+    code, out, _ = run_main(bad4, capsys)
+    assert code == 1
+    assert f"DIVERGES at operation 3 (free): expected no error, got DoubleFreeError: {TWICE}" in out
+
+
+# -- damaged files -----------------------------------------------------------------
+
+
+def damaged(good: Path, tmp_path: Path, case: str) -> tuple[Path, str]:
+    """A damaged copy of ``good`` (small_trace: 5 ops, 32 numbers) and the exact TraceError text."""
+    got = arrays(good)
+    bad = tmp_path / f"{case}.npz"
+    where = f"{bad} is damaged"
+    if case == "wrong-header-dtype":
+        rewrite(good, bad, header=np.zeros(1, dtype=np.int64))
+        return bad, f"{bad} is not a hostpool_nb trace (its header has dtype int64)"
+    if case == "two-headers":
+        rewrite(good, bad, header=np.concatenate([got["header"], got["header"]]))
+        return bad, f"{bad} is not a hostpool_nb trace (its header has dtype {HEADER_DTYPE})"
+    if case == "wrong-ops-dtype":
+        rewrite(good, bad, ops=got["ops"]["arg"].copy())
+        return bad, f"{where}: its ops or data array has the wrong type"
+    if case == "wrong-data-dtype":
+        rewrite(good, bad, data=got["data"].astype(np.float64))
+        return bad, f"{where}: its ops or data array has the wrong type"
+    if case == "big-endian-data":
+        rewrite(good, bad, data=got["data"].astype(">i8"))
+        return bad, f"{where}: its ops or data array has the wrong type"
+    if case == "2d-data":
+        rewrite(good, bad, data=got["data"].reshape(4, 8))
+        return bad, f"{where}: its ops or data array has the wrong type"
+    if case in ("ops-count", "data-count"):
+        header = got["header"].copy()
+        header["ops" if case == "ops-count" else "data"] += 1
+        rewrite(good, bad, header=header)
+        ops, data = (6, 32) if case == "ops-count" else (5, 33)
+        return (
+            bad,
+            f"{where}: the header says {ops} operations and {data} numbers, the file holds 5 and 32 (truncated?)",
+        )
+    if case == "fewer-ops":
+        rewrite(good, bad, ops=got["ops"][:3])
+        return bad, f"{where}: the header says 5 operations and 32 numbers, the file holds 3 and 32 (truncated?)"
+    if case in ("op-code-high", "op-code-zero", "error-code", "message-index"):
+        ops = got["ops"].copy()
+        field, value = {
+            "op-code-high": ("op", 10),
+            "op-code-zero": ("op", 0),
+            "error-code": ("error", 7),
+            "message-index": ("message", 1),
+        }[case]
+        ops[field][2] = value
+        rewrite(good, bad, ops=ops)
+        op, error = int(ops["op"][2]), int(ops["error"][2])
+        return bad, f"{where}: operation 2 has an unknown code (op {op}, error {error})"
+    if case in ("offset-past-end", "offset-negative", "count-past-end"):
+        ops = got["ops"].copy()
+        if case == "offset-past-end":
+            ops["offset"][2] = 30  # operation 2 has 12 numbers
+            text = "(30+12)"
+        elif case == "offset-negative":
+            ops["offset"][2] = -1
+            text = "(-1+12)"
+        else:
+            ops["result"][2] = 40
+            text = f"({int(ops['offset'][2])}+40)"
+        rewrite(good, bad, ops=ops)
+        return bad, f"{where}: operation 2 (alloc) points outside the data {text}"
+    if case == "version":
+        header = got["header"].copy()
+        header["version"] = 2
+        rewrite(good, bad, header=header)
+        return bad, f"{bad} is a version 2 trace; this hostpool_nb reads version 1"
+    if case == "not-a-pool":
+        header = got["header"].copy()
+        header["page_size"] = 0
+        rewrite(good, bad, header=header)
+        return bad, f"{where}: the pool it records is not a pool (size=16, page_size=0, fifo)"
+    if case == "unknown-merge":
+        header = got["header"].copy()
+        header["merge"] = "lifo"
+        rewrite(good, bad, header=header)
+        return bad, f"{where}: the pool it records is not a pool (size=16, page_size=4, lifo)"
+    raise AssertionError(case)
+
+
+DAMAGED = [
+    "wrong-header-dtype",
+    "two-headers",
+    "wrong-ops-dtype",
+    "wrong-data-dtype",
+    "big-endian-data",
+    "2d-data",
+    "ops-count",
+    "data-count",
+    "fewer-ops",
+    "op-code-high",
+    "op-code-zero",
+    "error-code",
+    "message-index",
+    "offset-past-end",
+    "offset-negative",
+    "count-past-end",
+    "version",
+    "not-a-pool",
+    "unknown-merge",
+]
+
+
+@pytest.mark.parametrize("case", DAMAGED)
+def test_damaged_trace(case: str, tmp_path: Path, capsys: Any) -> None:
+    good = small_trace(tmp_path / "good.npz")
+    bad, text = damaged(good, tmp_path, case)
+    with pytest.raises(T.TraceError) as info:
+        T.load(bad)
+    assert str(info.value) == text
+    assert isinstance(info.value, HostPoolError)
+    code, out, err = run_main(bad, capsys)
+    assert (code, out, err) == (2, "", f"{PROG}: error: {text}\n")
+
+
+def unreadable(good: Path, tmp_path: Path, case: str) -> Path:
+    bad = tmp_path / f"{case}.npz"
+    raw = good.read_bytes()
+    if case == "truncated-half":
+        bad.write_bytes(raw[: len(raw) // 2])
+    elif case == "truncated-end":
+        bad.write_bytes(raw[:-10])
+    elif case == "empty-file":
+        bad.write_bytes(b"")
+    elif case == "text-file":
+        bad.write_text("op,arg\nalloc,16\n")
+    elif case == "garbage":
+        bad.write_bytes(bytes(range(256)) * 4)
+    else:
+        raise AssertionError(case)
+    return bad
+
+
+UNREADABLE = ["truncated-half", "truncated-end", "empty-file", "text-file", "garbage"]
+
+
+@pytest.mark.parametrize("case", UNREADABLE)
+def test_unreadable_file(case: str, tmp_path: Path, capsys: Any) -> None:
+    bad = unreadable(small_trace(tmp_path / "good.npz"), tmp_path, case)
+    prefix = f"{bad} is not a hostpool_nb trace (not a readable .npz archive: "
+    # A truncated archive leaks its file handle (test_a_damaged_archive_is_closed): ignored here,
+    # where the error (which holds the handle) is dropped.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        with pytest.raises(T.TraceError) as info:
+            T.load(bad)
+        text = str(info.value)
+        del info
+        code, out, err = run_main(bad, capsys)
+    assert text.startswith(prefix), text
+    assert text.endswith(")"), text
+    assert (code, out, err) == (2, "", f"{PROG}: error: {text}\n")
+
+
+def leaked_files(path: Path) -> list[str]:
+    """The ResourceWarnings of loading ``path`` (a TraceError): file handles left open."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(T.TraceError):
+            T.load(path)
+    return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+@pytest.mark.parametrize("case", ["empty-file", "text-file", "garbage"])
+def test_an_unreadable_file_is_closed(case: str, tmp_path: Path) -> None:
+    assert leaked_files(unreadable(small_trace(tmp_path / "good.npz"), tmp_path, case)) == []
+
+
+@pytest.mark.parametrize("case", ["truncated-half", "truncated-end"])
+def test_a_damaged_archive_is_closed(case: str, tmp_path: Path) -> None:
+    assert leaked_files(unreadable(small_trace(tmp_path / "good.npz"), tmp_path, case)) == []
+
+
+def test_an_array_that_cannot_be_read_without_pickle(tmp_path: Path, capsys: Any) -> None:
+    good = small_trace(tmp_path / "good.npz")
+    bad = rewrite(good, tmp_path / "bad.npz", messages=np.array([TWICE, None], dtype=object))
+    with pytest.raises(T.TraceError) as info:
+        T.load(bad)
+    assert str(info.value).startswith(f"{bad} is damaged: its 'messages' array cannot be read (")
+    assert run_main(bad, capsys)[0] == 2
+
+
+@pytest.mark.parametrize("missing", ["header", "ops", "data", "messages"])
+def test_a_missing_array(missing: str, tmp_path: Path, capsys: Any) -> None:
+    good = small_trace(tmp_path / "good.npz")
+    bad = rewrite(good, tmp_path / "bad.npz", **{missing: None})
+    with pytest.raises(T.TraceError) as info:
+        T.load(bad)
+    assert str(info.value).startswith(f"{bad} is not a hostpool_nb trace: it has no '{missing}")
+    code, out, err = run_main(bad, capsys)
+    assert (code, out, err) == (2, "", f"{PROG}: error: {info.value}\n")
+
+
+def test_a_missing_array_is_named_plainly(tmp_path: Path) -> None:
+    good = small_trace(tmp_path / "good.npz")
+    bad = rewrite(good, tmp_path / "bad.npz", data=None)
+    with pytest.raises(T.TraceError) as info:
+        T.load(bad)
+    assert str(info.value) == f"{bad} is not a hostpool_nb trace: it has no 'data' array"
+
+
+def test_a_missing_file(tmp_path: Path, capsys: Any) -> None:
+    path = tmp_path / "nothing.npz"
+    with pytest.raises(FileNotFoundError):
+        T.load(path)
+    assert run_main(path, capsys) == (2, "", f"{PROG}: error: no such file: {path}\n")
+
+
+# -- bugs found while writing these tests, fixed since ---------------------------------
+
+
+def test_a_npy_file_is_a_trace_error(tmp_path: Path, capsys: Any) -> None:
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(3))
+    with pytest.raises(T.TraceError):
+        T.load(path)
+
+
+def test_a_0d_messages_array_is_a_trace_error(tmp_path: Path) -> None:
+    good = small_trace(tmp_path / "good.npz")
+    bad = rewrite(good, tmp_path / "bad.npz", messages=np.array(TWICE))
+    with pytest.raises(T.TraceError):
+        T.load(bad)
+
+
+def test_a_header_with_an_impossible_pool_size(tmp_path: Path, capsys: Any) -> None:
+    good = small_trace(tmp_path / "good.npz")
+    header = arrays(good)["header"].copy()
+    header["size"], header["page_size"] = 2**62, 1
+    bad = rewrite(good, tmp_path / "bad.npz", header=header)
+    assert run_main(bad, capsys)[0] == 2
+
+
+@pytest.mark.parametrize("need_size", [16.0, "16", np.float64(16.0)], ids=["float", "str", "np.float64"])
+def test_a_non_integer_need_size_replays(need_size: Any, tmp_path: Path) -> None:
+    pool = LogicalHostPool(64, 16)
+    path = tmp_path / "t.npz"
+    with pool.recording(path):
+        with pytest.raises(TypeError):
+            pool.alloc(need_size)
+        assert pool.alloc(16) is not None
+    done, _, divergence = T.replay(T.load(path))
+    assert divergence is None
+    assert done >= 1
+
+
+@pytest.mark.parametrize("need_size", [-16, -1])
+def test_a_negative_need_size_is_replayed(need_size: int, tmp_path: Path) -> None:
+    pool = LogicalHostPool(64, 16)
+    path = tmp_path / "t.npz"
+    with pool.recording(path), pytest.raises(HostPoolError):
+        pool.alloc(need_size)
+    assert T.replay(T.load(path)) == (1, 0, None)
+
+
+def test_huge_uint64_sizes_replay(tmp_path: Path) -> None:
+    pool = LogicalHostPool(64, 16)
+    path = tmp_path / "t.npz"
+    with pool.recording(path):
+        assert pool.alloc_many(np.array([2**63], dtype=np.uint64)) is None
+    _done, _skipped, divergence = T.replay(T.load(path))
+    assert divergence is None
+
+
+def test_an_unhashable_tag_on_a_tracking_pool_replays(tmp_path: Path) -> None:
+    pool = LogicalHostPool(64, 16, track=True)
+    path = tmp_path / "t.npz"
+    with pool.recording(path):
+        with pytest.raises(TypeError):
+            pool.alloc(16, tag=[1])
+        assert pool.alloc(16, tag="ok") is not None
+    _done, _, divergence = T.replay(T.load(path))
+    assert divergence is None
+
+
+def test_alloc_of_nothing_replays(tmp_path: Path) -> None:
+    pool = LogicalHostPool(64, 16)
+    path = tmp_path / "t.npz"
+    with pool.recording(path):
+        got = pool.alloc(0)
+        assert got is not None
+        assert got.shape == (0,)
+    trace = T.load(path)
+    assert trace.operations[0].slots is not None
+    assert T.replay(trace) == (1, 0, None)
