@@ -17,6 +17,14 @@ The cache is a speed-up, never a requirement, so no cache problem may stop
 * The cache cannot be written (disk full): the kernel, already compiled, is
   kept.
 
+numba keys a kernel's cache entry to its own source file only, and freezes
+the globals it reads (the layout constants of ``_kernels.py``, say) into
+the compiled code. A kernel module that reads another's constants would
+then load stale code after the other file changed. So every kernel's cache
+index is also stamped with the size and time of every kernel module of
+the package (:data:`_PACKAGE_STAMP`): a change to any of them recompiles
+them all.
+
 Each fallback costs start-up time, so it is reported by one
 :class:`KernelCacheWarning` per process that says how to get the cache back.
 Only these cache paths fall back: a kernel that fails to compile, and
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from numba import njit
@@ -46,6 +55,22 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 # Set once the warning is out: one per process for all kernels. Kernels are
 # compiled while their module is imported, which the import lock serialises.
 _warned = False
+
+
+def _package_stamp() -> tuple[tuple[str, int, int], ...]:
+    """Name, size and modification time of every module that defines or feeds kernels."""
+    here = Path(__file__).resolve().parent
+    stamp = []
+    for name in ("_jit.py", "_kernels.py", "_paged_kernels.py"):
+        try:
+            st = (here / name).stat()
+        except OSError:
+            continue
+        stamp.append((name, st.st_size, st.st_mtime_ns))
+    return tuple(stamp)
+
+
+_PACKAGE_STAMP = _package_stamp()
 
 
 def kernel(signature: str) -> Callable[[_F], _F]:
@@ -80,6 +105,7 @@ def _compile(func: Callable[..., Any], signature: str) -> tuple[Any, _Problem | 
         )
     if dispatcher is func:  # NUMBA_DISABLE_JIT=1: njit hands the function back
         return func, None
+    _stamp_with_package(dispatcher)
 
     error = _try_compile(dispatcher, signature)
     if error is not None and not _compiled(dispatcher) and _forget_index(dispatcher):
@@ -122,6 +148,21 @@ def _try_compile(dispatcher: Any, signature: str) -> Exception | None:
             raise
         return exc
     return None
+
+
+def _stamp_with_package(dispatcher: Any) -> None:
+    """Make the kernel's cache index stale whenever any kernel module of the package changes.
+
+    numba compares its index's stamp with the kernel's own source file's;
+    adding the package's stamp to it (the private ``_cache._cache_file``,
+    read defensively) extends that comparison to the modules whose
+    constants the kernel compiled in. Without those attributes the cache
+    works as numba's own.
+    """
+    cache_file: Any = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    own = getattr(cache_file, "_source_stamp", None)
+    if own is not None:
+        cache_file._source_stamp = (own, _PACKAGE_STAMP)
 
 
 def _compiled(dispatcher: Any) -> bool:

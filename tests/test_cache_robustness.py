@@ -475,3 +475,55 @@ def test_disabled_jit_returns_the_python_function(tmp_path: Path) -> None:
     )
     res = _run([sys.executable, "-c", code], _env(NUMBA_DISABLE_JIT="1", PYTHONPATH=_pythonpath(ROOT)), cwd=tmp_path)
     assert res == {"same": True, "value": 42, "warnings": []}
+
+
+# --- a change to the kernels' shared constants reaches every kernel module ----------------
+
+PAGED_CHILD = r"""
+import json
+from hostpool_nb import _kernels as K, _paged_kernels as P
+from hostpool_nb.paged import PagedTokenToKVPoolAllocator
+alloc = PagedTokenToKVPoolAllocator(64 * 16, 16, None)
+out = alloc.alloc(32)
+first_free = alloc.free_pages[0][:3].tolist()
+alloc.free(out)
+alloc.merge_and_sort_free()
+try:
+    alloc.check_invariants()
+    broken = None
+except RuntimeError as exc:
+    broken = str(exc)
+kernels = {n: v for n, v in vars(P).items() if hasattr(v, "stats") and hasattr(v, "overloads")}
+print(json.dumps({
+    "first_free": first_free,
+    "alloc": out.tolist(),
+    "broken": broken,
+    "compiled": sorted(n for n, k in kernels.items() if k.stats.cache_misses),
+}))
+"""
+
+
+@needs_jit
+def test_a_changed_constant_recompiles_the_kernels_that_read_it(tmp_path: Path) -> None:
+    """numba keys a kernel's cache to its own file, but _paged_kernels.py compiles in _kernels.py's constants.
+
+    With only numba's own stamp, changing OWNER_ALLOCATED in _kernels.py
+    left most of _paged_kernels.py's kernels loading their cached code,
+    which still flagged the padding page with the old value: the allocator
+    failed its invariants. Every kernel's index is now stamped with every
+    kernel module of the package.
+    """
+    site = tmp_path / "site"
+    shutil.copytree(PKG, site / "hostpool_nb", ignore=shutil.ignore_patterns("__pycache__"))
+    env = _env(NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=_pythonpath(site))
+    first = _run([sys.executable, "-c", PAGED_CHILD], env, tmp_path)
+    assert (first["first_free"], first["broken"]) == ([3, 4, 5], None)  # pages 1, 2 were just allocated
+    assert first["compiled"]
+    kernels_py = site / "hostpool_nb" / "_kernels.py"
+    text = kernels_py.read_text()
+    assert "OWNER_ALLOCATED = 1\n" in text
+    kernels_py.write_text(text.replace("OWNER_ALLOCATED = 1\n", "OWNER_ALLOCATED = 5\n"))
+    changed = _run([sys.executable, "-c", PAGED_CHILD], env, tmp_path)
+    assert changed["broken"] is None, changed["broken"]
+    assert (changed["first_free"], changed["alloc"]) == ([3, 4, 5], list(range(16, 48)))
+    assert sorted(changed["compiled"]) == sorted(first["compiled"]), "a paged kernel loaded code of the old file"
