@@ -44,6 +44,7 @@ _UINT8 = np.dtype(np.uint8)
 # cheap test for native-endian int64.
 _INT64 = np.dtype(np.int64)
 _STATUS_SHORT = -1 - K.E_SHORT
+_STATUS_MISALIGNED = -1 - K.E_MISALIGNED  # at position 0: the length is not page-aligned
 _STRIDES_1D = (8,)
 # Above this many slots, ``alloc`` checks capacity before allocating its
 # output: 256 KiB, past which np.empty maps fresh memory (microseconds, or a
@@ -248,6 +249,29 @@ class LogicalHostPool(DataPlaneHooks):
         """
         if type(need_size) is not int:
             need_size = as_count(need_size, "need_size")
+        if self._tracker is not None or not 0 <= need_size <= _PRECHECK_SLOTS:
+            return self._alloc_checked(need_size, tag)
+        # The hot path, for a plain pool and a size that needs no capacity
+        # check first: the kernel refuses a size that is not page-aligned
+        # (before any change), which saves the check here. The output is
+        # allocated before taking the lock, so its page faults are not paid
+        # while other threads wait; the kernel checks capacity and reports
+        # E_SHORT without touching the state.
+        out = np.empty(need_size, _INT64)
+        lock = self.lock
+        lock.acquire()  # acquire/release: measurably cheaper than ``with``
+        try:
+            status = _alloc_pages(self._st, out)
+        finally:
+            lock.release()
+        if status >= 0:
+            return out
+        if status == _STATUS_SHORT:
+            return None
+        raise self._alloc_error(status, need_size)
+
+    def _alloc_checked(self, need_size: int, tag: Any) -> NDArray[np.int64] | None:
+        """``alloc`` for a tracking pool, a negative size or a large one: every check in Python."""
         page_size = self.page_size
         if need_size % page_size != 0:
             raise AlignmentError(
@@ -259,24 +283,26 @@ class LogicalHostPool(DataPlaneHooks):
         where = None if tracker is None else tracker.where(tag)  # an unhashable tag raises here
         if need_size > _PRECHECK_SLOTS and self._refused(need_size):
             return None
-        # The output is allocated before taking the lock, so its page faults
-        # are not paid while other threads wait; the kernel checks capacity
-        # again and reports E_SHORT without touching the state.
-        out = np.empty(need_size, dtype=_INT64)
-        lock = self.lock
-        lock.acquire()  # acquire/release: measurably cheaper than ``with``
-        try:
+        out = np.empty(need_size, _INT64)
+        with self.lock:
             if tracker is None or where is None:
                 status = _alloc_pages(self._st, out)
             else:  # the site's id is looked up under the lock, where a sweep cannot drop it
                 status = _alloc_tracked(self._st, out, tracker.intern(where, self._st))
-        finally:
-            lock.release()
         if status >= 0:
             return out
         if status == _STATUS_SHORT:
             return None
-        raise self._corrupt("alloc", status)
+        raise self._alloc_error(status, need_size)
+
+    def _alloc_error(self, status: int, need_size: int) -> Exception:
+        """The error an allocation kernel reported: a misaligned size, or a corrupted pool."""
+        if status == _STATUS_MISALIGNED:
+            return AlignmentError(
+                f"LogicalHostPool allocation must be page-aligned, got need_size={need_size}, "
+                f"page_size={self.page_size}"
+            )
+        return self._corrupt("alloc", status)
 
     def alloc_many(self, sizes: Any, *, tag: Any = None) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
         """Allocate a batch of requests at once: all of them, or none.
@@ -349,7 +375,7 @@ class LogicalHostPool(DataPlaneHooks):
             return out, offsets
         if status == _STATUS_SHORT:
             return None
-        raise self._corrupt("alloc_many", status)
+        raise self._corrupt("alloc_many", status)  # the plan made the total page-aligned
 
     def free(self, indices: Any) -> int:
         """Give back slots from earlier allocations: whole pages only.
@@ -386,29 +412,31 @@ class LogicalHostPool(DataPlaneHooks):
             slots: NDArray[np.int64] = indices
         else:
             slots = as_slots(indices)
-        n: int = slots.shape[0]
-        page_size = self.page_size
-        if n % page_size != 0:
-            raise AlignmentError(
-                f"LogicalHostPool free must be page-aligned, got len(indices)={n}, page_size={page_size}"
-            )
-        if n == 0:
-            return 0
-        tracker = self._tracker
+        if self._tracker is not None:
+            return self._free_tracked(slots)
+        # The kernel refuses a length that is not a multiple of page_size
+        # (before any change) and returns the number of slots freed.
         lock = self.lock
-        if tracker is None:
-            lock.acquire()
-            try:
-                status = _free_pages(self._st, slots)
-            finally:
-                lock.release()
-        else:
-            where = tracker.where(None)
-            with lock:
-                status = _free_tracked(self._st, slots, tracker.intern(where, self._st))
+        lock.acquire()
+        try:
+            status = _free_pages(self._st, slots)
+        finally:
+            lock.release()
         if status < 0:
             raise self._free_error(status, slots)
-        return n
+        return int(status)
+
+    def _free_tracked(self, slots: NDArray[np.int64]) -> int:
+        """``free`` for a tracking pool: the freeing site is recorded with the pages."""
+        tracker = self._tracker
+        if tracker is None:  # pragma: no cover - only called for a tracking pool
+            raise RuntimeError("_free_tracked called on a pool that does not track")
+        where = tracker.where(None)
+        with self.lock:
+            status = _free_tracked(self._st, slots, tracker.intern(where, self._st))
+        if status < 0:
+            raise self._free_error(status, slots)
+        return int(status)
 
     # -- free groups --------------------------------------------------------
 
@@ -665,9 +693,13 @@ class LogicalHostPool(DataPlaneHooks):
         ps = self.page_size
         return f"page {page} (slots {page * ps}..{page * ps + ps - 1})"
 
-    def _free_error(self, status: int, slots: NDArray[np.int64]) -> Exception:
+    def _free_error(self, status: int, slots: NDArray[np.int64]) -> Exception:  # noqa: PLR0911 - one per code
         code, pos = K.decode_status(status)
         ps = self.page_size
+        if code == K.E_LENGTH:
+            return AlignmentError(
+                f"LogicalHostPool free must be page-aligned, got len(indices)={slots.shape[0]}, page_size={ps}"
+            )
         start = pos - pos % ps
         slot = int(slots[pos])
         if code == K.E_RANGE:

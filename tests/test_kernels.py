@@ -87,9 +87,24 @@ def test_state_length_and_page_shift() -> None:
 
 
 def test_status_codes_are_distinct_and_fit_four_bits() -> None:
-    codes = [K.E_SHORT, K.E_RANGE, K.E_MISALIGNED, K.E_PARTIAL, K.E_NOT_ALLOCATED, K.E_DUPLICATE, K.E_CORRUPT]
-    assert len(set(codes)) == len(codes)
-    assert all(0 <= c < 16 for c in codes)  # decode_status keeps the low four bits
+    codes = {name: value for name, value in vars(K).items() if name.startswith("E_")}
+    assert len(codes) >= 10
+    assert len(set(codes.values())) == len(codes)
+    assert all(1 <= c < 16 for c in codes.values())  # decode_status keeps the low four bits; 0 is no error
+
+
+@pytest.mark.parametrize("ps", [2, 3, 16])
+def test_length_checks_happen_in_the_kernels_before_anything(ps: int, snapshot: Any, unchanged: Any) -> None:
+    """alloc and free leave the page-alignment check of a length to the kernel: nothing moves, nothing is counted."""
+    pool = LogicalHostPool(8 * ps, ps)
+    held = pool.alloc(2 * ps)
+    assert held is not None
+    before = snapshot(pool)
+    calls = int(pool._st[K.H_ALLOC_CALLS])
+    assert K.decode_status(K.alloc_pages(pool._st, np.empty(ps + 1, dtype=np.int64))) == (K.E_MISALIGNED, 0)
+    assert K.decode_status(K.free_pages(pool._st, held[:-1].copy())) == (K.E_LENGTH, 0)
+    unchanged(pool, before)
+    assert int(pool._st[K.H_ALLOC_CALLS]) == calls
 
 
 @pytest.mark.parametrize("ps", [1, 3, 16])

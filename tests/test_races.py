@@ -85,27 +85,30 @@ _CRASH = textwrap.dedent(
     """
 )
 
-# The success path: a thread swaps the first page of the freed array
-# between the caller's page and a page another owner holds. Whatever each
-# free reads, the pool must stay consistent: the pages it released are
-# exactly the pages it reported, and every other page is still held.
+# The success path: a thread swaps one page of the freed array (the first,
+# or one in the middle of the one long run the array is) between the
+# caller's page and a page another owner holds. Whatever each free reads,
+# the pool must stay consistent: the pages it released are exactly the
+# pages it reported, and every other page is still held. The middle swap
+# splits the run under the run path's feet.
 _SWAP = textwrap.dedent(
     """
     ps, size, rounds = args["page_size"], args["size"], args["rounds"]
     pool = LogicalHostPool(size, ps)
     npages = size // ps
     mine_pages = npages - 1
+    s = args["swap_page"]
     freed_other = freed_mine_first = failed = 0
     for _ in range(rounds):
         pool.clear()
         a = np.array(pool.alloc(mine_pages * ps), dtype=np.int64)  # pages 0 .. n-2
         other = pool.alloc(ps)  # page n-1: another owner's
         assert other is not None and int(other[0]) == mine_pages * ps
-        mine0 = a[:ps].copy()
+        mine0 = a[s * ps:(s + 1) * ps].copy()
         other0 = np.asarray(other, dtype=np.int64).copy()
         arg = wrap(a)
-        stop, t = start([lambda: a.__setitem__(slice(0, ps), other0),
-                         lambda: a.__setitem__(slice(0, ps), mine0)])
+        stop, t = start([lambda: a.__setitem__(slice(s * ps, (s + 1) * ps), other0),
+                         lambda: a.__setitem__(slice(s * ps, (s + 1) * ps), mine0)])
         try:
             n = pool.free(arg)
         except HostPoolError:
@@ -119,9 +122,9 @@ _SWAP = textwrap.dedent(
             continue
         assert n == mine_pages * ps
         assert pool.available_size() == n
-        # Exactly one of page 0 and page n-1 was released, with pages 1..n-2.
-        assert (owner[1:mine_pages] == 0).all()
-        assert int(owner[0]) + int(owner[mine_pages]) == 1, (int(owner[0]), int(owner[mine_pages]))
+        # Exactly one of page s and page n-1 was released, with all the others.
+        assert (np.delete(owner[:mine_pages], s) == 0).all()
+        assert int(owner[s]) + int(owner[mine_pages]) == 1, (int(owner[s]), int(owner[mine_pages]))
         if owner[mine_pages] == 0:
             freed_other += 1
         else:
@@ -169,11 +172,14 @@ def test_writer_racing_a_failing_free_cannot_crash(page_size: int, use_torch: bo
 
 
 @pytest.mark.parametrize("use_torch", _torch_params())
+@pytest.mark.parametrize("where", ["first", "middle"])
 @pytest.mark.parametrize("page_size", [16, 1, 3])
-def test_writer_racing_a_successful_free_keeps_the_pool_consistent(page_size: int, use_torch: bool) -> None:
+def test_writer_racing_a_successful_free_keeps_the_pool_consistent(page_size: int, where: str, use_torch: bool) -> None:
     if use_torch:
         pytest.importorskip("torch")
     npages = (1 << 16) // SCALE
     rounds = 60 // SCALE
-    res = _run(_SWAP, {"page_size": page_size, "size": npages * page_size, "rounds": rounds, "torch": use_torch})
+    swap_page = 0 if where == "first" else npages // 2 + 5  # mid-run, off any block boundary
+    args = {"page_size": page_size, "size": npages * page_size, "rounds": rounds, "torch": use_torch}
+    res = _run(_SWAP, {**args, "swap_page": swap_page})
     assert res["freed_other"] + res["freed_mine"] + res["failed"] == rounds

@@ -1,0 +1,242 @@
+"""The run paths of ``alloc_pages`` and ``free_pages`` decide exactly as the page-by-page paths.
+
+``_kernels.py`` takes runs of consecutive pages whole (one test of their
+flags, one fill, one block store) and falls back to a page-by-page pass
+for input without runs and for every failure. Both must be invisible: for
+any pool and any input, the run path and the exact path return the same
+status and leave the same state. These tests build states and inputs that
+mix runs, lone pages and every kind of fault, run both paths on copies of
+one state, and compare.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st_
+
+from hostpool_nb import LogicalHostPool
+from hostpool_nb import _kernels as K
+from tests.conftest import take_snapshot
+
+PAGE_SIZES = [1, 3, 4, 16]
+
+
+def _exact_free(st: np.ndarray, slots: np.ndarray) -> int:
+    """The page-by-page free: what ``free_pages`` must agree with."""
+    ps = int(st[K.H_PAGE_SIZE])
+    if slots.shape[0] % ps != 0:
+        return K._fail(K.E_LENGTH, 0)
+    if ps == 1:
+        return int(K._free_single_slot_pages(st, slots))
+    return int(K._free_each_page(st, slots))
+
+
+def _chunks(draw: Any, items: list[int], max_chunk: int) -> list[list[int]]:
+    """``items`` cut into consecutive chunks of random lengths."""
+    out, i = [], 0
+    while i < len(items):
+        k = draw(st_.integers(1, max_chunk))
+        out.append(items[i : i + k])
+        i += k
+    return out
+
+
+@st_.composite
+def pool_and_free(draw: Any) -> tuple[LogicalHostPool, np.ndarray]:
+    """A pool with a shuffled free list and some pages held, and a free call's input.
+
+    The input is the held pages in chunks (runs), shuffled, possibly with
+    one fault: a page named twice, a free page, a slot out of range, a
+    misaligned first slot, a page with a wrong slot, or a ragged length.
+    """
+    ps = draw(st_.sampled_from(PAGE_SIZES))
+    n = draw(st_.integers(1, 80))
+    pool = LogicalHostPool(n * ps, ps)
+    # Shuffle the free list in chunks: allocations then mix runs and lone pages.
+    everything = pool.alloc(n * ps)
+    assert everything is not None
+    pages = list(range(n))
+    order = [p for chunk in draw(st_.permutations(_chunks(draw, pages, 12))) for p in chunk]
+    pool.free(np.concatenate([np.arange(p * ps, (p + 1) * ps) for p in order]))
+    held = pool.alloc(draw(st_.integers(0, n)) * ps)
+    assert held is not None
+    held_pages = [int(x) // ps for x in held[::ps]]
+    if draw(st_.booleans()):  # some pages released again, in between
+        keep = draw(st_.integers(0, len(held_pages)))
+        back = held_pages[keep:]
+        if back:
+            pool.free(np.concatenate([np.arange(p * ps, (p + 1) * ps) for p in back]))
+        held_pages = held_pages[:keep]
+    if draw(st_.booleans()):
+        pool.free_group_begin()  # frees then go to the pending list
+    chosen = draw(st_.lists(st_.sampled_from(held_pages), unique=True)) if held_pages else []
+    if draw(st_.booleans()):
+        chosen.sort()  # long runs
+    parts = list(draw(st_.permutations(_chunks(draw, chosen, 10)))) if chosen else []
+    free_pages = [p for part in parts for p in part]
+    slots = [s for p in free_pages for s in range(p * ps, (p + 1) * ps)]
+    fault = draw(st_.sampled_from(["none", "twice", "free-page", "range", "misaligned", "partial", "length"]))
+    if fault != "none" and slots:
+        at = draw(st_.integers(0, len(free_pages) - 1)) * ps
+        if fault == "twice":
+            slots[at:at] = slots[at : at + ps][:] if draw(st_.booleans()) else slots[-ps:]
+        elif fault == "free-page":
+            not_held = [p for p in range(n) if p not in held_pages]
+            if not_held:
+                p = draw(st_.sampled_from(not_held))
+                slots[at:at] = list(range(p * ps, (p + 1) * ps))
+        elif fault == "range":
+            slots[at + draw(st_.integers(0, ps - 1))] = draw(st_.sampled_from([-1, n * ps, n * ps + ps, 2**40]))
+        elif fault == "misaligned" and ps > 1:
+            slots[at : at + ps] = [x + 1 for x in slots[at : at + ps]]
+        elif fault == "partial" and ps > 1:
+            j = draw(st_.integers(1, ps - 1))
+            slots[at + j] += draw(st_.sampled_from([1, -1, ps]))
+        elif fault == "length" and ps > 1:
+            slots = slots[:-1]
+    return pool, np.array(slots, dtype=np.int64)
+
+
+@settings(max_examples=400, deadline=None)
+@given(pool_and_free())
+def test_free_decides_as_the_exact_path(case: tuple[LogicalHostPool, np.ndarray]) -> None:
+    pool, slots = case
+    before = take_snapshot(pool)
+    st_a, st_b = pool._st.copy(), pool._st.copy()
+    got = int(K.free_pages(st_a, slots))
+    want = _exact_free(st_b, slots)
+    event("freed" if want >= 0 else f"error code {K.decode_status(want)[0]}")
+    assert got == want, (K.decode_status(got) if got < 0 else got, K.decode_status(want) if want < 0 else want)
+    if want >= 0:
+        assert np.array_equal(st_a, st_b)  # the same pages, staged in the same order
+    else:
+        pool._st[:] = st_a
+        after = take_snapshot(pool)
+        for old, new in zip(before, after, strict=True):
+            assert np.array_equal(old, new)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pool_and_free())
+def test_the_run_path_frees_exactly_or_leaves_the_state_unchanged(case: tuple[LogicalHostPool, np.ndarray]) -> None:
+    """Called directly, whatever the input: it agrees with the exact path, or gives up (-1) without a trace."""
+    pool, slots = case
+    ps = pool.page_size
+    if slots.shape[0] % ps != 0:
+        return
+    before = take_snapshot(pool)
+    st_a, st_b = pool._st.copy(), pool._st.copy()
+    got = int(K._release_runs(st_a, slots))
+    want = _exact_free(st_b, slots)
+    event("run path freed" if got >= 0 else "run path gave up")
+    if got >= 0:
+        assert got == want
+        assert np.array_equal(st_a, st_b)
+    else:
+        assert got == -1
+        pool._st[:] = st_a
+        for old, new in zip(before, take_snapshot(pool), strict=True):
+            assert np.array_equal(old, new)
+        pool.check_invariants()
+
+
+@st_.composite
+def owner_and_ids(draw: Any) -> tuple[np.ndarray, np.ndarray, int]:
+    """Owner flags and a list of page ids to claim: runs, lone ids, and maybe a bad one."""
+    n = draw(st_.integers(1, 200))
+    owner = np.array(draw(st_.lists(st_.sampled_from([0, 0, 0, 1, 2]), min_size=n, max_size=n)), dtype=np.uint8)
+    free = [p for p in range(n) if owner[p] == 0]
+    chunks: list[list[int]] = []
+    i = 0
+    while i < len(free) and len(chunks) < 12:
+        k = draw(st_.integers(1, 70))
+        chunks.append(free[i : i + k])
+        i += k
+    ids = [p for c in draw(st_.permutations(chunks)) for p in c]
+    if ids and draw(st_.booleans()):
+        at = draw(st_.integers(0, len(ids)))
+        bad = draw(st_.sampled_from([-1, n, n + 5, 0, n - 1, ids[0]]))
+        ids.insert(at, bad)
+    ps = draw(st_.sampled_from([1, 2, 16]))
+    return owner, np.array(ids, dtype=np.int64), ps
+
+
+@settings(max_examples=400, deadline=None)
+@given(owner_and_ids())
+def test_claim_by_runs_equals_claim_page_by_page(case: tuple[np.ndarray, np.ndarray, int]) -> None:
+    owner, ids, ps = case
+    oa, ob = owner.copy(), owner.copy()
+    out_a = np.full(len(ids) * ps, -7, dtype=np.int64)
+    out_b = out_a.copy()
+    got = int(K._claim(oa, ids, out_a, 0, ps))
+    want = int(K._claim_each(ob, ids, out_b, 0, ps))
+    event("claimed" if want == len(ids) else "bad id")
+    assert got == want  # len(ids), or the first bad id's position
+    if want == len(ids):
+        assert np.array_equal(oa, ob)
+        assert np.array_equal(out_a, out_b)
+        assert out_a.tolist() == [p * ps + j for p in ids.tolist() for j in range(ps)]
+    else:
+        assert np.array_equal(oa, owner)  # every flag put back
+        assert np.array_equal(ob, owner)
+
+
+@pytest.mark.parametrize("ps", [1, 16])
+def test_shuffled_and_sorted_pools_hand_out_the_same_pages_as_the_model(ps: int) -> None:
+    """A long mixed workload at a size where runs span blocks, against the plain-list model."""
+    n = 3000
+    pool = LogicalHostPool(n * ps, ps)
+    rng = np.random.default_rng(5)
+    everything = pool.alloc(n * ps)
+    assert everything is not None
+    order = rng.permutation(n)
+    order[: n // 2] = np.sort(order[: n // 2])  # half sorted: long runs, half shuffled: lone pages
+    pool.free(everything.reshape(-1, ps)[order].reshape(-1))
+    free_list = [int(p) for p in order]  # FIFO: the model's free list
+    held: list[np.ndarray] = []
+    for _ in range(300):
+        if held and rng.random() < 0.45:
+            out = held.pop(int(rng.integers(len(held))))
+            pages = out.reshape(-1, ps)
+            if rng.random() < 0.5:
+                pages = pages[rng.permutation(len(pages))]
+            assert pool.free(pages.reshape(-1)) == out.size
+            free_list += [int(x) // ps for x in pages[:, 0]]
+        else:
+            k = int(rng.integers(1, 400))
+            out = pool.alloc(k * ps)
+            if k > len(free_list):
+                assert out is None
+                continue
+            assert out is not None
+            want, free_list = free_list[:k], free_list[k:]
+            assert out.tolist() == [p * ps + j for p in want for j in range(ps)]
+            held.append(out)
+    pool.check_invariants()
+
+
+def _naive_run_length(ids: np.ndarray, start: int, limit: int, first: int) -> int:
+    k = 1
+    while k < limit and ids[start + k] == first + k:
+        k += 1
+    return k
+
+
+@pytest.mark.parametrize("limit", [1, 2, 7, 8, 9, 63, 64, 65, 71, 72, 73, 200])
+@pytest.mark.parametrize("brk", [None, 1, 5, 7, 8, 9, 40, 71, 72, 73, 150])
+@pytest.mark.parametrize("start", [0, 3])
+def test_run_length_stops_at_the_first_break_or_the_limit(limit: int, brk: int | None, start: int) -> None:
+    """Across the one-by-one probe, the vectorised blocks and the tail after them."""
+    ids = np.arange(100, 400, dtype=np.int64)
+    if brk is not None:
+        ids[start + brk] += 1000
+    first = int(ids[start])
+    got = K._run_length(ids, start, limit, first)
+    assert got == _naive_run_length(ids, start, limit, first)
+    assert got == (limit if brk is None or brk >= limit else brk)
+    # Measured against the caller's read of the first entry, not a second one.
+    assert K._run_length(ids, start, limit, first + 1) == 1 or limit == 1
