@@ -9,8 +9,10 @@ the same round-trip cells as ``python -m bench``: the ratio REV time / this
 time is what a change is judged by (above 1: this checkout is faster).
 
 ``--only-cells 64:64`` times the single-page headline cell alone (page
-size 64, 64 slots, 1M-slot pool); by default all six cells run: one page
-and 65,536 slots at page sizes 64, 16 and 1.
+size 64, 64 slots, 1M-slot pool); by default all seven cells run: one page
+and 65,536 slots at page sizes 64, 16 and 1, and ``1:65536s``, 65,536 slots
+of page size 1 from a free list shuffled page by page (no runs of
+consecutive pages: the case a run-based shortcut must not make slower).
 
 REV's package is extracted with ``git archive`` into a cache folder under
 the system's temporary directory, renamed so both can be imported at once;
@@ -44,7 +46,9 @@ DEFAULT_CELLS = [
     (64, 65536, MIB_SLOTS),
     (16, 65536, MIB_SLOTS),
     (1, 65536, MIB_SLOTS),
+    (1, -65536, MIB_SLOTS),  # negative k: the same cell from a shuffled free list
 ]
+SHUFFLE_SEED = 0
 
 
 def _git(*args: str) -> bytes:
@@ -65,7 +69,7 @@ def revision_before(path: str) -> str | None:
 
 
 def cell_name(page_size: int, k: int) -> str:
-    return f"{page_size}:{k}"
+    return f"{page_size}:{k}" if k > 0 else f"{page_size}:{-k}s"
 
 
 def load_revision(rev: str) -> tuple[str, Callable[[int, int], Any]]:
@@ -123,13 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     short, old = load_revision(args.rev)
     impls: dict[str, Callable[[int, int], Any]] = {"this": LogicalHostPool, short: old}
     print(f"round trip free(alloc(k)): this checkout vs {args.rev} ({short}); ratio = {short} time / this time")
+    print("k ending in s: the free list shuffled page by page")
     print(f"{'page':>4}  {'k':>6}  {'pool':>8}  {'this':>9}  {short:>10}  {'ratio':>6}  paired min..max")
     for ps, k, pool in cells:
-        cell = measure_roundtrip(impls, ps, k, pool, args.repeats, min_loop_s=args.min_loop, max_loop_s=1.0)
+        seed = None if k > 0 else SHUFFLE_SEED
+        cell = measure_roundtrip(
+            impls, ps, abs(k), pool, args.repeats, min_loop_s=args.min_loop, max_loop_s=1.0, shuffle_seed=seed
+        )
         a, b = cell.samples["this"], cell.samples[short]
         paired = sorted(y / x for x, y in zip(a, b, strict=True))
+        shown = str(k) if k > 0 else f"{-k}s"
         print(
-            f"{ps:>4}  {k:>6}  {pool:>8}  {fmt_time(cell.per_op['this']):>9}  {fmt_time(cell.per_op[short]):>10}  "
+            f"{ps:>4}  {shown:>6}  {pool:>8}  {fmt_time(cell.per_op['this']):>9}  {fmt_time(cell.per_op[short]):>10}  "
             f"{fmt_ratio(cell.per_op[short] / cell.per_op['this']):>6}  {paired[0]:.2f}..{paired[-1]:.2f}"
         )
     return 0

@@ -55,6 +55,21 @@ def roundtrip_pool_size(page_size: int, k: int, max_ops_per_cycle: int, pool_slo
     return size - size % page_size
 
 
+def shuffle_free_list(pool: Any, page_size: int, pool_slots: int, seed: int) -> None:
+    """Leave a fresh ``pool``'s free list in a random page order, the same for every implementation.
+
+    Allocates every slot, then frees the pages in an order drawn from
+    ``seed``: the next merge makes that the free list, and FIFO round trips
+    keep it (each gives back what it took, in the order it took it). So
+    allocations hand out pages that are not in address order, nor next to
+    each other: the worst case for any shortcut that relies on runs of
+    consecutive pages.
+    """
+    slots = pool.alloc(pool_slots)
+    order = np.random.default_rng(seed).permutation(pool_slots // page_size)
+    pool.free(slots.reshape(-1, page_size)[order].reshape(-1))
+
+
 def measure_roundtrip(
     impls: dict[str, Callable[[int, int], Any]],
     page_size: int,
@@ -66,6 +81,7 @@ def measure_roundtrip(
     tick: Callable[[], None] | None = None,
     workload: str = "round trip",
     max_loop_s: float = 0.25,
+    shuffle_seed: int | None = None,
 ) -> Cell:
     """Median seconds per ``alloc(k)`` + ``free`` for each implementation.
 
@@ -74,9 +90,14 @@ def measure_roundtrip(
     cycles, ``cycles >= min_cycles`` and long enough that the fastest
     implementation's loop lasts ``min_loop_s``, unless that would make the
     slowest one's loop exceed ``max_loop_s``. Repeats are interleaved.
+    With ``shuffle_seed``, every pool starts from a free list shuffled page
+    by page (:func:`shuffle_free_list`).
     """
     ops_per_cycle = pool_slots // k
     pools = {name: make(pool_slots, page_size) for name, make in impls.items()}
+    if shuffle_seed is not None:
+        for pool in pools.values():
+            shuffle_free_list(pool, page_size, pool_slots, shuffle_seed)
     cycle_s = {}
     for name, pool in pools.items():
         roundtrip_loop(pool, k, ops_per_cycle)  # warm-up: compile/load, first merge
@@ -98,7 +119,14 @@ def measure_roundtrip(
             merges[name] = (after - before) / repeats
     return Cell(
         workload=workload,
-        params={"page_size": page_size, "k": k, "pool_slots": pool_slots, "ops_per_loop": n, "cycles_per_loop": cycles},
+        params={
+            "page_size": page_size,
+            "k": k,
+            "pool_slots": pool_slots,
+            "ops_per_loop": n,
+            "cycles_per_loop": cycles,
+            "free_list": "sorted" if shuffle_seed is None else f"shuffled (seed {shuffle_seed})",
+        },
         per_op={name: median(s) for name, s in samples.items()},
         samples=samples,
         extra={"merges_per_loop": merges},

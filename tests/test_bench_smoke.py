@@ -61,13 +61,17 @@ from bench.suite import (
     BATCH_TARGET,
     BATCH_TARGET_REQUESTS,
     BIG_K,
+    BIG_K_TARGET,
+    HEADLINE_TARGET,
     METADATA_TARGET,
     PAGED_DECODE_TARGET,
     PAGED_EXTEND_TARGET,
     PAGED_FREE_TARGET,
     PAGED_MERGE_TARGET,
+    ROUNDTRIP_TARGET,
     STARTUP_PARAMS,
     STARTUP_TARGET,
+    TRACE_P1_TARGET,
     TRACE_TARGET,
     TRACKING_SITES_PARAMS,
     TRACKING_TARGET,
@@ -84,8 +88,10 @@ from bench.suite import (
     roundtrip_params,
     roundtrip_target,
     run_suite,
+    shuffled_params,
     tiny_config,
     trace_params,
+    trace_target,
     tracking_params,
     tracking_state_params,
     tracking_target,
@@ -101,6 +107,7 @@ from bench.workloads import (
     measure_batch,
     measure_roundtrip,
     replay,
+    shuffle_free_list,
 )
 from hostpool_nb import AlignmentError, DoubleFreeError, LogicalHostPool
 from hostpool_nb import _kernels as K
@@ -1166,11 +1173,17 @@ def _full_run_rows() -> list[dict]:
         target, met = roundtrip_target(ps, k, pool, ratios)
         samples = {n: [v, v * 1.1] for n, v in t.items()}
         rows.append(report.row("round trip", roundtrip_params(ps, k, pool), "s/op", t, target, met, samples=samples))
+    for ps, k, pool in cfg.shuffled_cells:
+        rows.append(report.row("round trip", shuffled_params(ps, k, pool), "s/op", t, samples=samples))
     rows.append(report.row("memory floor", floor_params(BIG_K), "s/op", {HOSTPOOL: 18.4e-6}, columns=(HOSTPOOL,)))
     # Failed allocs are retried, so a trace has more ops than asked for.
     rows.extend(
         report.row(
-            "KV-cache trace", trace_params(ps, cfg.trace_pool_slots, 10 * cfg.trace_ops), "s/op", t, TRACE_TARGET, False
+            "KV-cache trace",
+            trace_params(ps, cfg.trace_pool_slots, 10 * cfg.trace_ops),
+            "s/op",
+            t,
+            *trace_target(ps, {}),
         )
         for ps in cfg.trace_page_sizes
     )
@@ -1325,3 +1338,62 @@ def test_every_target_reads_as_a_bound_on_the_ratios() -> None:
     [tracked] = [r for r in rows if r["target"] == TRACKING_TARGET]
     assert tracked["columns"] == (HOSTPOOL,)
     assert re.fullmatch(r"tracked <=\d+x untracked", TRACKING_TARGET)
+
+
+# -- the speed issue's targets and rows ----------------------------------------
+
+
+def test_roundtrip_targets() -> None:
+    """Every round-trip cell has a bound on its torch ratio; the headline and 65,536-slot cells tighter ones."""
+    assert roundtrip_target(64, 64, MIB_SLOTS, {NUMPY: 2.0, TORCH: 8.0}) == (HEADLINE_TARGET, True)
+    assert roundtrip_target(64, 64, MIB_SLOTS, {NUMPY: 2.0, TORCH: 7.9}) == (HEADLINE_TARGET, False)
+    assert roundtrip_target(64, 64, MIB_SLOTS, {NUMPY: 1.9, TORCH: 9.0}) == (HEADLINE_TARGET, False)
+    assert roundtrip_target(64, 64, MIB_SLOTS, {NUMPY: 3.0}) == (HEADLINE_TARGET, True)  # no torch
+    for ps in (16, 64):
+        assert roundtrip_target(ps, BIG_K, MIB_SLOTS, {TORCH: 1.5}) == (BIG_K_TARGET, True)
+        assert roundtrip_target(ps, BIG_K, MIB_SLOTS, {TORCH: 1.49}) == (BIG_K_TARGET, False)
+    assert roundtrip_target(1, BIG_K, MIB_SLOTS, {TORCH: 1.0}) == (ROUNDTRIP_TARGET, True)
+    assert roundtrip_target(1, BIG_K, MIB_SLOTS, {TORCH: 0.99}) == (ROUNDTRIP_TARGET, False)
+    assert roundtrip_target(16, 4096, MIB_SLOTS, {TORCH: 0.5}) == (ROUNDTRIP_TARGET, False)
+    assert roundtrip_target(16, 4096, MIB_SLOTS, {NUMPY: 0.5}) == (ROUNDTRIP_TARGET, None)
+    # Every cell of a --full run has one.
+    cfg = full_config()
+    assert all(roundtrip_target(*cell, {NUMPY: 1e9, TORCH: 1e9})[1] for cell in cfg.roundtrip_cells)
+
+
+def test_trace_targets_and_page_sizes() -> None:
+    assert trace_target(1, {TORCH: 4.0}) == (TRACE_P1_TARGET, True)
+    assert trace_target(1, {TORCH: 3.9}) == (TRACE_P1_TARGET, False)
+    for ps in (16, 64):
+        assert trace_target(ps, {TORCH: 5.0}) == (TRACE_TARGET, True)
+        assert trace_target(ps, {TORCH: 4.9}) == (TRACE_TARGET, False)
+    assert trace_target(64, {NUMPY: 9.0}) == (TRACE_TARGET, None)
+    assert full_config().trace_page_sizes == (1, 16, 64)
+    assert 1 in quick_config().trace_page_sizes
+
+
+def test_shuffled_pools_hand_out_the_same_slots_everywhere_and_no_runs() -> None:
+    results = {}
+    for name, make in implementations(with_torch=False).items():
+        pool = make(1024, 4)
+        shuffle_free_list(pool, 4, 1024, seed=3)
+        results[name] = [np.asarray(pool.alloc(256)).tolist() for _ in range(3)]
+    first = results[HOSTPOOL]
+    assert all(r == first for r in results.values())
+    starts = np.asarray(first[0][::4])
+    # Shuffled: far fewer pages follow their predecessor than in a sorted pool.
+    assert int((np.diff(starts) == 4).sum()) < 8
+    assert sorted(x for r in first for x in r) != list(range(3 * 256))  # not the sorted pool's first pages
+    for cfg in (quick_config(), full_config()):
+        assert cfg.shuffled_cells
+        assert all(ps == 1 for ps, _, _ in cfg.shuffled_cells)
+        assert (1, BIG_K, MIB_SLOTS) in cfg.shuffled_cells
+
+
+def test_a_shuffled_cell_runs_and_says_so() -> None:
+    impls = implementations(with_torch=False)
+    cell = measure_roundtrip(impls, 1, 64, 1024, repeats=1, min_cycles=1, min_loop_s=0.0, shuffle_seed=0)
+    assert cell.params["free_list"] == "shuffled (seed 0)"
+    assert set(cell.per_op) == set(impls)
+    sorted_cell = measure_roundtrip(impls, 1, 64, 1024, repeats=1, min_cycles=1, min_loop_s=0.0)
+    assert sorted_cell.params["free_list"] == "sorted"
