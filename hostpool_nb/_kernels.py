@@ -334,7 +334,10 @@ def _flags_are(owner: NDArray[np.uint8], start: int, length: int, want: int) -> 
 
 @_jit("void(u1[::1], i8, i8, i8)")
 def _set_flags(owner: NDArray[np.uint8], start: int, length: int, flag: int) -> None:
-    """Flag pages ``start .. start + length - 1`` as ``flag``, whole words where it can (1.27 us -> 0.99 us for 65,536)."""
+    """Flag pages ``start .. start + length - 1`` as ``flag``, whole words where it can.
+
+    65,536 flags: 1.27 us byte by byte, 0.99 us a word at a time.
+    """
     end = start + length
     lo = min(end, (start + 7) & ~7)
     hi = max(lo, end & ~7)

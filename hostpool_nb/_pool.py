@@ -40,6 +40,8 @@ _free_tracked = K.entry_point(K.free_pages_tracked)
 MERGE_ORDERS = ("fifo", "sorted")
 
 _UINT8 = np.dtype(np.uint8)
+_empty = np.empty  # one global load on the hot paths instead of two
+_ndarray = np.ndarray
 # Builtin dtypes are singletons, so ``arr.dtype is _INT64`` is an exact,
 # cheap test for native-endian int64.
 _INT64 = np.dtype(np.int64)
@@ -176,6 +178,8 @@ class LogicalHostPool(DataPlaneHooks):
         self.merge_order = merge
         self.track = tracker is not None
         self._tracker = tracker
+        # alloc's hot path takes sizes 0.._plain_limit; a tracking pool none.
+        self._plain_limit = _PRECHECK_SLOTS if tracker is None else -1
         self.lock = threading.RLock()
         self._st = st
         # A view for Python-side checks; the kernels find it inside ``_st``.
@@ -249,7 +253,7 @@ class LogicalHostPool(DataPlaneHooks):
         """
         if type(need_size) is not int:
             need_size = as_count(need_size, "need_size")
-        if self._tracker is not None or not 0 <= need_size <= _PRECHECK_SLOTS:
+        if not 0 <= need_size <= self._plain_limit:  # tracking pools, negative and large sizes
             return self._alloc_checked(need_size, tag)
         # The hot path, for a plain pool and a size that needs no capacity
         # check first: the kernel refuses a size that is not page-aligned
@@ -257,7 +261,7 @@ class LogicalHostPool(DataPlaneHooks):
         # allocated before taking the lock, so its page faults are not paid
         # while other threads wait; the kernel checks capacity and reports
         # E_SHORT without touching the state.
-        out = np.empty(need_size, _INT64)
+        out = _empty(need_size, _INT64)
         lock = self.lock
         lock.acquire()  # acquire/release: measurably cheaper than ``with``
         try:
@@ -408,7 +412,7 @@ class LogicalHostPool(DataPlaneHooks):
         """
         # The hot path: strides == (8,) means 1-D and contiguous in one test
         # (a 0- or 1-element array may miss it and take the general path).
-        if type(indices) is np.ndarray and indices.dtype is _INT64 and indices.strides == _STRIDES_1D:
+        if type(indices) is _ndarray and indices.dtype is _INT64 and indices.strides == _STRIDES_1D:
             slots: NDArray[np.int64] = indices
         else:
             slots = as_slots(indices)
