@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
+import random
 import shlex
 import shutil
 import signal
@@ -198,6 +200,52 @@ def counts(session: Path) -> dict[str, int]:
     return out
 
 
+def sample_session(session: Path, size: int, seed: int) -> tuple[int, int]:
+    """Keep a random ``size`` of a fresh session's mutants; return ``(kept, total)``.
+
+    A uniform sample estimates the whole session's score (``report`` gives
+    its 95% interval) in a fraction of the time; the sample's size and
+    seed are kept in the session, so a resumed run keeps the same mutants.
+    """
+    db = sqlite3.connect(session)
+    try:
+        jobs = [r[0] for r in db.execute("select job_id from work_items order by job_id")]
+        total = len(jobs)
+        if size < total:
+            keep = set(random.Random(seed).sample(jobs, size))
+            drop = [(j,) for j in jobs if j not in keep]
+            db.executemany("delete from mutation_specs where job_id = ?", drop)
+            db.executemany("delete from work_items where job_id = ?", drop)
+        db.execute("create table sample (total integer, seed integer)")
+        db.execute("insert into sample values (?, ?)", (total, seed))
+        db.commit()
+        return min(size, total), total
+    finally:
+        db.close()
+
+
+def sampled_from(session: Path) -> int | None:
+    """The number of mutants a sampled session was drawn from; ``None`` if it holds them all."""
+    db = sqlite3.connect(session)
+    try:
+        if db.execute("select name from sqlite_master where type = 'table' and name = 'sample'").fetchone() is None:
+            return None
+        return int(db.execute("select total from sample").fetchone()[0])
+    finally:
+        db.close()
+
+
+def interval(killed: int, decided: int) -> tuple[float, float]:
+    """Wilson 95% interval of a score measured on a sample of ``decided`` mutants."""
+    if decided == 0:
+        return 0.0, 1.0
+    z = 1.96
+    p = killed / decided
+    centre = (p + z * z / (2 * decided)) / (1 + z * z / decided)
+    half = z * math.sqrt(p * (1 - p) / decided + z * z / (4 * decided * decided)) / (1 + z * z / decided)
+    return centre - half, centre + half
+
+
 def score(c: dict[str, int]) -> float:
     decided = c["killed"] + c["survived"]
     return c["killed"] / decided if decided else 0.0
@@ -282,6 +330,9 @@ def run_group(cfg: dict[str, Any], group: dict[str, Any], args: argparse.Namespa
             if fresh:
                 session.unlink(missing_ok=True)
                 subprocess.run([*cr, "init", str(config_file), str(session)], cwd=ROOT, check=True)
+                if args.sample is not None:
+                    kept, total = sample_session(session, args.sample, args.seed)
+                    print(f"[{group['name']}] a random {kept} of {total} mutants (seed {args.seed})", file=sys.stderr)
             c = counts(session)
             print(
                 f"[{group['name']}] {c['pending']} of {c['total']} mutants to run, {args.workers} workers",
@@ -316,14 +367,22 @@ def run(args: argparse.Namespace) -> int:
 def report(sessions: list[Path], show_diff: bool) -> int:
     """Print each session's counts and survivors, then the score over all of them."""
     total: dict[str, int] = {}
+    any_sampled = False
     for session in sessions:
         c = counts(session)
         for k, v in c.items():
             total[k] = total.get(k, 0) + v
+        drawn = sampled_from(session)
+        any_sampled = any_sampled or drawn is not None
+        of = "" if drawn is None else f" (a random sample of {drawn})"
+        spread = ""
+        if drawn is not None:
+            lo, hi = interval(c["killed"], c["killed"] + c["survived"])
+            spread = f", 95% interval {lo:.1%}..{hi:.1%}"
         print(
-            f"{session.stem}: {c['total']} mutants; killed {c['killed']}, survived {c['survived']}, "
+            f"{session.stem}: {c['total']} mutants{of}; killed {c['killed']}, survived {c['survived']}, "
             f"incompetent {c['incompetent']}, worker errors {c['other']}, pending {c['pending']}; "
-            f"score {score(c):.1%}"
+            f"score {score(c):.1%}{spread}"
         )
         for s in survivors(session):
             print(f"  SURVIVED {s['module']}:{s['line']} {s['operator']} #{s['occurrence']}")
@@ -332,7 +391,12 @@ def report(sessions: list[Path], show_diff: bool) -> int:
                     if ln.startswith(("+", "-")) and not ln.startswith(("+++", "---")):
                         print(f"      {ln}")
     if total:
-        print(f"score: {score(total):.1%} of {total['killed'] + total['survived']} decided mutants killed")
+        decided = total["killed"] + total["survived"]
+        line = f"score: {score(total):.1%} of {decided} decided mutants killed"
+        if any_sampled:  # the groups' samples pooled: an estimate for the mutants they were drawn from
+            lo, hi = interval(total["killed"], decided)
+            line += f" (sampled; 95% interval {lo:.1%}..{hi:.1%})"
+        print(line)
     return 0
 
 
@@ -348,7 +412,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", action="store_true", help="only print the report of the existing sessions")
     ap.add_argument("--show-diff", action="store_true", help="print each survivor's change")
     ap.add_argument("--progress-every", type=float, default=60.0, metavar="S", help="seconds between progress lines")
-    return run(ap.parse_args(argv))
+    ap.add_argument(
+        "--sample",
+        type=int,
+        metavar="N",
+        help="with a fresh session: run a random N of each group's mutants (the report gives the score's interval)",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="seed of --sample (default: 0)")
+    args = ap.parse_args(argv)
+    if args.sample is not None and args.sample < 1:
+        ap.error(f"--sample: {args.sample} is not a positive number")
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,66 @@
+"""The mutation-testing command's own logic: sampling a session and the score's interval."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests import mutation
+
+
+def _session(path: Path, jobs: int) -> Path:
+    """A session file with cosmic-ray's two job tables, ``jobs`` mutants in each."""
+    db = sqlite3.connect(path)
+    db.execute("create table work_items (job_id text primary key)")
+    db.execute("create table mutation_specs (job_id text, module_path text)")
+    db.execute("create table work_results (job_id text, worker_outcome text, test_outcome text)")
+    db.executemany("insert into work_items values (?)", [(f"j{i:04d}",) for i in range(jobs)])
+    db.executemany("insert into mutation_specs values (?, 'm.py')", [(f"j{i:04d}",) for i in range(jobs)])
+    db.commit()
+    db.close()
+    return path
+
+
+def _jobs(path: Path) -> tuple[list[str], list[str]]:
+    db = sqlite3.connect(path)
+    try:
+        items = [r[0] for r in db.execute("select job_id from work_items order by job_id")]
+        specs = [r[0] for r in db.execute("select job_id from mutation_specs order by job_id")]
+    finally:
+        db.close()
+    return items, specs
+
+
+def test_a_sample_keeps_that_many_mutants_the_same_for_a_seed(tmp_path: Path) -> None:
+    a = _session(tmp_path / "a.sqlite", 200)
+    b = _session(tmp_path / "b.sqlite", 200)
+    c = _session(tmp_path / "c.sqlite", 200)
+    assert mutation.sample_session(a, 30, seed=1) == (30, 200)
+    assert mutation.sample_session(b, 30, seed=1) == (30, 200)
+    assert mutation.sample_session(c, 30, seed=2) == (30, 200)
+    items, specs = _jobs(a)
+    assert len(items) == 30
+    assert items == specs  # a mutant's spec goes with it
+    assert _jobs(b)[0] == items
+    assert _jobs(c)[0] != items
+    assert mutation.sampled_from(a) == 200
+    assert mutation.counts(a)["total"] == 30
+
+
+def test_a_sample_larger_than_the_session_keeps_everything(tmp_path: Path) -> None:
+    a = _session(tmp_path / "a.sqlite", 12)
+    assert mutation.sample_session(a, 50, seed=0) == (12, 12)
+    assert len(_jobs(a)[0]) == 12
+    assert mutation.sampled_from(a) == 12
+    assert mutation.sampled_from(_session(tmp_path / "full.sqlite", 5)) is None
+
+
+@pytest.mark.parametrize(("killed", "decided"), [(95, 100), (480, 500), (10, 10), (0, 7)])
+def test_the_interval_holds_the_score_and_narrows_with_the_sample(killed: int, decided: int) -> None:
+    lo, hi = mutation.interval(killed, decided)
+    assert 0.0 <= lo <= killed / decided <= hi <= 1.0
+    lo4, hi4 = mutation.interval(4 * killed, 4 * decided)
+    assert hi4 - lo4 < hi - lo
+    assert mutation.interval(0, 0) == (0.0, 1.0)
