@@ -63,6 +63,28 @@ def as_count(value: Any, name: str) -> int:
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
 
 
+def holds_bool(values: list[Any] | tuple[Any, ...]) -> bool:
+    """Whether a list or tuple (nested ones too) holds a ``bool``.
+
+    numpy reads ``[5, True]`` as the int64 array ``[5, 1]`` (only a list of
+    nothing but bools becomes a bool array), so a stray ``True`` would be
+    slot 1. A flat sequence with no element equal to 0 or 1 is cleared by
+    two scans in C; otherwise the elements' types are looked at.
+    """
+    if not values:
+        return False
+    if type(values[0]) not in (list, tuple, np.ndarray):
+        try:
+            if True not in values and False not in values:
+                return False
+        except (TypeError, ValueError):  # an element whose == has no single truth value
+            pass
+    types = set(map(type, values))
+    if bool in types or np.bool_ in types:
+        return True
+    return any(holds_bool(v) for v in values if type(v) is list or type(v) is tuple)
+
+
 def as_slots(indices: Any) -> NDArray[np.int64]:
     """Flatten ``indices`` (C order) into a C-contiguous int64 array.
 
@@ -71,7 +93,8 @@ def as_slots(indices: Any) -> NDArray[np.int64]:
     that is already 1-D C-contiguous native int64 is returned as is, without
     a copy. An empty list or tuple is accepted whatever numpy guesses for its
     dtype. Raises ``TypeError`` for scalars and for float, bool, complex,
-    object and string data.
+    object and string data, and for a list or tuple with a bool among its
+    integers.
     """
     if type(indices) is np.ndarray:
         arr = indices
@@ -102,6 +125,8 @@ def as_slots(indices: Any) -> NDArray[np.int64]:
             f"indices must hold integers, got dtype {arr.dtype}; "
             "convert with .astype(np.int64) if the values are whole slot ids"
         )
+    if isinstance(indices, (list, tuple)) and holds_bool(indices):
+        raise TypeError("indices must hold integers, got a bool among them (numpy would read True as slot 1)")
     flat = arr.reshape(-1)
     if arr.dtype.kind == "u" and flat.size and int(flat.max()) > _INT64_MAX:
         pos = int(np.argmax(flat > _INT64_MAX))

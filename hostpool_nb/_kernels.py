@@ -103,7 +103,7 @@ E_DUPLICATE = 6  # page appears twice in one free call
 E_CORRUPT = 7  # internal state is inconsistent (never through the public API)
 E_NEGATIVE = 8  # a batch size is negative
 E_NO_GROUP = 9  # free_group_end without a group
-E_LENGTH = 10  # free's input is not a whole number of pages long
+E_LENGTH = 15  # free's input is not a whole number of pages long (10..14 are _paged_kernels')
 
 _LOW32 = (1 << 32) - 1  # a tracking word's low half: the id of the site that last freed the page
 

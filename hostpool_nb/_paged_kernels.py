@@ -44,7 +44,7 @@ from ._kernels import (
     owner_view,
 )
 
-# Status codes beyond _kernels' (which stop at 9).
+# Status codes beyond _kernels' (which use 1..9 and 15).
 E_PAGE0 = 10  # a slot of the padding page 0
 E_SEQ_BELOW_PREFIX = 11  # alloc_extend: seq_lens[i] < prefix_lens[i]
 E_TOTAL = 12  # alloc_extend: extend_num_tokens is not the sum of the extensions
@@ -205,13 +205,14 @@ def alloc_tokens(st: NDArray[np.int64], out: NDArray[np.int32]) -> int:
     return k
 
 
-@_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8, i8)")
+@_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8, i8, i8)")
 def alloc_extend(
     st: NDArray[np.int64],
     prefix: NDArray[np.int64],
     seq: NDArray[np.int64],
     last: NDArray[np.int64],
     out: NDArray[np.int32],
+    tokens: int,
     page_size: int,
     debug: int,
 ) -> int:
@@ -220,16 +221,21 @@ def alloc_extend(
     Checks every request first (``E_NEGATIVE`` for a negative prefix,
     ``E_SEQ_BELOW_PREFIX``, with ``debug`` ``E_LAST_LOC`` when
     ``(last + 1) % page_size != prefix % page_size``; the position is the
-    request) and that ``len(out)`` is the sum of the extensions
-    (``E_TOTAL``). Then takes the new pages, ``sum(ceil(seq / ps) -
-    ceil(prefix / ps))``, from the front of the free list as one block
-    (merging first if short; ``E_SHORT`` if still short) and writes, for
-    each request with a positive extension: the rest of its current page
-    (``last + 1, ...``), its whole new pages in block order, then a partial
-    new page.
+    request) and that ``tokens`` (the caller's ``extend_num_tokens``) is
+    the sum of the extensions (``E_TOTAL``). Then takes the new pages,
+    ``sum(ceil(seq / ps) - ceil(prefix / ps))``, from the front of the free
+    list as one block (merging first if short; ``E_SHORT`` if still short)
+    and writes, for each request with a positive extension: the rest of its
+    current page (``last + 1, ...``), its whole new pages in block order,
+    then a partial new page.
+
+    ``out`` is ``tokens`` long, or empty when ``tokens`` is so large that
+    the pages cannot fit the rank (the caller spares itself a huge
+    allocation): the checks then run as ever and the call ends in
+    ``E_SHORT`` (after the merge the original makes), never writing.
     """
     n = seq.shape[0]
-    limit: int = out.shape[0]
+    limit = tokens
     total = 0
     pages = 0
     for i in range(n):
@@ -247,6 +253,12 @@ def alloc_extend(
         pages += _ceil_div(s, page_size) - _ceil_div(p, page_size)
     if total != limit:
         return _fail(E_TOTAL, 0)
+    if out.shape[0] < limit:
+        if pages > st[H_NPAGES] - 1:
+            # More pages than the rank lists (page 0 never is): _take merges
+            # as the original would, then refuses, without writing anything.
+            return _take(st, pages)
+        return _fail(K.E_CORRUPT, 0)  # the caller's bound is wrong: never write past ``out``
     if pages == 0:
         first = 0
     else:
@@ -345,7 +357,9 @@ def free_slots(
 
     Outside a group the pages freed are appended to the release list, in
     the order first named; inside one (``in_group``) to the group buffer,
-    marked pending and left allocated until :func:`end_group`. Every slot is
+    marked pending and left allocated until :func:`end_group`. A page still
+    marked pending outside a group (its group was ended by ``clear`` of
+    another rank) is ``E_NOT_ALLOCATED`` in the strict modes. Every slot is
     read once; on any failure the rank is as it was.
     """
     cap: int = st[H_NPAGES]
@@ -402,6 +416,12 @@ def free_slots(
                 status = _fail(K.E_NOT_ALLOCATED, c)
                 break
             continue
+        if mode != FREE_PAGED and marks[p] == MARK_PENDING:
+            # Freed in a group that clear() of another rank ended: still
+            # allocated, but released at the next end_group. A second free
+            # is a double free, as it would be inside the group.
+            status = _fail(K.E_NOT_ALLOCATED, c)
+            break
         owner[p] = OWNER_STAGED
         ring[pos] = p
         pos = pos + 1 if pos + 1 < cap else 0

@@ -55,7 +55,7 @@ from numpy.typing import NDArray
 
 from . import _kernels as K
 from . import _paged_kernels as P
-from ._convert import _INT64_MAX, as_count, as_slots
+from ._convert import _INT64_MAX, as_count, as_slots, holds_bool
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, SlotRangeError
 from ._paged_state import PagedState, group_problems, rank_problems
 
@@ -69,16 +69,20 @@ def _as_lengths(values: Any, name: str) -> NDArray[np.int64]:
 
     A copy the allocator owns, so a caller's thread cannot change it between
     its checks and its use. numpy reads a list of ints straight into int64;
-    a float, bool or string element makes numpy pick another dtype, which is
-    a ``TypeError`` naming ``name``.
+    a float or string element makes numpy pick another dtype, which is a
+    ``TypeError`` naming ``name``, and so is a bool (numpy would read it as
+    0 or 1).
     """
     if type(values) is np.ndarray and values.dtype is _INT64 and values.strides == _STRIDES_1D:
         fresh: NDArray[np.int64] = values.copy()
         return fresh
     if type(values) is list or type(values) is tuple:
+        # A bool is an int to array('q') and to numpy alike: refused here.
+        if holds_bool(values):
+            raise TypeError(f"{name} must hold integers, got dtype bool (a bool among the integers)")
         # sglang-jax passes Python lists. array('q') reads them in C about
         # twice as fast as numpy's type inference, and refuses floats and
-        # strings itself (bools are ints to it, as to numpy).
+        # strings itself.
         try:
             return np.frombuffer(array("q", values), dtype=np.int64)
         except TypeError:
@@ -285,7 +289,7 @@ class _RankedAllocator:
             raise self._free_error(status, slots, r)
         return status
 
-    def _free_error(self, status: int, slots: NDArray[np.int64], r: int) -> Exception:
+    def _free_error(self, status: int, slots: NDArray[np.int64], r: int) -> Exception:  # noqa: PLR0911 - per code
         code, pos = K.decode_status(status)
         slot = int(slots[pos])
         ps = self.page_size
@@ -303,6 +307,11 @@ class _RankedAllocator:
                 return DoubleFreeError(f"{what} of rank {r}, freed at {where}, was already freed in this free group")
             return DoubleFreeError(f"{what} of rank {r} is freed twice in one call (again at {where})")
         if code == K.E_NOT_ALLOCATED:
+            if P.marks_view(self._gp[r])[slot // ps] == P.MARK_PENDING:
+                return DoubleFreeError(
+                    f"{what} of rank {r}, freed at {where}, was freed already in a free group that clear() "
+                    "ended; it is released at the next free_group_end()"
+                )
             return DoubleFreeError(f"{what} of rank {r}, freed at {where}, is not allocated: it was freed already")
         return RuntimeError(f"{type(self).__name__} rank {r} is corrupted: free kernel failed with code {code}")
 
@@ -449,9 +458,18 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             )
         if total < 0:
             raise HostPoolError(f"extend_num_tokens must be non-negative, got extend_num_tokens={total}")
-        out = np.empty(total, dtype=np.int32)
+        # Beyond this many tokens the new pages outnumber the rank's pages
+        # (each request's current page takes under page_size of them), so
+        # the call can only fail: the kernel checks it without an output
+        # rather than after a huge (or impossible) np.empty.
+        ps = self.page_size
+        fits = total <= (self._pages + prefix.shape[0]) * ps
+        out = np.empty(total if fits else 0, dtype=np.int32)
         with self.lock:
-            status = P.alloc_extend(self._st[r], prefix, seq, last, out, self.page_size, int(self.debug_mode))
+            # A total beyond int64 is passed as the int64 maximum: unequal to
+            # any sum the kernel can reach, so still E_TOTAL, in its turn.
+            tokens = min(total, _INT64_MAX)
+            status = P.alloc_extend(self._st[r], prefix, seq, last, out, tokens, ps, int(self.debug_mode))
         if status >= 0:
             return out
         if status == -1 - K.E_SHORT:

@@ -181,6 +181,10 @@ FREE_CASES = [
     pytest.param([float(s) for s in page(0)], TypeError, ["float64"], id="float-list"),
     pytest.param(np.ones(PS, dtype=bool), TypeError, ["bool"], id="bool"),
     pytest.param([True] * PS, TypeError, ["bool"], id="bool-list"),
+    # numpy reads [0, True, 2, ...] as the int64 page 0: a bool among ints, in a list, tuple or nested list.
+    pytest.param([0, True, *range(2, PS)], TypeError, ["a bool among them"], id="bool-among-ints"),
+    pytest.param((0, np.True_, *range(2, PS)), TypeError, ["a bool among them"], id="numpy-bool-in-tuple"),
+    pytest.param([[0, True, *range(2, PS)]], TypeError, ["a bool among them"], id="bool-in-nested-list"),
     pytest.param(np.arange(PS).astype(object), TypeError, ["object"], id="object"),
     pytest.param(np.array([str(s) for s in page(0)]), TypeError, ["<U2"], id="str-array"),
     pytest.param(np.arange(PS) + 0j, TypeError, ["complex128"], id="complex"),

@@ -193,3 +193,15 @@ def test_failed_free_rolls_back_across_the_rings_end(ps: int, snapshot: Any, unc
         pool.free(lower)
     unchanged(pool, before)
     assert pool.free(np.delete(pages, 5, axis=0).reshape(-1)) == 9 * ps
+
+
+def test_the_paged_status_codes_do_not_reuse_the_cores() -> None:
+    """hostpool_nb.paged decodes its kernels' statuses with both modules' codes: one value, one meaning."""
+    from hostpool_nb import _paged_kernels as P
+
+    core = {name: value for name, value in vars(K).items() if name.startswith("E_")}
+    paged = {name: value for name, value in vars(P).items() if name.startswith("E_") and name not in core}
+    assert paged
+    assert not set(core.values()) & set(paged.values())
+    assert len(set(paged.values())) == len(paged)
+    assert all(1 <= c < 16 for c in paged.values())
