@@ -384,7 +384,7 @@ def tracking_state_params(pool_slots: int, page_size: int, variant: str) -> str:
     return f"pool={_slots(pool_slots)} p{page_size} {variant}"
 
 
-TRACKING_SITES_PARAMS = "site table, per new tag"
+TRACKING_SITES_PARAMS = "site table, per live tag"
 
 
 def tracking_target(variant: str, tracked_over_untracked: float | None) -> tuple[str, bool | None]:
@@ -691,7 +691,7 @@ def run_suite(
         state = state_bytes_per_page(pool, ps)
         per_tag = site_table_bytes(ps, cfg.tracking_new_tags)
         tick()
-        raw["tracking"] = {**asdict(c), "state_bytes_per_page": state, "site_table_bytes_per_new_tag": per_tag}
+        raw["tracking"] = {**asdict(c), "state_bytes_per_page": state, "site_table_bytes_per_live_tag": per_tag}
         over = {v: c.per_op[v] / c.per_op[UNTRACKED] for v in (TRACKED, NEW_TAGS)}
         spread = {v: paired(c.samples, v, UNTRACKED) for v in (TRACKED, NEW_TAGS)}
         for variant in (UNTRACKED, TRACKED, NEW_TAGS):
@@ -752,8 +752,9 @@ def run_suite(
             f"{state[TRACKED]:.2f} B/page tracked (+{state['added']:.0f}: two int64 words per page, its "
             "allocation's number and the ids of the sites that allocated and last freed it), the pools' "
             "_st.nbytes, checked against _kernels.state_length; the site table keeps about "
-            f"{per_tag:.0f} B per new (call site, tag) for the pool's life (tracemalloc over "
-            f"{cfg.tracking_new_tags} new tags): a tag per request grows it with every request"
+            f"{per_tag:.0f} B per live (call site, tag) (tracemalloc over {cfg.tracking_new_tags} "
+            "pages held with new tags, less the same untracked), for at most two entries per page "
+            "plus those added since its last sweep: a tag per request does not grow it without bound"
         )
         rev = revision_before("hostpool_nb/_tracking.py") or "REV"
         notes.append(

@@ -284,15 +284,19 @@ class LogicalHostPool(DataPlaneHooks):
         if need_size < 0:
             raise HostPoolError(f"need_size must be non-negative, got need_size={need_size}")
         tracker = self._tracker
-        where = None if tracker is None else tracker.where(tag)  # an unhashable tag raises here
+        where = None if tracker is None else tracker.where(tag, 2)  # an unhashable tag raises here
         if need_size > _PRECHECK_SLOTS and self._refused(need_size):
             return None
-        out = np.empty(need_size, _INT64)
-        with self.lock:
+        out = _empty(need_size, _INT64)
+        lock = self.lock
+        lock.acquire()
+        try:
             if tracker is None or where is None:
                 status = _alloc_pages(self._st, out)
             else:  # the site's id is looked up under the lock, where a sweep cannot drop it
                 status = _alloc_tracked(self._st, out, tracker.intern(where, self._st))
+        finally:
+            lock.release()
         if status >= 0:
             return out
         if status == _STATUS_SHORT:
@@ -349,7 +353,7 @@ class LogicalHostPool(DataPlaneHooks):
         arr = as_sizes(sizes)
         page_size = self.page_size
         tracker = self._tracker
-        where = None if tracker is None else tracker.where(tag)
+        where = None if tracker is None else tracker.where(tag, 1)
         if isinstance(arr, list):  # sizes beyond int64: checked here, never served
             for i, s in enumerate(arr):
                 self._check_batch_size(i, s, page_size)
@@ -435,9 +439,13 @@ class LogicalHostPool(DataPlaneHooks):
         tracker = self._tracker
         if tracker is None:  # pragma: no cover - only called for a tracking pool
             raise RuntimeError("_free_tracked called on a pool that does not track")
-        where = tracker.where(None)
-        with self.lock:
+        where = tracker.where(None, 2)
+        lock = self.lock
+        lock.acquire()
+        try:
             status = _free_tracked(self._st, slots, tracker.intern(where, self._st))
+        finally:
+            lock.release()
         if status < 0:
             raise self._free_error(status, slots)
         return int(status)

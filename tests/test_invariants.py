@@ -201,3 +201,25 @@ def test_owner_flag_that_is_neither_value(page_size: int, where: str) -> None:
     page = held_page(pool) if where == "held" else int(ring(pool)[live(pool)[0]])
     times = 0 if where == "held" else 1
     broken_then_fixed(pool, pool._owner, page, 7, f"page {page} has owner flag 7 but is listed {times} times")
+
+
+# A status code the kernel never returns for that call is the pool's own
+# fault: each error mapper must turn it into a RuntimeError naming the code,
+# never into one of the caller-facing errors of its neighbours.
+_FREE_CODES = {K.E_LENGTH, K.E_RANGE, K.E_MISALIGNED, K.E_PARTIAL, K.E_NOT_ALLOCATED, K.E_DUPLICATE}
+
+
+@pytest.mark.parametrize("code", sorted(set(range(1, 16)) - _FREE_CODES))
+def test_free_error_of_an_unexpected_code_is_a_runtime_error(code: int) -> None:
+    pool = LogicalHostPool(64, 16)
+    err = pool._free_error(K._fail(code, 0), np.arange(16, dtype=np.int64))
+    assert type(err) is RuntimeError
+    assert f"code {code}" in str(err)
+
+
+@pytest.mark.parametrize("code", [c for c in range(1, 16) if c != K.E_MISALIGNED])
+def test_alloc_error_of_an_unexpected_code_is_a_runtime_error(code: int) -> None:
+    pool = LogicalHostPool(64, 16)
+    err = pool._alloc_error(K._fail(code, 0), 16)
+    assert type(err) is RuntimeError
+    assert f"code {code}" in str(err)

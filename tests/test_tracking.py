@@ -796,3 +796,11 @@ def test_site_table_stays_bounded_with_a_tag_per_request() -> None:
     with pytest.raises(DoubleFreeError, match=r"with tag 5999 \(allocation #6001\), then freed at "):
         pool.free(slots)
     pool.check_invariants()
+
+
+def test_caller_deeper_than_the_stack_starts_at_the_nearest_frame() -> None:
+    from hostpool_nb._tracking import caller
+
+    file, line, function = caller(10**6)  # sys._getframe refuses that depth: no error, the nearest frame
+    assert (file, function) == (__file__, "test_caller_deeper_than_the_stack_starts_at_the_nearest_frame")
+    assert line > 0
