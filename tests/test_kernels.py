@@ -81,6 +81,10 @@ def test_state_length_and_page_shift() -> None:
         assert K.state_length(n) * 8 >= (K.HEADER + n) * 8 + n
         assert K.state_length(n) * 8 < (K.HEADER + n) * 8 + n + 8
     assert [K.page_shift(ps) for ps in (1, 2, 3, 16, 48, 64)] == [0, 1, -1, 4, -1, 6]
+    # Every size up to 1024: the power-of-two test must not pass 5 (101b)
+    # or 9, whose bits do not touch their doubles.
+    for ps in range(1, 1025):
+        assert K.page_shift(ps) == (ps.bit_length() - 1 if ps in {1 << e for e in range(11)} else -1), ps
 
 
 # -- kernel contracts: return values, distinct codes, roll-back across the ring's end --
@@ -183,6 +187,12 @@ def test_failed_free_rolls_back_across_the_rings_end(ps: int, snapshot: Any, unc
     with pytest.raises(DoubleFreeError, match=rf"is freed twice in one call \(again at indices\[{10 * ps}\]"):
         pool.free(twice)
     unchanged(pool, before)
+    # The page freed twice is the last one staged, for every length: for
+    # some the staging wraps just before it, and the scan must follow.
+    for k in range(1, 11):
+        with pytest.raises(DoubleFreeError, match=rf"is freed twice in one call \(again at indices\[{k * ps}\]"):
+            pool.free(np.concatenate([pages[:k].reshape(-1), pages[k - 1]]))
+        unchanged(pool, before)
     # A higher page id (BIG-3) staged before a lower one (2) freed already:
     # "not allocated", however the staged ids compare.
     pool.free(pages[5])

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st_
 
-from hostpool_nb import LogicalHostPool
+from hostpool_nb import DoubleFreeError, LogicalHostPool, SlotRangeError
 from hostpool_nb import _kernels as K
 from tests.conftest import take_snapshot
 
@@ -240,3 +240,37 @@ def test_run_length_stops_at_the_first_break_or_the_limit(limit: int, brk: int |
     assert got == (limit if brk is None or brk >= limit else brk)
     # Measured against the caller's read of the first entry, not a second one.
     assert K._run_length(ids, start, limit, first + 1) == 1 or limit == 1
+
+
+@pytest.mark.parametrize("ps", PAGE_SIZES)
+def test_a_lone_pending_page_before_a_run_is_a_double_free(ps: int, snapshot: Any, unchanged: Any) -> None:
+    """Freed in the open group, then freed again before a run: the run path must refuse it."""
+    pool = LogicalHostPool(32 * ps, ps)
+    held = pool.alloc(32 * ps)
+    assert held is not None
+    pages = held.reshape(-1, ps)
+    with pool.free_group():
+        pool.free(pages[0])  # pending now
+        again = np.concatenate([pages[0], pages[10:20].reshape(-1)])  # a lone page, then a run: mostly runs
+        before = snapshot(pool)
+        with pytest.raises(DoubleFreeError, match=r"freed at indices\[0\] \(flattened\), is not allocated"):
+            pool.free(again)
+        unchanged(pool, before)
+    pool.check_invariants()
+    assert pool.available_size() == ps
+
+
+@pytest.mark.parametrize("ps", PAGE_SIZES)
+@pytest.mark.parametrize("beyond", [1, 2, 9])
+def test_a_run_that_continues_past_the_last_page_is_out_of_range(
+    ps: int, beyond: int, snapshot: Any, unchanged: Any
+) -> None:
+    """Slots counting up from the last pages on past the pool's end: the run stops at the last page."""
+    pool = LogicalHostPool(16 * ps, ps)
+    held = pool.alloc(16 * ps)
+    assert held is not None
+    bad = np.arange(12 * ps, (16 + beyond) * ps, dtype=np.int64)  # pages 12..15, then beyond the pool
+    before = snapshot(pool)
+    with pytest.raises(SlotRangeError, match=rf"free got slot {16 * ps} at indices\[{4 * ps}\]"):
+        pool.free(bad)
+    unchanged(pool, before)
