@@ -129,13 +129,13 @@ def test_kernels_return_what_they_moved(ps: int) -> None:
 BIG = 300  # pages: ring positions past 256 are not cached small ints in Python
 
 
-def _wrapped(ps: int) -> LogicalHostPool:
+def _wrapped(ps: int, track: bool = False) -> LogicalHostPool:
     """A BIG-page pool whose next allocation of 10 pages wraps the ring's end.
 
     After the calls: head at BIG-3 with 3 free pages, then BIG-3 released
     pages staged from ring position 0 on.
     """
-    pool = LogicalHostPool(BIG * ps, ps)
+    pool = LogicalHostPool(BIG * ps, ps, track=track)
     held = pool.alloc((BIG - 3) * ps)
     assert held is not None
     pool.free(held)
@@ -146,13 +146,17 @@ def _wrapped(ps: int) -> LogicalHostPool:
 
 @pytest.mark.parametrize("ps", [1, 3, 16])
 @pytest.mark.parametrize("bad", ["held", "too-big", "equal-n", "negative"])
-def test_alloc_rolls_back_a_corrupt_ring_across_its_end(ps: int, bad: str, snapshot: Any, unchanged: Any) -> None:
+@pytest.mark.parametrize("track", [False, True], ids=["plain", "tracked"])
+def test_alloc_rolls_back_a_corrupt_ring_across_its_end(
+    ps: int, bad: str, track: bool, snapshot: Any, unchanged: Any
+) -> None:
     """A listed page that is not free (impossible through the API) stops alloc unchanged.
 
     The bad entry is the 9th page the allocation would take, past the ring's
-    end, so the roll-back walks back across it.
+    end, so the roll-back walks back across it. A tracking pool allocates
+    through the checked path: the same RuntimeError, never a ``None``.
     """
-    pool = _wrapped(ps)
+    pool = _wrapped(ps, track)
     held = pool.alloc(2 * ps)  # pages BIG-3, BIG-2 now held; head at BIG-1
     assert held is not None
     ring = pool._st[K.HEADER : K.HEADER + BIG]
