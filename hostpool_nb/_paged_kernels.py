@@ -18,6 +18,10 @@ Each data-parallel rank keeps two int64 arrays, changed only here:
     during the call that freed it. A snapshot (``backup_state``) copies
     ``st`` only: like the original, free groups are not part of the state.
 
+The paged allocators have no ``stats()`` (sglang-jax's have none), so
+nothing reads the core's counter words here: the core helpers they share
+(allocation, merge) still update theirs, and this module adds no counting.
+
 Kernels validate before they write, return status codes (``_kernels``'s
 encoding; the codes below extend its list) and never raise. Each input
 element is read once; what a kernel acts on is what it validated, staged in
@@ -102,7 +106,7 @@ def drop_group(gp: NDArray[np.int64]) -> int:
 def reset_rank(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
     """The rank's initial state: pages ``1..pages`` free in order, no release list, no group.
 
-    The counters are kept. Returns the number of free pages.
+    Returns the number of free pages.
     """
     cap: int = st[H_NPAGES]
     owner = owner_view(st)
@@ -114,8 +118,6 @@ def reset_rank(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
     st[H_HEAD] = 0
     st[H_NFREE] = cap - 1
     st[H_NREL] = 0
-    st[K.H_CLEARS] += 1
-    st[K.H_PEAK] = max(st[K.H_PEAK], 1)  # the padding page counts as held
     drop_group(gp)
     return cap - 1
 
@@ -442,8 +444,6 @@ def free_slots(
     if status != 0:
         return status
     st[H_NREL] += done
-    if done > 0:
-        st[K.H_FREE_CALLS] += 1
     return done
 
 
@@ -474,6 +474,4 @@ def end_group(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
             released += 1
     gp[GP_COUNT] = 0
     st[H_NREL] += released
-    if released > 0:
-        st[K.H_FREE_CALLS] += 1
     return released

@@ -978,3 +978,20 @@ def test_attributes_match_the_oracle(size: int, page_size: int, dp_size: int, de
         assert getattr(t, name) == getattr(u, name), name
     compare(t, u)
     assert all(not arr.flags.writeable for arr in t.free_slots)
+
+
+def test_extend_far_beyond_the_rank_is_refused_without_allocating_its_output() -> None:
+    """2**40 tokens, consistent with extend_num_tokens: None at once, no 8 TiB output array."""
+    import tracemalloc
+
+    alloc = PagedTokenToKVPoolAllocator(64 * 10, 64, None)
+    available = alloc.available_size()
+    tracemalloc.start()
+    try:
+        got = alloc.alloc_extend([0], [2**40], [-1], 2**40)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got is None
+    assert peak < 1 << 20
+    assert alloc.available_size() == available
