@@ -18,9 +18,10 @@ Each data-parallel rank keeps two int64 arrays, changed only here:
     during the call that freed it. A snapshot (``backup_state``) copies
     ``st`` only: like the original, free groups are not part of the state.
 
-The paged allocators have no ``stats()`` (sglang-jax's have none), so
-nothing reads the core's counter words here: the core helpers they share
-(allocation, merge) still update theirs, and this module adds no counting.
+The paged allocators have no ``stats()`` (sglang-jax's have none): the
+core's counter words are kept where the shared invariants check them (the
+peak of pages held) and where the shared helpers update them, and frees
+here count nothing.
 
 Kernels validate before they write, return status codes (``_kernels``'s
 encoding; the codes below extend its list) and never raise. Each input
@@ -106,7 +107,7 @@ def drop_group(gp: NDArray[np.int64]) -> int:
 def reset_rank(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
     """The rank's initial state: pages ``1..pages`` free in order, no release list, no group.
 
-    Returns the number of free pages.
+    The counters are kept. Returns the number of free pages.
     """
     cap: int = st[H_NPAGES]
     owner = owner_view(st)
@@ -118,6 +119,8 @@ def reset_rank(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
     st[H_HEAD] = 0
     st[H_NFREE] = cap - 1
     st[H_NREL] = 0
+    st[K.H_CLEARS] += 1
+    st[K.H_PEAK] = max(st[K.H_PEAK], 1)  # the padding page counts as held (the shared invariants check it)
     drop_group(gp)
     return cap - 1
 
