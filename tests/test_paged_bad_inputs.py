@@ -995,3 +995,28 @@ def test_extend_far_beyond_the_rank_is_refused_without_allocating_its_output() -
     assert got is None
     assert peak < 1 << 20
     assert alloc.available_size() == available
+
+
+@pytest.mark.parametrize("ps", [1, 16])
+@pytest.mark.parametrize("bad", ["held", "padding", "negative", "cap", "beyond"])
+def test_alloc_stops_unchanged_at_a_corrupt_listed_page(ps: int, bad: str) -> None:
+    """A listed page that is not free (impossible through the API): RuntimeError, the rank as it was."""
+    alloc = PagedTokenToKVPoolAllocator(ps * 12, ps, None)
+    held = alloc.alloc(2 * ps)  # pages 1 and 2
+    assert held is not None
+    st = alloc._st[0]
+    cap = int(st[K.H_NPAGES])
+    head = int(st[K.H_HEAD])
+    value = {"held": 1, "padding": 0, "negative": -1, "cap": cap, "beyond": cap + 5}[bad]
+    victim = K.HEADER + head + 3  # the 4th page the next allocation takes
+    old = int(st[victim])
+    st[victim] = value
+    before = st.copy()
+    with pytest.raises(RuntimeError, match=r"alloc kernel failed with code 7 at 3"):
+        alloc.alloc(5 * ps)
+    assert np.array_equal(st, before)  # the three pages taken before it are free again
+    st[victim] = old
+    alloc.check_invariants()
+    out = alloc.alloc(5 * ps)
+    assert out is not None
+    assert (out[::ps] // ps).tolist() == [3, 4, 5, 6, 7]
