@@ -804,3 +804,22 @@ def test_caller_deeper_than_the_stack_starts_at_the_nearest_frame() -> None:
     file, line, function = caller(10**6)  # sys._getframe refuses that depth: no error, the nearest frame
     assert (file, function) == (__file__, "test_caller_deeper_than_the_stack_starts_at_the_nearest_frame")
     assert line > 0
+
+
+@pytest.mark.parametrize("ps", [1, 3, PS])
+@pytest.mark.parametrize("first", [1, 4], ids=["one page", "a run across the ring's end"])
+def test_every_page_of_a_free_records_its_site(ps: int, first: int) -> None:
+    """One free of many pages (or of one slot) records the freeing site on each, wherever it was staged."""
+    pool = LogicalHostPool(6 * ps, ps, track=True)
+    warm = pool.alloc(3 * ps)  # moves the ring's head: the next frees are staged across its end
+    assert warm is not None
+    pool.free(warm)
+    held = pool.alloc(first * ps)
+    assert held is not None
+    freed, ln_free = pool.free(held), line()
+    assert freed == first * ps
+    name = "test_every_page_of_a_free_records_its_site"
+    for p in held.reshape(-1, ps):
+        with pytest.raises(DoubleFreeError) as info:
+            pool.free(p)
+        assert str(info.value).endswith(f"then freed at {at(ln_free, name)}"), str(info.value)
