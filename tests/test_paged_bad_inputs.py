@@ -1020,3 +1020,18 @@ def test_alloc_stops_unchanged_at_a_corrupt_listed_page(ps: int, bad: str) -> No
     out = alloc.alloc(5 * ps)
     assert out is not None
     assert (out[::ps] // ps).tolist() == [3, 4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("cls", ["paged", "token"])
+def test_check_invariants_names_the_corrupted_rank(cls: str) -> None:
+    alloc = (
+        PagedTokenToKVPoolAllocator(16 * 8, 16, None, dp_size=2)
+        if cls == "paged"
+        else TokenToKVPoolAllocator(8, None, dp_size=2)
+    )
+    alloc.check_invariants()
+    st = alloc._st[1]
+    st[K.HEADER] = st[K.HEADER + 1]  # a page listed twice on rank 1
+    name = type(alloc).__name__
+    with pytest.raises(RuntimeError, match=rf"^{name} rank 1 is corrupted: \S"):
+        alloc.check_invariants()
