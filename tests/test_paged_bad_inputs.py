@@ -1035,3 +1035,36 @@ def test_check_invariants_names_the_corrupted_rank(cls: str) -> None:
     name = type(alloc).__name__
     with pytest.raises(RuntimeError, match=rf"^{name} rank 1 is corrupted: \S"):
         alloc.check_invariants()
+
+
+def test_extend_one_page_beyond_the_rank_is_refused_not_corrupt() -> None:
+    """Tokens needing pages_per_rank + 2 pages: no output is made, and the kernel refuses (None)."""
+    alloc = PagedTokenToKVPoolAllocator(16 * 10, 16, None)
+    before = alloc.available_size()
+    tokens = (alloc.pages_per_rank + 1) * 16 + 1
+    assert alloc.alloc_extend([0], [tokens], [-1], tokens) is None
+    assert alloc.available_size() == before
+    alloc.check_invariants()
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 99, "1"])
+def test_a_paged_state_pickle_of_another_format_is_refused(version: Any) -> None:
+    import pickle
+
+    from hostpool_nb import _paged_state
+
+    state = PagedTokenToKVPoolAllocator(16 * 4, 16, None).backup_state()
+    _fn, (fmt, fields) = state.__reduce__()
+    assert pickle.loads(pickle.dumps(state)).page_size == 16
+    if version == fmt:
+        return
+    with pytest.raises(HostPoolError, match=rf"pickled in format {version!r}; this hostpool_nb reads {fmt}"):
+        _paged_state._load(version, fields)
+
+
+def test_a_paged_state_repr_is_short() -> None:
+    state = PagedTokenToKVPoolAllocator(16 * 4096, 16, None).backup_state()
+    text = repr(state)
+    assert text.startswith("PagedState(kind=")
+    assert "array" not in text  # the lists are not printed
+    assert len(text) < 120
