@@ -1068,3 +1068,21 @@ def test_a_paged_state_repr_is_short() -> None:
     assert text.startswith("PagedState(kind=")
     assert "array" not in text  # the lists are not printed
     assert len(text) < 120
+
+
+@pytest.mark.parametrize("ps", [3, 6])
+def test_free_at_a_page_size_that_is_no_power_of_two(ps: int) -> None:
+    """The division path of free's page lookup: pages 1..4 of a page size 3 or 6 pool."""
+    alloc = PagedTokenToKVPoolAllocator(ps * 5, ps, None, strict=True)
+    out = alloc.alloc(4 * ps)
+    assert out is not None
+    assert (out[::ps] // ps).tolist() == [1, 2, 3, 4]
+    assert alloc.free(out[ps : 3 * ps]) == 2  # pages 2 and 3
+    assert alloc.free(out[3 * ps :][::-1]) == 1  # page 4, its slots in any order
+    with pytest.raises(DoubleFreeError, match=rf"^page 2 \(slots {2 * ps}\.\.{3 * ps - 1}\) of rank 0"):
+        alloc.free(out[ps : ps + 1])
+    with pytest.raises(SlotRangeError, match=rf"slot {ps - 1} .*padding page 0"):
+        alloc.free([ps - 1])
+    alloc.merge_and_sort_free()
+    assert alloc.free_pages[0].tolist() == [2, 3, 4, 5]
+    alloc.check_invariants()
