@@ -1007,3 +1007,34 @@ def test_alloc_of_nothing_replays(tmp_path: Path) -> None:
     trace = T.load(path)
     assert trace.operations[0].slots is not None
     assert T.replay(trace) == (1, 0, None)
+
+
+def test_a_large_trace_loads_and_replays(tmp_path: Path) -> None:
+    """Counts beyond Python's cached small ints: 4,096-slot allocations and frees."""
+    path = tmp_path / "large.npz"
+    pool = LogicalHostPool(1 << 16, 16)
+    with pool.recording(path):
+        a = pool.alloc(4096)
+        b = pool.alloc(8192)
+        assert a is not None
+        assert b is not None
+        pool.free(b)
+        pool.free(a)
+    trace = T.load(path)
+    assert [(op.name, op.arg, op.result) for op in trace.operations] == [
+        ("alloc", 4096, 4096),
+        ("alloc", 8192, 8192),
+        ("free", 8192, 8192),
+        ("free", 4096, 4096),
+    ]
+    assert T.replay(trace) == (4, 0, None)
+
+
+@pytest.mark.parametrize("need", [-(2**63), 2**63 - 1])
+def test_the_int64_extremes_are_recorded_as_numbers(tmp_path: Path, need: int) -> None:
+    path = tmp_path / "edge.npz"
+    pool = LogicalHostPool(64, 16)
+    with pool.recording(path), pytest.raises(HostPoolError):
+        pool.alloc(need)
+    (op,) = T.load(path).operations
+    assert (op.arg, op.unreadable, op.error) == (need, False, "AlignmentError" if need % 16 else "HostPoolError")
