@@ -1038,3 +1038,28 @@ def test_the_int64_extremes_are_recorded_as_numbers(tmp_path: Path, need: int) -
         pool.alloc(need)
     (op,) = T.load(path).operations
     assert (op.arg, op.unreadable, op.error) == (need, False, "AlignmentError" if need % 16 else "HostPoolError")
+
+
+@pytest.mark.parametrize("form", ["list", "tuple"])
+def test_frees_of_python_sequences_are_recorded_as_numbers(tmp_path: Path, form: str) -> None:
+    path = tmp_path / "seq.npz"
+    pool = LogicalHostPool(64, 16)
+    with pool.recording(path):
+        slots = pool.alloc(32)
+        assert slots is not None
+        pool.free(list(slots.tolist()) if form == "list" else tuple(slots.tolist()))
+    op = T.load(path).operations[1]
+    assert (op.name, op.unreadable, op.arg) == ("free", False, 32)
+    assert op.slots is not None
+    assert op.slots.tolist() == slots.tolist()
+
+
+def test_uint64_sizes_below_2_63_are_recorded_as_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "u64.npz"
+    pool = LogicalHostPool(64, 16)
+    with pool.recording(path):
+        assert pool.alloc_many(np.array([16, 2**62], dtype=np.uint64)) is None
+    (op,) = T.load(path).operations
+    assert op.unreadable is False
+    assert op.sizes is not None
+    assert op.sizes.tolist() == [16, 2**62]

@@ -823,3 +823,23 @@ def test_every_page_of_a_free_records_its_site(ps: int, first: int) -> None:
         with pytest.raises(DoubleFreeError) as info:
             pool.free(p)
         assert str(info.value).endswith(f"then freed at {at(ln_free, name)}"), str(info.value)
+
+
+def test_a_sweep_keeps_the_site_that_freed_a_page() -> None:
+    """A page's last free site is referred to only by the page's word: sweeps must keep it."""
+    pool = LogicalHostPool(8192, 1, track=True)
+    name = "test_a_sweep_keeps_the_site_that_freed_a_page"
+    first, ln_a = pool.alloc(1, tag="first"), line()
+    assert first is not None
+    pool.free(first)
+    ln_free = line() - 1
+    for request in range(3000):  # new tags: the table doubles and is swept, page 0 stays released
+        slots = pool.alloc(1, tag=request)
+        assert slots is not None
+        pool.free(slots)
+    assert int(first[0]) == 0
+    with pytest.raises(DoubleFreeError) as info:
+        pool.free(first)
+    assert str(info.value).endswith(
+        f"it was allocated at {at(ln_a, name)} with tag 'first' (allocation #1), then freed at {at(ln_free, name)}"
+    ), str(info.value)
