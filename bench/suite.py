@@ -437,39 +437,29 @@ def run_suite(
     notes = list(cfg.notes)
 
     if "roundtrip" in cfg.workloads:
+
+        def roundtrip(ps: int, k: int, pool: int, shuffle_seed: int | None = None) -> Cell:
+            return measure_roundtrip(
+                impls,
+                ps,
+                k,
+                pool,
+                cfg.roundtrip_repeats,
+                cfg.min_cycles,
+                cfg.roundtrip_min_loop_s,
+                tick,
+                max_loop_s=cfg.roundtrip_max_loop_s,
+                shuffle_seed=shuffle_seed,
+            )
+
         cells: list[Cell] = []
         for ps, k, pool in cfg.roundtrip_cells:
             progress.label(f"round trip p{ps} k={k}")
-            cells.append(
-                measure_roundtrip(
-                    impls,
-                    ps,
-                    k,
-                    pool,
-                    cfg.roundtrip_repeats,
-                    cfg.min_cycles,
-                    cfg.roundtrip_min_loop_s,
-                    tick,
-                    max_loop_s=cfg.roundtrip_max_loop_s,
-                )
-            )
+            cells.append(roundtrip(ps, k, pool))
         shuffled: list[Cell] = []
         for ps, k, pool in cfg.shuffled_cells:
             progress.label(f"round trip p{ps} k={k} shuffled")
-            shuffled.append(
-                measure_roundtrip(
-                    impls,
-                    ps,
-                    k,
-                    pool,
-                    cfg.roundtrip_repeats,
-                    cfg.min_cycles,
-                    cfg.roundtrip_min_loop_s,
-                    tick,
-                    max_loop_s=cfg.roundtrip_max_loop_s,
-                    shuffle_seed=cfg.seed,
-                )
-            )
+            shuffled.append(roundtrip(ps, k, pool, shuffle_seed=cfg.seed))
         floors = {}
         for k in sorted({k for _, k, _ in cfg.roundtrip_cells}):
             progress.label(f"copy floor k={k}")
