@@ -417,6 +417,17 @@ def _batch_args(arrays: list[np.ndarray], as_arrays: bool) -> list[Any]:
     return [x.astype(np.int64) if as_arrays else x.tolist() for x in arrays]
 
 
+def _from_backup(a: Any, args: tuple[Any, ...], call: Callable[..., Any]) -> _Subject:
+    """A subject whose every timed ``call(*args)`` starts from ``a``'s state now (restored untimed)."""
+    state = a.backup_state()
+
+    def prepare() -> tuple[Any, ...]:
+        a.restore_state(state)
+        return args
+
+    return _Subject(a, prepare, call)
+
+
 def measure_paged_extend(
     impls: dict[str, Callable[[int, int], Any]],
     pc: PagedConfig,
@@ -442,14 +453,7 @@ def measure_paged_extend(
         raise ValueError(f"{what}: the requests need more than the pool's {pc.extend_pool_pages} pages")
     subjects = {}
     for name, (a, last) in _grow_from_empty(impls, pc.extend_pool_pages, ps, prefix, what).items():
-        args = (*_batch_args([prefix, seq, last], as_arrays), total)
-        state = a.backup_state()
-
-        def prepare(a: Any = a, state: Any = state, args: tuple[Any, ...] = args) -> tuple[Any, ...]:
-            a.restore_state(state)
-            return args
-
-        subjects[name] = _Subject(a, prepare, a.alloc_extend)
+        subjects[name] = _from_backup(a, (*_batch_args([prefix, seq, last], as_arrays), total), a.alloc_extend)
     params = {"call": "alloc_extend", "requests": pc.extend_requests, "inputs": "arrays" if as_arrays else "lists"}
     cell = _measure(_Case(what, subjects), pc, params, tick)
     cell.params.update(
@@ -487,14 +491,7 @@ def measure_paged_decode(
         raise ValueError(f"{what}: the sequences need more than the pool's {pc.decode_pool_pages} pages")
     subjects = {}
     for name, (a, last) in _grow_from_empty(impls, pc.decode_pool_pages, ps, lens, what).items():
-        args = tuple(_batch_args([seq, last], as_arrays))
-        state = a.backup_state()
-
-        def prepare(a: Any = a, state: Any = state, args: tuple[Any, ...] = args) -> tuple[Any, ...]:
-            a.restore_state(state)
-            return args
-
-        subjects[name] = _Subject(a, prepare, a.alloc_decode)
+        subjects[name] = _from_backup(a, tuple(_batch_args([seq, last], as_arrays)), a.alloc_decode)
     params = {"call": "alloc_decode", "sequences": pc.decode_seqs, "inputs": "arrays" if as_arrays else "lists"}
     cell = _measure(_Case(what, subjects), pc, params, tick)
     cell.params.update(seed=seed + 1, pool_tokens=ps * pc.decode_pool_pages, new_pages=new_pages)
@@ -535,13 +532,7 @@ def measure_paged_merge(
     _same_lists(made, f"paged {what}, set-up: the lists after the frees")
     subjects = {}
     for name, a in made.items():
-        state = a.backup_state()
-
-        def prepare(a: Any = a, state: Any = state) -> tuple[Any, ...]:
-            a.restore_state(state)
-            return ()
-
-        subjects[name] = _Subject(a, prepare, a.merge_and_sort_free)
+        subjects[name] = _from_backup(a, (), a.merge_and_sort_free)
     params = {"call": "merge_and_sort_free", "released_pages": released, "free_pages": pc.merge_free}
     cell = _measure(_Case(what, subjects), pc, params, tick)
     cell.params.update(
