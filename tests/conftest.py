@@ -16,9 +16,13 @@ depends only on the code under test: no flakiness in CI.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -131,3 +135,28 @@ def snapshot() -> Callable[[Any], Snapshot]:
 def unchanged() -> Callable[[Any, Snapshot], None]:
     """``unchanged(pool, before)`` asserts the pool still equals ``before``."""
     return assert_unchanged
+
+
+def run_child(source: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run ``source`` in a child interpreter with ``args`` as JSON in argv[1]; return its last line of JSON.
+
+    The child imports the same package as the tests. A crash (a negative exit
+    code: killed by a signal) fails the calling test instead of killing
+    pytest, with the end of the child's stderr.
+    """
+    import hostpool_nb
+
+    env = dict(os.environ)
+    root = str(Path(hostpool_nb.__file__).resolve().parent.parent)  # the package the tests import
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-c", source, json.dumps(args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, f"child exited {proc.returncode} (negative: killed by signal)\n{proc.stderr[-3000:]}"
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result

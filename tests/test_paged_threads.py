@@ -20,22 +20,17 @@ instead of killing pytest.
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-import hostpool_nb
 from hostpool_nb.paged import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from tests.conftest import JIT_DISABLED
+from tests.conftest import JIT_DISABLED, run_child
 
 THREADS = 4
 OPS = 400 if JIT_DISABLED else 3000  # the kernels run as Python without the JIT
@@ -394,19 +389,7 @@ _SWAP = textwrap.dedent(
 
 
 def _run(script: str, args: dict[str, Any]) -> dict[str, Any]:
-    env = dict(os.environ)
-    root = str(Path(hostpool_nb.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD_PRELUDE + script, json.dumps(args)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, f"child exited {proc.returncode} (negative: killed by signal)\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(_CHILD_PRELUDE + script, args, timeout=300)
 
 
 _KINDS = [

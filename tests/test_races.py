@@ -13,18 +13,12 @@ Iterations are bounded; a scenario takes a few seconds.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-import hostpool_nb
-from tests.conftest import JIT_DISABLED
+from tests.conftest import JIT_DISABLED, run_child
 
 # Smaller pools without the JIT: the kernels then run as Python.
 SCALE = 4 if JIT_DISABLED else 1
@@ -135,19 +129,7 @@ _SWAP = textwrap.dedent(
 
 
 def _run(script: str, args: dict[str, Any]) -> dict[str, Any]:
-    env = dict(os.environ)
-    root = str(Path(hostpool_nb.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD_PRELUDE + script, json.dumps(args)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert proc.returncode == 0, f"child exited {proc.returncode} (negative: killed by signal)\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(_CHILD_PRELUDE + script, args, timeout=240)
 
 
 def _torch_params() -> list[Any]:
