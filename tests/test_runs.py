@@ -1,12 +1,16 @@
-"""The run paths of ``alloc_pages`` and ``free_pages`` decide exactly as the page-by-page paths.
+"""Taking runs whole in ``alloc_pages`` and ``free_pages`` decides exactly as going page by page.
 
-``_kernels.py`` takes runs of consecutive pages whole (one test of their
-flags, one fill, one block store) and falls back to a page-by-page pass
-for input without runs and for every failure. Both must be invisible: for
-any pool and any input, the run path and the exact path return the same
-status and leave the same state. These tests build states and inputs that
-mix runs, lone pages and every kind of fault, run both paths on copies of
-one state, and compare.
+``_kernels.py`` takes a stretch of ``long`` or more consecutive pages whole
+(one test of their flags, one fill, one block store) and everything else,
+every failure included, one page at a time. The kernels take ``long`` as an
+argument: ``long`` larger than the input takes no run, the plain
+page-by-page pass, and ``long=2`` takes every run it can. Which runs are
+taken must be invisible: for any pool, any input and any ``long``, the
+kernels return the same status and leave the same state. These tests build
+states and inputs that mix runs, lone pages and every kind of fault, run
+the kernels with several ``long`` on copies of one state, and compare.
+The pool's own threshold (``K.long_run``) is 1,024 slots, so the
+tests through the public API use inputs long enough to reach it.
 """
 
 from __future__ import annotations
@@ -25,14 +29,17 @@ from tests.conftest import take_snapshot
 PAGE_SIZES = [1, 3, 4, 16]
 
 
-def _exact_free(st: np.ndarray, slots: np.ndarray) -> int:
-    """The page-by-page free: what ``free_pages`` must agree with."""
+NO_RUNS = 1 << 40  # a ``long`` no input reaches: the page-by-page pass
+
+
+def _free_with(st: np.ndarray, slots: np.ndarray, long: int) -> int:
+    """``free_pages`` taking runs of ``long`` pages or more (``NO_RUNS``: none)."""
     ps = int(st[K.H_PAGE_SIZE])
     if slots.shape[0] % ps != 0:
         return K._fail(K.E_LENGTH, 0)
     if ps == 1:
-        return int(K._free_single_slot_pages(st, slots))
-    return int(K._free_each_page(st, slots))
+        return int(K._free_slot_pages(st, slots, long))
+    return int(K._free_whole_pages(st, slots, long))
 
 
 def _chunks(draw: Any, items: list[int], max_chunk: int) -> list[list[int]]:
@@ -79,7 +86,9 @@ def pool_and_free(draw: Any) -> tuple[LogicalHostPool, np.ndarray]:
     parts = list(draw(st_.permutations(_chunks(draw, chosen, 10)))) if chosen else []
     free_pages = [p for part in parts for p in part]
     slots = [s for p in free_pages for s in range(p * ps, (p + 1) * ps)]
-    fault = draw(st_.sampled_from(["none", "twice", "free-page", "range", "misaligned", "partial", "length"]))
+    fault = draw(
+        st_.sampled_from(["none", "twice", "free-page", "next-free", "range", "misaligned", "partial", "length"])
+    )
     if fault != "none" and slots:
         at = draw(st_.integers(0, len(free_pages) - 1)) * ps
         if fault == "twice":
@@ -89,6 +98,18 @@ def pool_and_free(draw: Any) -> tuple[LogicalHostPool, np.ndarray]:
             if not_held:
                 p = draw(st_.sampled_from(not_held))
                 slots[at:at] = list(range(p * ps, (p + 1) * ps))
+        elif fault == "next-free":  # a page not held, next to a freed one: a run that ends or starts on it
+            spots = [
+                (i, q + d)
+                for i, q in enumerate(free_pages)
+                for d in (1, -1)
+                if 0 <= q + d < n and q + d not in held_pages
+            ]
+            if spots:
+                i, q = draw(st_.sampled_from(spots))
+                where = (i + 1) * ps if q > free_pages[i] else i * ps
+                slots[where:where] = list(range(q * ps, (q + 1) * ps))
+                event("a run ending or starting on a page not held")
         elif fault == "range":
             slots[at + draw(st_.integers(0, ps - 1))] = draw(st_.sampled_from([-1, n * ps, n * ps + ps, 2**40]))
         elif fault == "misaligned" and ps > 1:
@@ -102,46 +123,26 @@ def pool_and_free(draw: Any) -> tuple[LogicalHostPool, np.ndarray]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(pool_and_free())
-def test_free_decides_as_the_exact_path(case: tuple[LogicalHostPool, np.ndarray]) -> None:
+@given(pool_and_free(), st_.sampled_from([2, 3, 5, 8]))
+def test_free_decides_as_the_page_by_page_pass(case: tuple[LogicalHostPool, np.ndarray], long: int) -> None:
+    """With runs taken eagerly and at the pool's threshold: the same status, the same state."""
     pool, slots = case
     before = take_snapshot(pool)
-    st_a, st_b = pool._st.copy(), pool._st.copy()
-    got = int(K.free_pages(st_a, slots))
-    want = _exact_free(st_b, slots)
+    original = pool._st.copy()
+    want_st = original.copy()
+    want = _free_with(want_st, slots, NO_RUNS)
     event("freed" if want >= 0 else f"error code {K.decode_status(want)[0]}")
-    assert got == want, (K.decode_status(got) if got < 0 else got, K.decode_status(want) if want < 0 else want)
-    if want >= 0:
-        assert np.array_equal(st_a, st_b)  # the same pages, staged in the same order
-    else:
-        pool._st[:] = st_a
-        after = take_snapshot(pool)
-        for old, new in zip(before, after, strict=True):
-            assert np.array_equal(old, new)
-
-
-@settings(max_examples=300, deadline=None)
-@given(pool_and_free())
-def test_the_run_path_frees_exactly_or_leaves_the_state_unchanged(case: tuple[LogicalHostPool, np.ndarray]) -> None:
-    """Called directly, whatever the input: it agrees with the exact path, or gives up (-1) without a trace."""
-    pool, slots = case
-    ps = pool.page_size
-    if slots.shape[0] % ps != 0:
-        return
-    before = take_snapshot(pool)
-    st_a, st_b = pool._st.copy(), pool._st.copy()
-    got = int(K._release_runs(st_a, slots))
-    want = _exact_free(st_b, slots)
-    event("run path freed" if got >= 0 else "run path gave up")
-    if got >= 0:
-        assert got == want
-        assert np.array_equal(st_a, st_b)
-    else:
-        assert got == -1
-        pool._st[:] = st_a
-        for old, new in zip(before, take_snapshot(pool), strict=True):
-            assert np.array_equal(old, new)
-        pool.check_invariants()
+    for how in (long, None):  # None: free_pages itself, at the pool's threshold
+        st_a = original.copy()
+        got = int(K.free_pages(st_a, slots)) if how is None else _free_with(st_a, slots, how)
+        assert got == want, (how, K.decode_status(got) if got < 0 else got, K.decode_status(want) if want < 0 else want)
+        if want >= 0:
+            assert np.array_equal(st_a, want_st)  # the same pages, staged in the same order
+        else:  # unchanged but for the scratch outside the live window
+            pool._st[:] = st_a
+            for old, new in zip(before, take_snapshot(pool), strict=True):
+                assert np.array_equal(old, new)
+            pool._st[:] = original
 
 
 @st_.composite
@@ -166,14 +167,14 @@ def owner_and_ids(draw: Any) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(owner_and_ids())
-def test_claim_by_runs_equals_claim_page_by_page(case: tuple[np.ndarray, np.ndarray, int]) -> None:
+@given(owner_and_ids(), st_.sampled_from([2, 3, 8, 64]))
+def test_claim_by_runs_equals_claim_page_by_page(case: tuple[np.ndarray, np.ndarray, int], long: int) -> None:
     owner, ids, ps = case
     oa, ob = owner.copy(), owner.copy()
     out_a = np.full(len(ids) * ps, -7, dtype=np.int64)
     out_b = out_a.copy()
-    got = int(K._claim(oa, ids, out_a, 0, ps))
-    want = int(K._claim_each(ob, ids, out_b, 0, ps))
+    got = int(K._claim(oa, ids, out_a, 0, ps, long))
+    want = int(K._claim(ob, ids, out_b, 0, ps, NO_RUNS))
     event("claimed" if want == len(ids) else "bad id")
     assert got == want  # len(ids), or the first bad id's position
     if want == len(ids):
@@ -187,8 +188,9 @@ def test_claim_by_runs_equals_claim_page_by_page(case: tuple[np.ndarray, np.ndar
 
 @pytest.mark.parametrize("ps", [1, 16])
 def test_shuffled_and_sorted_pools_hand_out_the_same_pages_as_the_model(ps: int) -> None:
-    """A long mixed workload at a size where runs span blocks, against the plain-list model."""
-    n = 3000
+    """A long mixed workload at a size where runs reach the pool's threshold, against the plain-list model."""
+    long = int(K.long_run(ps))
+    n = 8 * long + 2000
     pool = LogicalHostPool(n * ps, ps)
     rng = np.random.default_rng(5)
     everything = pool.alloc(n * ps)
@@ -207,7 +209,7 @@ def test_shuffled_and_sorted_pools_hand_out_the_same_pages_as_the_model(ps: int)
             assert pool.free(pages.reshape(-1)) == out.size
             free_list += [int(x) // ps for x in pages[:, 0]]
         else:
-            k = int(rng.integers(1, 400))
+            k = int(rng.integers(1, 3 * long + 400))
             out = pool.alloc(k * ps)
             if k > len(free_list):
                 assert out is None
@@ -244,20 +246,30 @@ def test_run_length_stops_at_the_first_break_or_the_limit(limit: int, brk: int |
 
 @pytest.mark.parametrize("ps", PAGE_SIZES)
 def test_a_lone_pending_page_before_a_run_is_a_double_free(ps: int, snapshot: Any, unchanged: Any) -> None:
-    """Freed in the open group, then freed again before a run: the run path must refuse it."""
-    pool = LogicalHostPool(32 * ps, ps)
-    held = pool.alloc(32 * ps)
+    """Freed in the open group, then freed again before a run, or in one: refused at its position."""
+    long = int(K.long_run(ps))
+    n = 5 * long + 32
+    q = 2 * long + 8  # the pending page, with runs of 2 * long pages on either side of it
+    pool = LogicalHostPool(n * ps, ps)
+    held = pool.alloc(n * ps)
     assert held is not None
     pages = held.reshape(-1, ps)
     with pool.free_group():
         pool.free(pages[0])  # pending now
-        again = np.concatenate([pages[0], pages[10:20].reshape(-1)])  # a lone page, then a run: mostly runs
+        pool.free(pages[q])
         before = snapshot(pool)
+        again = np.concatenate([pages[0], pages[q + 1 : q + 1 + 2 * long].reshape(-1)])  # a lone page, then a run
         with pytest.raises(DoubleFreeError, match=r"freed at indices\[0\] \(flattened\), is not allocated"):
             pool.free(again)
         unchanged(pool, before)
+        # Runs long enough to take that start on, hold or end on the pending page.
+        for start, at in ((q, 0), (q - long, long), (q - 2 * long + 1, 2 * long - 1)):
+            within = pages[start : start + 2 * long].reshape(-1)
+            with pytest.raises(DoubleFreeError, match=rf"freed at indices\[{at * ps}\] \(flattened\), is not"):
+                pool.free(within)
+            unchanged(pool, before)
     pool.check_invariants()
-    assert pool.available_size() == ps
+    assert pool.available_size() == 2 * ps
 
 
 @pytest.mark.parametrize("ps", PAGE_SIZES)
@@ -266,11 +278,13 @@ def test_a_run_that_continues_past_the_last_page_is_out_of_range(
     ps: int, beyond: int, snapshot: Any, unchanged: Any
 ) -> None:
     """Slots counting up from the last pages on past the pool's end: the run stops at the last page."""
-    pool = LogicalHostPool(16 * ps, ps)
-    held = pool.alloc(16 * ps)
+    long = int(K.long_run(ps))
+    n = 2 * long + 4
+    pool = LogicalHostPool(n * ps, ps)
+    held = pool.alloc(n * ps)
     assert held is not None
-    bad = np.arange(12 * ps, (16 + beyond) * ps, dtype=np.int64)  # pages 12..15, then beyond the pool
+    bad = np.arange((n - long - 1) * ps, (n + beyond) * ps, dtype=np.int64)  # the last long + 1 pages, then beyond
     before = snapshot(pool)
-    with pytest.raises(SlotRangeError, match=rf"free got slot {16 * ps} at indices\[{4 * ps}\]"):
+    with pytest.raises(SlotRangeError, match=rf"free got slot {n * ps} at indices\[{(long + 1) * ps}\]"):
         pool.free(bad)
     unchanged(pool, before)
