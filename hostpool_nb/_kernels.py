@@ -676,8 +676,11 @@ def _free_slot_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int)
                     c += length
                     continue
                 skip = c + length  # slot by slot, to the exact position of the fault
-        end = min(count, c + long)
-        block = slots[c:end]  # a view indexed from 0: no negative-index test per slot
+        # A block stops at the ring's end, so it stages into one view of
+        # the ring: no wrap test and no negative-index test per slot.
+        end = min(count, c + long, c + n - pos)
+        block = slots[c:end]
+        into = ring[pos : pos + end - c]
         stop = end
         p = 0
         for k in range(end - c):
@@ -686,8 +689,10 @@ def _free_slot_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int)
                 stop = c + k
                 break
             owner[p] = mark
-            ring[pos] = p
-            pos = pos + 1 if pos + 1 < n else 0
+            into[k] = p
+        pos += stop - c
+        if pos == n:
+            pos = 0
         c = stop  # the slots staged so far
         if stop < end:  # the fault, from the value read above
             status = _fail(E_RANGE, c) if p < 0 or p >= n else _staged_twice(ring, tail, c, p, c)
@@ -742,11 +747,12 @@ def _free_whole_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int
                         c += length
                         continue
                 skip = c + length  # page by page, to the exact position of the fault
-        end = min(count, c + long)
-        # A view of the block indexed from 0: a slice per page, or indexing
+        # Views of the block indexed from 0 (a slice per page, or indexing
         # ``slots`` from a running position, cost a reference count or a
-        # negative-index test per page.
+        # negative-index test per page), the ring's ending at its end.
+        end = min(count, c + long, c + n - pos)
         block = slots[start : end * page_size]
+        into = ring[pos : pos + end - c]
         stop = end
         for k in range(end - c):
             b = k * page_size
@@ -789,8 +795,10 @@ def _free_whole_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int
                 stop = c + k
                 break
             owner[p] = mark
-            ring[pos] = p
-            pos = pos + 1 if pos + 1 < n else 0
+            into[k] = p
+        pos += stop - c
+        if pos == n:
+            pos = 0
         c = stop  # the pages staged so far
         if status != 0:
             break
