@@ -660,6 +660,8 @@ def _free_slot_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int)
     owner = owner_view(st)
     ring = st[HEADER : HEADER + n]
     mark = OWNER_PENDING if st[H_GROUP_DEPTH] > 0 else OWNER_FREE
+    if n == 0 and count > 0:  # no slot is in range, and no ring to stage into
+        return _fail(E_RANGE, 0)
     tail = _ring_tail(st)
     pos = tail
     status = 0
@@ -727,6 +729,8 @@ def _free_whole_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int
     # A page can only be staged after its flag said "allocated", and every
     # allocated page is off the live window, so the spare part of the ring
     # (from the tail on) always has room for the pages staged here.
+    if n == 0 and count > 0:  # no slot is in range, and no ring to stage into
+        return _fail(E_RANGE, 0)
     tail = _ring_tail(st)
     pos = tail
     status = 0

@@ -553,20 +553,22 @@ def test_empty_float_array_is_still_a_type_error(pool: LogicalHostPool, snapshot
     unchanged(pool, before)
 
 
-def test_zero_size_pool(snapshot: Any, unchanged: Any) -> None:
-    pool = LogicalHostPool(0, PS)
+@pytest.mark.parametrize("ps", [1, 3, PS])
+def test_zero_size_pool(ps: int, snapshot: Any, unchanged: Any) -> None:
+    pool = LogicalHostPool(0, ps)
     pool.check_invariants()
     assert pool.available_size() == 0
     out = pool.alloc(0)
     assert isinstance(out, np.ndarray)
     assert out.dtype == np.int64
     assert out.shape == (0,)
-    assert pool.alloc(PS) is None
+    assert pool.alloc(ps) is None
     assert pool.free([]) == 0
     before = snapshot(pool)
-    with pytest.raises(SlotRangeError, match=r"\[0, 0\)"):
-        pool.free(page(0))
-    unchanged(pool, before)
+    for slots in (np.arange(ps), np.arange(5000 * ps)):  # one page, and more than a block of pages
+        with pytest.raises(SlotRangeError, match=r"free got slot 0 at indices\[0\] \(flattened\), outside \[0, 0\)"):
+            pool.free(slots)
+        unchanged(pool, before)
     pool.clear()
     pool.check_invariants()
     assert pool.available_size() == 0
