@@ -9,10 +9,14 @@ the same round-trip cells as ``python -m bench``: the ratio REV time / this
 time is what a change is judged by (above 1: this checkout is faster).
 
 ``--only-cells 64:64`` times the single-page headline cell alone (page
-size 64, 64 slots, 1M-slot pool); by default all seven cells run: one page
-and 65,536 slots at page sizes 64, 16 and 1, and ``1:65536s``, 65,536 slots
+size 64, 64 slots, 1M-slot pool); by default all ten cells run: one page
+and 65,536 slots at page sizes 64, 16 and 1; ``1:65536s``, 65,536 slots
 of page size 1 from a free list shuffled page by page (no runs of
-consecutive pages: the case a run-based shortcut must not make slower).
+consecutive pages: the case a run-based shortcut must not make slower);
+and ``1:trace``, ``16:trace`` and ``64:trace``, the KV-cache trace of
+``python -m bench`` (requests of about 1,300 slots arriving and finishing
+out of order in a 1M-slot pool kept near full, whose free lists fragment
+into runs of a few pages to a few hundred), timed per call.
 
 REV's package is extracted with ``git archive`` into a cache folder under
 the system's temporary directory, renamed so both can be imported at once;
@@ -34,9 +38,10 @@ from typing import Any
 
 from .cli import Parser
 from .report import fmt_ratio, fmt_time
-from .workloads import MIB_SLOTS, measure_roundtrip
+from .workloads import MIB_SLOTS, make_trace, measure_roundtrip, measure_trace
 
 ROOT = Path(__file__).resolve().parent.parent
+TRACE = 0  # k of a KV-cache trace cell
 # (page_size, k, pool slots): the single-page headline cell and the
 # 65,536-slot cells of every page size, the two ends the issues track.
 DEFAULT_CELLS = [
@@ -47,8 +52,12 @@ DEFAULT_CELLS = [
     (16, 65536, MIB_SLOTS),
     (1, 65536, MIB_SLOTS),
     (1, -65536, MIB_SLOTS),  # negative k: the same cell from a shuffled free list
+    (1, TRACE, MIB_SLOTS),
+    (16, TRACE, MIB_SLOTS),
+    (64, TRACE, MIB_SLOTS),
 ]
 SHUFFLE_SEED = 0
+TRACE_OPS = 30_000  # python -m bench's default trace length
 
 
 def _git(*args: str) -> bytes:
@@ -69,6 +78,8 @@ def revision_before(path: str) -> str | None:
 
 
 def cell_name(page_size: int, k: int) -> str:
+    if k == TRACE:
+        return f"{page_size}:trace"
     return f"{page_size}:{k}" if k > 0 else f"{page_size}:{-k}s"
 
 
@@ -127,16 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     short, old = load_revision(args.rev)
     impls: dict[str, Callable[[int, int], Any]] = {"this": LogicalHostPool, short: old}
     print(f"round trip free(alloc(k)): this checkout vs {args.rev} ({short}); ratio = {short} time / this time")
-    print("k ending in s: the free list shuffled page by page")
+    print("k ending in s: the free list shuffled page by page; trace: the KV-cache trace, time per call")
     print(f"{'page':>4}  {'k':>6}  {'pool':>8}  {'this':>9}  {short:>10}  {'ratio':>6}  paired min..max")
     for ps, k, pool in cells:
-        seed = None if k > 0 else SHUFFLE_SEED
-        cell = measure_roundtrip(
-            impls, ps, abs(k), pool, args.repeats, min_loop_s=args.min_loop, max_loop_s=1.0, shuffle_seed=seed
-        )
+        if k == TRACE:
+            cell = measure_trace(impls, make_trace(pool, ps, TRACE_OPS), args.repeats)
+        else:
+            seed = None if k > 0 else SHUFFLE_SEED
+            cell = measure_roundtrip(
+                impls, ps, abs(k), pool, args.repeats, min_loop_s=args.min_loop, max_loop_s=1.0, shuffle_seed=seed
+            )
         a, b = cell.samples["this"], cell.samples[short]
         paired = sorted(y / x for x, y in zip(a, b, strict=True))
-        shown = str(k) if k > 0 else f"{-k}s"
+        shown = cell_name(ps, k).split(":")[1]
         print(
             f"{ps:>4}  {shown:>6}  {pool:>8}  {fmt_time(cell.per_op['this']):>9}  {fmt_time(cell.per_op[short]):>10}  "
             f"{fmt_ratio(cell.per_op[short] / cell.per_op['this']):>6}  {paired[0]:.2f}..{paired[-1]:.2f}"

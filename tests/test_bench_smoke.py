@@ -1397,3 +1397,29 @@ def test_a_shuffled_cell_runs_and_says_so() -> None:
     assert set(cell.per_op) == set(impls)
     sorted_cell = measure_roundtrip(impls, 1, 64, 1024, repeats=1, min_cycles=1, min_loop_s=0.0)
     assert sorted_cell.params["free_list"] == "sorted"
+
+
+def test_compare_times_the_trace_cells(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m bench.compare --only-cells 16:trace``: one row, this checkout against the revision's pool."""
+    from bench import compare
+    from hostpool_nb import LogicalHostPool
+
+    monkeypatch.setattr(compare, "load_revision", lambda rev: ("0123456789", LogicalHostPool))
+    monkeypatch.setattr(compare, "TRACE_OPS", 300)
+    assert compare.main(["HEAD", "--only-cells", "16:trace", "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "trace: the KV-cache trace" in lines[1]
+    row = lines[-1].split()
+    assert row[:3] == ["16", "trace", str(1 << 20)]
+    assert float(row[-2].rstrip("x")) > 0
+
+
+def test_compare_rejects_unknown_cells(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import compare
+
+    with pytest.raises(SystemExit) as exc:
+        compare.main(["HEAD", "--only-cells", "2:trace"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown cell(s) 2:trace" in err
+    assert "1:65536s,1:trace,16:trace,64:trace" in err
