@@ -288,3 +288,30 @@ def test_a_run_that_continues_past_the_last_page_is_out_of_range(
     with pytest.raises(SlotRangeError, match=rf"free got slot {n * ps} at indices\[{(long + 1) * ps}\]"):
         pool.free(bad)
     unchanged(pool, before)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st_.integers(0, 700),
+    st_.integers(0, 20),
+    st_.integers(1, 600),
+    st_.sampled_from([0, 1, 2]),
+    st_.sampled_from([0, 1, 2]),
+    st_.lists(st_.integers(0, 699), max_size=3),
+)
+def test_flags_are_and_set_flags_cover_exactly_the_range(
+    n_extra: int, start: int, length: int, want: int, flag: int, wrong: list[int]
+) -> None:
+    """Across the byte path and the word path with its edges: the range's flags, none outside it."""
+    owner = np.full(start + length + n_extra, want, dtype=np.uint8)
+    for w in wrong:  # flags that are not ``want``, inside the range or outside it
+        owner[w % owner.shape[0]] = (want + 1) % 3
+    before = owner.copy()
+    all_wanted = bool(np.all(before[start : start + length] == want))
+    event("all as wanted" if all_wanted else "some not")
+    assert bool(K._flags_are(owner, start, length, want)) == all_wanted
+    assert np.array_equal(owner, before)
+    K._set_flags(owner, start, length, flag)
+    expected = before.copy()
+    expected[start : start + length] = flag
+    assert np.array_equal(owner, expected)
