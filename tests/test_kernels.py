@@ -178,6 +178,31 @@ def test_alloc_rolls_back_a_corrupt_ring_across_its_end(
 
 
 @pytest.mark.parametrize("ps", [1, 3, 16])
+@pytest.mark.parametrize("bad", ["held", "too-big", "equal-n", "negative"])
+@pytest.mark.parametrize("track", [False, True], ids=["plain", "tracked"])
+def test_a_one_page_alloc_refuses_a_corrupt_head(ps: int, bad: str, track: bool, snapshot: Any, unchanged: Any) -> None:
+    """The one-page path (no run, no loop) checks the page it takes as the general one does."""
+    pool = _wrapped(ps, track)
+    held = pool.alloc(2 * ps)  # pages BIG-3, BIG-2 now held; head at BIG-1
+    assert held is not None
+    ring = pool._st[K.HEADER : K.HEADER + BIG]
+    head = int(pool._st[K.H_HEAD])
+    value = {"held": BIG - 3, "too-big": BIG + 5, "equal-n": BIG, "negative": -1}[bad]
+    old = int(ring[head])
+    ring[head] = value
+    before = snapshot(pool)
+    before_owner = pool._owner.copy()
+    with pytest.raises(RuntimeError, match=r"alloc kernel failed with code 7 at 0;"):
+        pool.alloc(ps)
+    assert np.array_equal(pool._owner, before_owner)
+    assert all(np.array_equal(a, b) for a, b in zip(before, snapshot(pool), strict=True))
+    ring[head] = old
+    out = pool.alloc(ps)  # and with the ring repaired, the same call takes that page
+    assert out is not None
+    assert out.tolist() == [old * ps + j for j in range(ps)]
+
+
+@pytest.mark.parametrize("ps", [1, 3, 16])
 def test_failed_free_rolls_back_across_the_rings_end(ps: int, snapshot: Any, unchanged: Any) -> None:
     """Staging wraps the ring's end; the roll-back and the duplicate scan follow it."""
     pool = _wrapped(ps)
