@@ -73,8 +73,12 @@ def _package_stamp() -> tuple[tuple[str, int, int], ...]:
 _PACKAGE_STAMP = _package_stamp()
 
 
-def kernel(signature: str) -> Callable[[_F], _F]:
+def kernel(signature: str | tuple[str, ...]) -> Callable[[_F], _F]:
     """Decorator: compile a kernel for ``signature``, cached on disk if possible.
+
+    A tuple of signatures compiles one specialisation for each (a helper
+    that kernels call with arrays of two dtypes); the kernels that the
+    pool calls from Python have exactly one, for :func:`_kernels.entry_point`.
 
     Returns numba's dispatcher, or the function itself under
     ``NUMBA_DISABLE_JIT=1``. See the module docstring for the fallbacks.
@@ -91,7 +95,7 @@ def kernel(signature: str) -> Callable[[_F], _F]:
     return decorate
 
 
-def _compile(func: Callable[..., Any], signature: str) -> tuple[Any, _Problem | None]:
+def _compile(func: Callable[..., Any], signature: str | tuple[str, ...]) -> tuple[Any, _Problem | None]:
     """Compile ``func`` through the cache; return it and the cache problem, if any."""
     try:
         # No signature yet: this only creates the dispatcher and sets up its
@@ -108,7 +112,7 @@ def _compile(func: Callable[..., Any], signature: str) -> tuple[Any, _Problem | 
     _stamp_with_package(dispatcher)
 
     error = _try_compile(dispatcher, signature)
-    if error is not None and not _compiled(dispatcher) and _forget_index(dispatcher):
+    if error is not None and not _compiled(dispatcher, signature) and _forget_index(dispatcher):
         # Loading failed. With the index empty, this compiles and rewrites
         # the kernel's cache files.
         error = _try_compile(dispatcher, signature)
@@ -117,7 +121,7 @@ def _compile(func: Callable[..., Any], signature: str) -> tuple[Any, _Problem | 
         return dispatcher, None
 
     where = _cache_dir(dispatcher)
-    if _compiled(dispatcher):  # compiled, then failed to save: usable
+    if _compiled(dispatcher, signature):  # compiled, then failed to save: usable
         dispatcher.disable_compile()
         return dispatcher, (
             f"numba could not write its cache in {where} ({error!r})",
@@ -129,25 +133,39 @@ def _compile(func: Callable[..., Any], signature: str) -> tuple[Any, _Problem | 
     )
 
 
-def _try_compile(dispatcher: Any, signature: str) -> Exception | None:
-    """Compile ``signature``; return the error if the cache failed, raise if the compiler did.
+def _try_compile(dispatcher: Any, signature: str | tuple[str, ...]) -> Exception | None:
+    """Compile each signature; return the error if the cache failed, raise if the compiler did.
 
     numba counts a cache miss just before compiling and adds the compiled
     overload just before saving it to the cache. So an error with no miss
     counted came from loading the cache, and one with the overload in place
     from saving it; an error in between is the compiler's and propagates.
     """
-    try:
-        dispatcher.compile(signature)
-    except MemoryError:
-        raise
-    except Exception as exc:
+    saved: Exception | None = None
+    for one in _signatures(signature):
         stats = getattr(dispatcher, "stats", None)
         misses = sum(getattr(stats, "cache_misses", {}).values())
-        if misses and not _compiled(dispatcher):
+        held = len(getattr(dispatcher, "overloads", ()))
+        try:
+            dispatcher.compile(one)
+        except MemoryError:
             raise
-        return exc
-    return None
+        except Exception as exc:
+            # Judged for this signature alone: the overloads grew if only the
+            # save failed (the next signature still compiles), a miss counted
+            # without them growing is the compiler's error.
+            if len(getattr(dispatcher, "overloads", ())) > held:
+                saved = saved or exc
+                continue
+            if sum(getattr(stats, "cache_misses", {}).values()) > misses:
+                raise
+            return exc
+    return saved
+
+
+def _signatures(signature: str | tuple[str, ...]) -> tuple[str, ...]:
+    """One signature or several, as a tuple."""
+    return (signature,) if isinstance(signature, str) else signature
 
 
 def _stamp_with_package(dispatcher: Any) -> None:
@@ -165,9 +183,9 @@ def _stamp_with_package(dispatcher: Any) -> None:
         cache_file._source_stamp = (own, _PACKAGE_STAMP)
 
 
-def _compiled(dispatcher: Any) -> bool:
-    """Whether the dispatcher holds compiled code (it only ever gets one signature)."""
-    return bool(getattr(dispatcher, "overloads", None))
+def _compiled(dispatcher: Any, signature: str | tuple[str, ...]) -> bool:
+    """Whether the dispatcher holds compiled code for every one of its signatures."""
+    return len(getattr(dispatcher, "overloads", ())) >= len(_signatures(signature))
 
 
 def _forget_index(dispatcher: Any) -> bool:
@@ -195,12 +213,12 @@ def _cache_dir(dispatcher: Any) -> str:
     return str(path) if path else "numba's cache directory"
 
 
-def _in_memory(func: Callable[..., Any], signature: str) -> Any:
+def _in_memory(func: Callable[..., Any], signature: str | tuple[str, ...]) -> Any:
     """Compile without the on-disk cache."""
-    return _njit(signature, cache=False)(func)
+    return _njit(list(_signatures(signature)), cache=False)(func)
 
 
-def _njit(signature: str | None, *, cache: bool) -> Callable[[Callable[..., Any]], Any]:
+def _njit(signature: list[str] | None, *, cache: bool) -> Callable[[Callable[..., Any]], Any]:
     """numba's ``njit`` with the package's options, set here and nowhere else.
 
     ``signature=None`` gives a dispatcher that compiles nothing until asked.

@@ -306,10 +306,16 @@ def twice(x):
 def negate(x):
     return -x
 
+def both(x):
+    return x - 1
+
 def broken(x):
     return x.no_such_attribute
 
-FUNCS = {"square": square, "twice": twice, "negate": negate, "broken": broken}
+FUNCS = {"square": square, "twice": twice, "negate": negate, "both": both, "broken": broken}
+# ``both`` has two signatures, as the package's helpers that kernels call
+# with int64 and int32 arrays: each must compile, cache and recover.
+SIGNATURES = {"both": ("i8(i8)", "f8(f8)")}
 # SETUP
 
 out = {"kernels": {}, "errors": {}}
@@ -317,13 +323,16 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     for name in NAMES:
         try:
-            k = kernel("i8(i8)")(FUNCS[name])
+            k = kernel(SIGNATURES.get(name, "i8(i8)"))(FUNCS[name])
         except BaseException as exc:
             out["errors"][name] = type(exc).__name__
             continue
         out["kernels"][name] = {
             "results": [int(k(v)) for v in (-3, 0, 7)],
             "expected": [FUNCS[name](v) for v in (-3, 0, 7)],
+            "float_results": [float(k(v)) for v in (0.5,)] if name in SIGNATURES else [],
+            "float_expected": [FUNCS[name](v) for v in (0.5,)] if name in SIGNATURES else [],
+            "overloads": len(k.overloads),
             "is_dispatcher": isinstance(k, numba.core.dispatcher.Dispatcher),
             "cache_path": k.stats.cache_path,
             "from_cache": bool(k.stats.cache_hits) and not k.stats.cache_misses,
@@ -347,6 +356,8 @@ def _assert_correct(res: dict[str, Any], names: list[str]) -> None:
         k = res["kernels"][name]
         assert k["is_dispatcher"], (name, k)
         assert k["results"] == k["expected"], (name, k)
+        assert k["float_results"] == k["float_expected"], (name, k)
+        assert k["overloads"] == (2 if name == "both" else 1), (name, k)
 
 
 @needs_jit
@@ -374,7 +385,7 @@ def test_no_cache_location_does_not_hide_compile_errors(tmp_path: Path) -> None:
 
 @needs_jit
 def test_helper_caches_and_rebuilds_a_damaged_cache(tmp_path: Path) -> None:
-    names = ["square", "twice"]
+    names = ["square", "twice", "both"]
     cold = _helper_child(tmp_path, names)
     _assert_correct(cold, names)
     assert cold["warnings"] == [], cold
@@ -396,7 +407,7 @@ def test_helper_caches_and_rebuilds_a_damaged_cache(tmp_path: Path) -> None:
 
 @needs_jit
 def test_cache_that_cannot_be_rebuilt_names_the_directory_to_delete(tmp_path: Path) -> None:
-    names = ["square", "twice", "negate"]
+    names = ["square", "twice", "negate", "both"]
     cold = _helper_child(tmp_path, names)
     assert cold["warnings"] == [], cold
     cache_dir = Path(cold["kernels"]["square"]["cache_path"])
@@ -427,7 +438,7 @@ def test_cache_that_cannot_be_rebuilt_names_the_directory_to_delete(tmp_path: Pa
 
 @needs_jit
 def test_cache_that_cannot_be_written_keeps_the_compiled_kernel(tmp_path: Path) -> None:
-    names = ["square", "twice"]
+    names = ["square", "twice", "both"]
     setup = (
         "import errno\n"
         "from numba.core import caching\n"
