@@ -14,9 +14,14 @@ from numpy.typing import NDArray
 from . import _kernels as K
 
 
+def ring_ids(st: NDArray[np.int64], num_pages: int) -> NDArray[np.int32]:
+    """The ring of int32 page ids inside a state array, as the kernels see it."""
+    return st[K.HEADER : K.HEADER + K.ring_words(num_pages)].view(np.int32)[:num_pages]
+
+
 def owner_flags(st: NDArray[np.int64], num_pages: int) -> NDArray[np.uint8]:
     """The owner flags inside a state array, as the kernels see them."""
-    return st[K.HEADER + num_pages :].view(np.uint8)[:num_pages]
+    return st[K.HEADER + K.ring_words(num_pages) :].view(np.uint8)[:num_pages]
 
 
 def problems(st: NDArray[np.int64], num_pages: int, page_size: int) -> list[str]:
@@ -53,7 +58,7 @@ def problems(st: NDArray[np.int64], num_pages: int, page_size: int) -> list[str]
     sorted_flag = int(st[K.H_SORTED])
     track = int(st[K.H_TRACK])
     counters = {name: int(st[h]) for name, h in _COUNTERS}
-    ring = st[K.HEADER : K.HEADER + n]
+    ring = ring_ids(st, n)
     listed = ring[(head + np.arange(nfree + nrel + npend)) % max(n, 1)]
     if listed.size and (listed.min() < 0 or listed.max() >= n):
         found.append("a listed page id is out of range")

@@ -14,8 +14,12 @@ as few arguments as possible):
 
 ``st[:HEADER]``
     Scalars, at the ``H_*`` offsets below.
-``st[HEADER:HEADER + n]``, the ring
-    Page ids. Starting at ring position ``st[H_HEAD]``, the next
+``st[HEADER:HEADER + ring_words(n)]``, viewed as int32 (:func:`ring_view`), the ring
+    ``n`` page ids, two to a word: a pool has at most :data:`MAX_PAGES`
+    pages, so an id fits in 32 bits, and half the bytes are half the
+    memory traffic. At page size 1, 65,536 slots from a 1M-slot pool, the
+    kernels took 13.3 us to allocate and 10.4 us to free, against 18.0 and
+    14.3 us with int64 ids. Starting at ring position ``st[H_HEAD]``, the next
     ``st[H_NFREE]`` entries are the free list, the ``st[H_NREL]`` entries
     after them the release list (pages given back by ``free`` and not yet
     merged), and the ``st[H_NPEND]`` after those the pending list (pages
@@ -26,7 +30,7 @@ as few arguments as possible):
     as one ascending list instead. Ring entries outside that live window
     are scratch: ``free`` stages the page ids it has validated there, right
     behind the window, and takes them in by moving the window's end.
-``st[HEADER + n:]``, viewed as uint8 (:func:`owner_view`)
+``st[HEADER + ring_words(n):]``, viewed as uint8 (:func:`owner_view`)
     One flag per page: ``OWNER_ALLOCATED`` for a page a caller holds,
     ``OWNER_FREE`` for a page on the free or release list,
     ``OWNER_PENDING`` for a page on the pending list.
@@ -38,8 +42,8 @@ as few arguments as possible):
 
 Because ``free`` stages a page on the ring only after its flag said it was
 allocated, the ring never holds a page twice and never overflows: the spare
-part always has room for every page a caller holds. Metadata costs 9 bytes
-per page, and no operation allocates more.
+part always has room for every page a caller holds. Metadata costs 5 bytes
+per page (rounded up to whole words), and no operation allocates more.
 
 Status codes
 ------------
@@ -105,7 +109,15 @@ E_NEGATIVE = 8  # a batch size is negative
 E_NO_GROUP = 9  # free_group_end without a group
 E_LENGTH = 15  # free's input is not a whole number of pages long (10..14 are _paged_kernels')
 
+# The most pages a pool may have: ring entries are int32 page ids.
+MAX_PAGES = 2**31 - 1
+
 _LOW32 = (1 << 32) - 1  # a tracking word's low half: the id of the site that last freed the page
+
+
+def ring_words(num_pages: int) -> int:
+    """int64 words holding the ring's ``num_pages`` int32 page ids."""
+    return (num_pages + 1) // 2
 
 
 def state_length(num_pages: int, tracked: bool = False) -> int:
@@ -120,7 +132,7 @@ def state_length(num_pages: int, tracked: bool = False) -> int:
 
 def track_offset(num_pages: int) -> int:
     """Where a tracking pool's per-page words start: right after the owner flags."""
-    return HEADER + num_pages + (num_pages + 7) // 8
+    return HEADER + ring_words(num_pages) + (num_pages + 7) // 8
 
 
 def page_shift(page_size: int) -> int:
@@ -147,11 +159,18 @@ def _ring_tail(st: NDArray[np.int64]) -> int:
     return tail - n if tail >= n else tail
 
 
+@_jit("i4[::1](i8[::1])")
+def ring_view(st: NDArray[np.int64]) -> NDArray[np.int32]:
+    """The ring of page ids: an int32 view of ``st`` after the header."""
+    n = st[H_NPAGES]
+    return st[HEADER : HEADER + (n + 1) // 2].view(np.int32)[:n]
+
+
 @_jit("u1[::1](i8[::1])")
 def owner_view(st: NDArray[np.int64]) -> NDArray[np.uint8]:
-    """The per-page owner flags: a uint8 view of the tail of ``st``."""
+    """The per-page owner flags: a uint8 view of ``st`` after the ring."""
     n = st[H_NPAGES]
-    return st[HEADER + n :].view(np.uint8)[:n]
+    return st[HEADER + (n + 1) // 2 :].view(np.uint8)[:n]
 
 
 @_jit("i8(i8[::1])")
@@ -163,11 +182,12 @@ def reset(st: NDArray[np.int64]) -> int:
     """
     n: int = st[H_NPAGES]
     owner = owner_view(st)
+    ring = ring_view(st)
     t: int = st[H_TRACK]
     for p in range(n):
         if t != 0 and owner[p] == OWNER_ALLOCATED:
             st[t + n + p] = (st[t + n + p] & ~_LOW32) | 1  # freed by clear() (the tracker's id 1)
-        st[HEADER + p] = p
+        ring[p] = p
         owner[p] = OWNER_FREE
     st[H_HEAD] = 0
     st[H_NFREE] = n
@@ -199,9 +219,10 @@ def _sort_window(st: NDArray[np.int64]) -> int:
     if found != live:
         return _fail(E_CORRUPT, 0)
     pos: int = st[H_HEAD]
+    ring = ring_view(st)
     for p in range(n):
         if owner[p] == OWNER_FREE:
-            st[HEADER + pos] = p
+            ring[pos] = p
             pos = pos + 1 if pos + 1 < n else 0
     st[H_NFREE] = live
     st[H_NREL] = 0
@@ -272,8 +293,8 @@ _RUN_PROBE = 8
 _RUN_BLOCK = 64
 
 
-@_jit("i8(i8[::1], i8, i8, i8)")
-def _run_length(ids: NDArray[np.int64], start: int, limit: int, first: int) -> int:
+@_jit(("i8(i8[::1], i8, i8, i8)", "i8(i4[::1], i8, i8, i8)"))  # a caller's slots, the ring's ids
+def _run_length(ids: NDArray[np.int64] | NDArray[np.int32], start: int, limit: int, first: int) -> int:
     """How many of ``ids[start:start + limit]`` count up by one from ``first`` (at least 1).
 
     ``first`` is the caller's read of ``ids[start]``, which the run is
@@ -379,8 +400,8 @@ def _set_flags(owner: NDArray[np.uint8], start: int, length: int, flag: int) -> 
         flags[p] = flag
 
 
-@_jit("i8(i8[::1], i8, i8, i8)")
-def _stage_run(ring: NDArray[np.int64], pos: int, first: int, length: int) -> int:
+@_jit("i8(i4[::1], i8, i8, i8)")
+def _stage_run(ring: NDArray[np.int32], pos: int, first: int, length: int) -> int:
     """Write page ids ``first .. first + length - 1`` on the ring from ``pos``; return the position after.
 
     Two block stores, split where the ring wraps, instead of a wrap test per page.
@@ -434,9 +455,9 @@ def long_run(page_size: int) -> int:
 # -- alloc --------------------------------------------------------------------
 
 
-@_jit("i8(u1[::1], i8[::1], i8[::1], i8, i8, i8)")
+@_jit("i8(u1[::1], i4[::1], i8[::1], i8, i8, i8)")
 def _claim(
-    owner: NDArray[np.uint8], ids: NDArray[np.int64], out: NDArray[np.int64], at: int, page_size: int, long: int
+    owner: NDArray[np.uint8], ids: NDArray[np.int32], out: NDArray[np.int64], at: int, page_size: int, long: int
 ) -> int:
     """Flag the pages ``ids`` (from the free list) allocated and write their slots to ``out``.
 
@@ -530,7 +551,7 @@ def alloc_pages(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
         if status < 0:
             return status
     owner = owner_view(st)
-    ring = st[HEADER : HEADER + n]
+    ring = ring_view(st)
     head = st[H_HEAD]
     long = long_run(page_size)
     # The release list follows the free list on the ring, so reading on from
@@ -565,8 +586,8 @@ def alloc_pages(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
 
 
 # -- free ---------------------------------------------------------------------
-@_jit("i8(i8[::1], i8, i8, i8, i8)")
-def _staged_twice(ring: NDArray[np.int64], tail: int, done: int, page: int, position: int) -> int:
+@_jit("i8(i4[::1], i8, i8, i8, i8)")
+def _staged_twice(ring: NDArray[np.int32], tail: int, done: int, page: int, position: int) -> int:
     """The failure for a ``page`` that ``free`` found not allocated.
 
     ``E_DUPLICATE`` if this call staged it already (it is among the ``done``
@@ -582,8 +603,8 @@ def _staged_twice(ring: NDArray[np.int64], tail: int, done: int, page: int, posi
     return _fail(E_NOT_ALLOCATED, position)
 
 
-@_jit("void(i8[::1], u1[::1], i8, i8)")
-def _unstage(ring: NDArray[np.int64], owner: NDArray[np.uint8], tail: int, done: int) -> None:
+@_jit("void(i4[::1], u1[::1], i8, i8)")
+def _unstage(ring: NDArray[np.int32], owner: NDArray[np.uint8], tail: int, done: int) -> None:
     """Roll back a failed free: flag the ``done`` staged pages allocated again.
 
     The staged ids (from ring position ``tail``) stay outside the live
@@ -611,9 +632,9 @@ def _take_staged(st: NDArray[np.int64], count: int) -> None:
         st[H_FREE_CALLS] += 1
 
 
-@_jit("i8(i8[::1], u1[::1], i8, i8, i8, i8)")
+@_jit("i8(i4[::1], u1[::1], i8, i8, i8, i8)")
 def _stage_if_allocated(
-    ring: NDArray[np.int64], owner: NDArray[np.uint8], pos: int, p: int, length: int, mark: int
+    ring: NDArray[np.int32], owner: NDArray[np.uint8], pos: int, p: int, length: int, mark: int
 ) -> int:
     """Release a run of pages ``p .. p + length - 1`` if every one is allocated.
 
@@ -644,7 +665,7 @@ def _free_slot_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int)
     n = st[H_NPAGES]
     count: int = slots.shape[0]
     owner = owner_view(st)
-    ring = st[HEADER : HEADER + n]
+    ring = ring_view(st)
     mark = OWNER_PENDING if st[H_GROUP_DEPTH] > 0 else OWNER_FREE
     if n == 0 and count > 0:  # no slot is in range, and no ring to stage into
         return _fail(E_RANGE, 0)
@@ -710,7 +731,7 @@ def _free_whole_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int
     size = n * page_size
     count: int = slots.shape[0] // page_size
     owner = owner_view(st)
-    ring = st[HEADER : HEADER + n]
+    ring = ring_view(st)
     mark = OWNER_PENDING if st[H_GROUP_DEPTH] > 0 else OWNER_FREE
     # A page can only be staged after its flag said "allocated", and every
     # allocated page is off the live window, so the spare part of the ring
@@ -870,8 +891,9 @@ def free_pages_tracked(st: NDArray[np.int64], slots: NDArray[np.int64], site: in
     n: int = st[H_NPAGES]
     t: int = st[H_TRACK]
     pos = tail
+    ring = ring_view(st)
     for _ in range(status // st[H_PAGE_SIZE]):
-        p = st[HEADER + pos]
+        p = ring[pos]
         st[t + n + p] = (st[t + n + p] & ~_LOW32) | site
         pos = pos + 1 if pos + 1 < n else 0
     return status
@@ -904,11 +926,12 @@ def group_end(st: NDArray[np.int64]) -> int:
     n: int = st[H_NPAGES]
     pend: int = st[H_NPEND]
     owner = owner_view(st)
+    ring = ring_view(st)
     pos: int = st[H_HEAD] + st[H_NFREE] + st[H_NREL]
     if pos >= n:
         pos -= n
     for _ in range(pend):
-        owner[st[HEADER + pos]] = OWNER_FREE
+        owner[ring[pos]] = OWNER_FREE
         pos = pos + 1 if pos + 1 < n else 0
     st[H_NREL] += pend
     st[H_NPEND] = 0

@@ -41,12 +41,12 @@ from ._kernels import (
     H_NFREE,
     H_NPAGES,
     H_NREL,
-    HEADER,
     OWNER_ALLOCATED,
     OWNER_FREE,
     _fail,
     merge,
     owner_view,
+    ring_view,
 )
 
 # Status codes beyond _kernels' (which use 1..9 and 15).
@@ -111,8 +111,9 @@ def reset_rank(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
     """
     cap: int = st[H_NPAGES]
     owner = owner_view(st)
+    ring = ring_view(st)
     for p in range(1, cap):
-        st[HEADER + p - 1] = p
+        ring[p - 1] = p
         owner[p] = OWNER_FREE
     if cap > 0:
         owner[0] = OWNER_ALLOCATED  # the padding page: never listed, never handed out
@@ -142,14 +143,15 @@ def _take(st: NDArray[np.int64], k: int) -> int:
         return _fail(K.E_SHORT, 0)
     cap: int = st[H_NPAGES]
     owner = owner_view(st)
+    ring = ring_view(st)
     head: int = st[H_HEAD]
     pos = head
     for i in range(k):
-        p = st[HEADER + pos]
+        p = ring[pos]
         if p <= 0 or p >= cap or owner[p] != OWNER_FREE:
             back = head
             for _ in range(i):
-                owner[st[HEADER + back]] = OWNER_FREE
+                owner[ring[back]] = OWNER_FREE
                 back = back + 1 if back + 1 < cap else 0
             return _fail(K.E_CORRUPT, i)
         owner[p] = OWNER_ALLOCATED
@@ -160,11 +162,10 @@ def _take(st: NDArray[np.int64], k: int) -> int:
     return head
 
 
-@_jit("i8(i8[::1], i8)")
-def _page_at(st: NDArray[np.int64], pos: int) -> int:
+@_jit("i8(i4[::1], i8)")
+def _page_at(ring: NDArray[np.int32], pos: int) -> int:
     """The page id at ring position ``pos`` (any non-negative offset, wrapped)."""
-    cap: int = st[H_NPAGES]
-    page: int = st[HEADER + pos % cap]
+    page: int = ring[pos % ring.shape[0]]
     return page
 
 
@@ -180,8 +181,9 @@ def alloc_slots(st: NDArray[np.int64], out: NDArray[np.int64], page_size: int) -
     first = _take(st, k)
     if first < 0:
         return first
+    ring = ring_view(st)
     for i in range(k):
-        base = _page_at(st, first + i) * page_size
+        base = _page_at(ring, first + i) * page_size
         dst = out[i * page_size : (i + 1) * page_size]
         for j in range(page_size):
             dst[j] = base + j
@@ -205,8 +207,9 @@ def alloc_tokens(st: NDArray[np.int64], out: NDArray[np.int32]) -> int:
     first = _take(st, k)
     if first < 0:
         return first
+    ring = ring_view(st)
     for i in range(k):
-        out[i] = _page_at(st, first + i)
+        out[i] = _page_at(ring, first + i)
     return k
 
 
@@ -272,6 +275,7 @@ def alloc_extend(
             return first
     w = 0
     page = first
+    ring = ring_view(st)
     for i in range(n):
         p = prefix[i]
         left = seq[i] - p
@@ -288,7 +292,7 @@ def alloc_extend(
         # Then new pages in free-list order, the last one possibly partial.
         while left > 0:
             take = min(page_size, left)
-            base = _page_at(st, page) * page_size
+            base = _page_at(ring, page) * page_size
             for j in range(take):
                 out[w + j] = base + j
             page += 1
@@ -332,9 +336,10 @@ def alloc_decode(
         if first < 0:
             return first
     page = first
+    ring = ring_view(st)
     for i in range(n):
         if (seq[i] - 1) % page_size == 0:
-            out[i] = _page_at(st, page) * page_size
+            out[i] = _page_at(ring, page) * page_size
             page += 1
         else:
             out[i] = last[i] + 1
@@ -371,7 +376,7 @@ def free_slots(
     count = slots.shape[0]
     owner = owner_view(st)
     marks = marks_view(gp)
-    ring = st[HEADER : HEADER + cap]
+    ring = ring_view(st)
     shift: int = st[K.H_PAGE_SHIFT]  # log2(page_size), or -1: a division per slot
     tail: int = st[H_HEAD] + st[H_NFREE] + st[H_NREL]
     if tail >= cap:
@@ -461,6 +466,7 @@ def end_group(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
     """
     cap: int = st[H_NPAGES]
     owner = owner_view(st)
+    ring = ring_view(st)
     marks = marks_view(gp)
     count: int = gp[GP_COUNT]
     pos: int = st[H_HEAD] + st[H_NFREE] + st[H_NREL]
@@ -472,7 +478,7 @@ def end_group(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
         marks[p] = MARK_NONE
         if owner[p] == OWNER_ALLOCATED:
             owner[p] = OWNER_FREE
-            st[HEADER + pos] = p
+            ring[pos] = p
             pos = pos + 1 if pos + 1 < cap else 0
             released += 1
     gp[GP_COUNT] = 0

@@ -20,7 +20,7 @@ from . import _kernels as K
 from ._convert import _INT64_MAX, as_count, as_sizes, as_slots
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
 from ._hooks import DataPlaneHooks
-from ._invariants import problems
+from ._invariants import owner_flags, problems
 from ._snapshot import FORMAT, PoolState, check_format, checked_words
 from ._stats import PoolStats
 from ._tracking import Outstanding, Site, Tracker, leak_report
@@ -57,18 +57,23 @@ _PRECHECK_SLOTS = 1 << 15
 
 def _new_state(size: int, page_size: int, num_pages: int, track: bool) -> NDArray[np.int64]:
     """A zeroed state array, or a clear error for a pool too large to hold."""
+    if num_pages > K.MAX_PAGES:  # the ring holds int32 page ids
+        raise HostPoolError(
+            f"LogicalHostPool(size={size}, page_size={page_size}) is too large: it has {num_pages} pages, "
+            f"at most {K.MAX_PAGES} (2**31 - 1) are supported; use a larger page_size"
+        )
     words = K.state_length(num_pages, track)
-    if words * 8 > sys.maxsize:  # numpy's own error would be about "dimensions"
+    if words * 8 > sys.maxsize:  # 32-bit platforms; numpy's own error would be about "dimensions"
         raise HostPoolError(
             f"LogicalHostPool(size={size}, page_size={page_size}) is too large: its {num_pages} pages "
-            f"need {words * 8} bytes of metadata (9 per page), more than this platform can address"
+            f"need {words * 8} bytes of metadata (5 per page), more than this platform can address"
         )
     try:
         return np.zeros(words, dtype=np.int64)
     except MemoryError as exc:
         raise MemoryError(
             f"LogicalHostPool(size={size}, page_size={page_size}) needs {words * 8 / 2**30:.3g} GiB "
-            f"of metadata for its {num_pages} pages (9 bytes per page): {exc}"
+            f"of metadata for its {num_pages} pages (5 bytes per page): {exc}"
         ) from exc
 
 
@@ -96,8 +101,9 @@ class LogicalHostPool(DataPlaneHooks):
     Cost: ``alloc(k)`` and ``free`` of ``k`` slots are O(k) with no
     allocation but the returned array; a FIFO merge is O(1), a sorted one
     O(pages). ``alloc_many`` is one allocation of the batch's total.
-    Metadata is 9 bytes per page (an int64 ring entry and a uint8 owner
-    flag) plus a 128-byte header, with no peak.
+    Metadata is 5 bytes per page (an int32 ring entry and a uint8 owner
+    flag) plus a 192-byte header, with no peak; a pool has at most
+    2**31 - 1 pages.
 
     Thread safety: :attr:`lock` (a ``threading.RLock``) guards every state
     change; kernels release the GIL while they run. Free groups belong to
@@ -121,8 +127,8 @@ class LogicalHostPool(DataPlaneHooks):
     TypeError
         If ``size`` or ``page_size`` is not an integer.
     HostPoolError
-        If ``page_size < 1``, ``size < 0``, the pool is too large to
-        address, or ``merge`` is not ``"fifo"`` or ``"sorted"``;
+        If ``page_size < 1``, ``size < 0``, the pool has more than
+        2**31 - 1 pages or is too large to address, or ``merge`` is not ``"fifo"`` or ``"sorted"``;
         :class:`AlignmentError` (with sglang's message) if ``size`` is not a
         multiple of ``page_size``.
     """
@@ -183,7 +189,7 @@ class LogicalHostPool(DataPlaneHooks):
         self.lock = threading.RLock()
         self._st = st
         # A view for Python-side checks; the kernels find it inside ``_st``.
-        self._owner = st[K.HEADER + size // page_size :].view(np.uint8)[: size // page_size]
+        self._owner = owner_flags(st, size // page_size)
 
     # -- allocation -----------------------------------------------------
 

@@ -20,8 +20,9 @@ from ._errors import HostPoolError
 from ._invariants import problems
 
 # The layout of the state array. A snapshot or pickle of another format was
-# made by a hostpool_nb whose kernels read the array differently.
-FORMAT = 2
+# made by a hostpool_nb whose kernels read the array differently (format 2:
+# int64 ring entries; 3: int32).
+FORMAT = 3
 
 
 @dataclass(frozen=True, eq=False)

@@ -58,6 +58,7 @@ from . import _kernels as K
 from . import _paged_kernels as P
 from ._convert import _INT64_MAX, as_count, as_slots, holds_bool
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, SlotRangeError
+from ._invariants import ring_ids
 from ._paged_state import PagedState, group_problems, rank_problems
 
 _INT64 = np.dtype(np.int64)
@@ -282,7 +283,7 @@ class _RankedAllocator:
         st = self._st[r]
         cap = int(st[K.H_NPAGES])
         pos = (int(st[K.H_HEAD]) + start + np.arange(count)) % cap
-        view = st[K.HEADER : K.HEADER + cap][pos].astype(np.int32)
+        view = ring_ids(st, cap)[pos]  # a copy: fancy indexing
         view.flags.writeable = False
         return view
 

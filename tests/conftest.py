@@ -66,11 +66,12 @@ def take_snapshot(pool: Any) -> Snapshot:
     (``free`` stages validated page ids there), so they are left out.
     """
     from hostpool_nb import _kernels as K
+    from hostpool_nb._invariants import ring_ids
 
     st = pool._st
     n = int(st[K.H_NPAGES])
     head, live = int(st[K.H_HEAD]), int(st[K.H_NFREE] + st[K.H_NREL])
-    window = st[K.HEADER : K.HEADER + n][(head + np.arange(live)) % max(n, 1)]
+    window = ring_ids(st, n)[(head + np.arange(live)) % max(n, 1)]
     return st[: K.HEADER].copy(), window.copy(), pool._owner.copy()
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from hostpool_nb import _kernels as K
 from hostpool_nb import _paged_kernels as P
+from hostpool_nb._invariants import owner_flags, ring_ids
 
 RankState = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
@@ -35,8 +36,8 @@ def rank_state(words: np.ndarray, gp: np.ndarray) -> RankState:
     """One rank's logical state: header, live ring window, owner flags, pending page ids, their marks."""
     n = int(words[K.H_NPAGES])
     head, live = int(words[K.H_HEAD]), int(words[K.H_NFREE] + words[K.H_NREL])
-    window = words[K.HEADER : K.HEADER + n][(head + np.arange(live)) % max(n, 1)]
-    owner = words[K.HEADER + n :].view(np.uint8)[:n]
+    window = ring_ids(words, n)[(head + np.arange(live)) % max(n, 1)]
+    owner = owner_flags(words, n)
     count, cap = int(gp[P.GP_COUNT]), int(gp[P.GP_CAP])
     pending = gp[P.GP_HEADER : P.GP_HEADER + count]
     marks = gp[P.GP_HEADER + cap :].view(np.uint8)[:cap]

@@ -9,7 +9,6 @@ freed (on the release list), page 3 never allocated.
 from __future__ import annotations
 
 import re
-import sys
 import threading
 from typing import Any
 
@@ -23,6 +22,7 @@ from hostpool_nb import (
     LogicalHostPool,
     PartialPageError,
     SlotRangeError,
+    _pool,
 )
 from hostpool_nb import _kernels as K
 
@@ -412,31 +412,66 @@ def test_pool_too_large_to_address_is_a_host_pool_error() -> None:
         assert type(info.value) is HostPoolError
 
 
-def test_pool_too_large_for_memory_is_a_memory_error_naming_the_pool() -> None:
-    # 2**50 pages need 9 PiB of metadata: more than any address space here.
-    words = K.state_length(2**50)
+def _no_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the pool's state allocation fail as numpy does when memory runs out."""
+
+    def refuse(shape: Any, dtype: Any = None) -> Any:
+        raise MemoryError(f"Unable to allocate {shape} words")
+
+    monkeypatch.setattr(_pool.np, "zeros", refuse)
+
+
+def test_pool_too_large_for_memory_is_a_memory_error_naming_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The largest pool allowed (2**31 - 1 pages) needs 10 GiB of metadata:
+    # the allocation is made to fail rather than tried.
+    _no_memory(monkeypatch)
+    pages = K.MAX_PAGES
+    words = K.state_length(pages)
     with pytest.raises(MemoryError) as info:
-        LogicalHostPool(2**50, 1)
+        LogicalHostPool(pages * 4, 4)
     assert str(info.value).startswith(
-        f"LogicalHostPool(size=1125899906842624, page_size=1) needs {words * 8 / 2**30:.3g} GiB of metadata "
-        "for its 1125899906842624 pages (9 bytes per page): "
+        f"LogicalHostPool(size={pages * 4}, page_size=4) needs {words * 8 / 2**30:.3g} GiB of metadata "
+        f"for its {pages} pages (5 bytes per page): "
     )
     assert isinstance(info.value.__cause__, MemoryError)
 
 
-def test_too_large_is_decided_at_the_addressable_limit() -> None:
-    """The largest addressable pool is a MemoryError here, one page more a HostPoolError."""
-    lo, hi = 1, 2**63  # state_length(pages) * 8 <= sys.maxsize exactly for pages <= lo
+def test_too_many_pages_is_decided_at_max_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ring holds int32 page ids: 2**31 - 1 pages pass the check, one more is a HostPoolError."""
+    _no_memory(monkeypatch)  # a pool that passes the check fails allocating, without taking 10 GiB
+    for page_size in (1, 16, 3):
+        with pytest.raises(MemoryError):
+            LogicalHostPool(K.MAX_PAGES * page_size, page_size)
+        size = (K.MAX_PAGES + 1) * page_size
+        with pytest.raises(HostPoolError) as info:
+            LogicalHostPool(size, page_size)
+        assert type(info.value) is HostPoolError
+        assert str(info.value) == (
+            f"LogicalHostPool(size={size}, page_size={page_size}) is too large: it has {K.MAX_PAGES + 1} pages, "
+            f"at most {K.MAX_PAGES} (2**31 - 1) are supported; use a larger page_size"
+        )
+    assert K.MAX_PAGES == 2**31 - 1
+
+
+def test_too_large_is_decided_at_the_addressable_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the metadata cannot be addressed (a 32-bit platform), a HostPoolError says so.
+
+    On 64 bits the page limit comes first, so the platform's limit is
+    lowered to 2**31 - 1 (a 32-bit ``sys.maxsize``) to reach it.
+    """
+    monkeypatch.setattr(_pool, "sys", type("Sys32", (), {"maxsize": 2**31 - 1}))
+    lo, hi = 1, K.MAX_PAGES  # state_length(pages) * 8 <= maxsize exactly for pages <= lo
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if K.state_length(mid) * 8 <= sys.maxsize else (lo, mid)
+        lo, hi = (mid, hi) if K.state_length(mid) * 8 <= 2**31 - 1 else (lo, mid)
+    _no_memory(monkeypatch)
     with pytest.raises(MemoryError):
         LogicalHostPool(lo, 1)
     with pytest.raises(HostPoolError) as info:
         LogicalHostPool(hi, 1)
     assert str(info.value) == (
         f"LogicalHostPool(size={hi}, page_size=1) is too large: its {hi} pages need "
-        f"{K.state_length(hi) * 8} bytes of metadata (9 per page), more than this platform can address"
+        f"{K.state_length(hi) * 8} bytes of metadata (5 per page), more than this platform can address"
     )
 
 

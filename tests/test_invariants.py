@@ -15,6 +15,7 @@ import pytest
 
 from hostpool_nb import LogicalHostPool
 from hostpool_nb import _kernels as K
+from hostpool_nb._invariants import ring_ids
 
 PAGE_SIZES = [1, 3, 16]
 PAGES = 8
@@ -39,7 +40,7 @@ def wrapped_pool(page_size: int) -> LogicalHostPool:
 
 def ring(pool: LogicalHostPool) -> np.ndarray:
     n = int(pool._st[K.H_NPAGES])
-    return pool._st[K.HEADER : K.HEADER + n]
+    return ring_ids(pool._st, n)
 
 
 def live(pool: LogicalHostPool) -> list[int]:

@@ -9,6 +9,7 @@ import pytest
 
 from hostpool_nb import DoubleFreeError, LogicalHostPool, _pool
 from hostpool_nb import _kernels as K
+from hostpool_nb._invariants import ring_ids
 from tests.conftest import JIT_DISABLED
 
 
@@ -77,9 +78,10 @@ def test_merge_happens_only_when_an_allocation_needs_it(ps: int) -> None:
 
 def test_state_length_and_page_shift() -> None:
     for n in range(20):
-        # 8 header words, one ring word per page, one owner byte per page.
-        assert K.state_length(n) * 8 >= (K.HEADER + n) * 8 + n
-        assert K.state_length(n) * 8 < (K.HEADER + n) * 8 + n + 8
+        # The header words, four ring bytes per page, one owner byte per
+        # page, each part rounded up to whole words.
+        assert K.state_length(n) * 8 >= K.HEADER * 8 + 5 * n
+        assert K.state_length(n) * 8 < K.HEADER * 8 + 5 * n + 16
     assert [K.page_shift(ps) for ps in (1, 2, 3, 16, 48, 64)] == [0, 1, -1, 4, -1, 6]
     # Every size up to 1024: the power-of-two test must not pass 5 (101b)
     # or 9, whose bits do not touch their doubles.
@@ -159,7 +161,7 @@ def test_alloc_rolls_back_a_corrupt_ring_across_its_end(
     pool = _wrapped(ps, track)
     held = pool.alloc(2 * ps)  # pages BIG-3, BIG-2 now held; head at BIG-1
     assert held is not None
-    ring = pool._st[K.HEADER : K.HEADER + BIG]
+    ring = ring_ids(pool._st, BIG)
     victim = 7  # ring position of the 9th page from head BIG-1
     value = {"held": BIG - 3, "too-big": BIG + 5, "equal-n": BIG, "negative": -1}[bad]
     old = int(ring[victim])
@@ -185,7 +187,7 @@ def test_a_one_page_alloc_refuses_a_corrupt_head(ps: int, bad: str, track: bool,
     pool = _wrapped(ps, track)
     held = pool.alloc(2 * ps)  # pages BIG-3, BIG-2 now held; head at BIG-1
     assert held is not None
-    ring = pool._st[K.HEADER : K.HEADER + BIG]
+    ring = ring_ids(pool._st, BIG)
     head = int(pool._st[K.H_HEAD])
     value = {"held": BIG - 3, "too-big": BIG + 5, "equal-n": BIG, "negative": -1}[bad]
     old = int(ring[head])

@@ -32,6 +32,7 @@ import pytest
 from bench import paged_baselines as oracle_mod
 from hostpool_nb import AlignmentError, DoubleFreeError, HostPoolError, SlotRangeError
 from hostpool_nb import _kernels as K
+from hostpool_nb._invariants import owner_flags, ring_ids
 from hostpool_nb.paged import PagedState, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from tests.paged_model import assert_unchanged, capture, compare, pending_pages
 
@@ -629,11 +630,11 @@ def _tampered(a: PagedTokenToKVPoolAllocator, change: Callable[[np.ndarray], Non
 
 
 def _ring(words: np.ndarray) -> np.ndarray:
-    return words[K.HEADER : K.HEADER + 9]
+    return ring_ids(words, 9)
 
 
 def _owner(words: np.ndarray) -> np.ndarray:
-    return words[K.HEADER + 9 :].view(np.uint8)[:9]
+    return owner_flags(words, 9)
 
 
 def _swap_free(words: np.ndarray) -> None:
@@ -1008,14 +1009,15 @@ def test_alloc_stops_unchanged_at_a_corrupt_listed_page(ps: int, bad: str) -> No
     cap = int(st[K.H_NPAGES])
     head = int(st[K.H_HEAD])
     value = {"held": 1, "padding": 0, "negative": -1, "cap": cap, "beyond": cap + 5}[bad]
-    victim = K.HEADER + head + 3  # the 4th page the next allocation takes
-    old = int(st[victim])
-    st[victim] = value
+    ring = ring_ids(st, cap)
+    victim = head + 3  # the 4th page the next allocation takes
+    old = int(ring[victim])
+    ring[victim] = value
     before = st.copy()
     with pytest.raises(RuntimeError, match=r"alloc kernel failed with code 7 at 3"):
         alloc.alloc(5 * ps)
     assert np.array_equal(st, before)  # the three pages taken before it are free again
-    st[victim] = old
+    ring[victim] = old
     alloc.check_invariants()
     out = alloc.alloc(5 * ps)
     assert out is not None
@@ -1030,8 +1032,8 @@ def test_check_invariants_names_the_corrupted_rank(cls: str) -> None:
         else TokenToKVPoolAllocator(8, None, dp_size=2)
     )
     alloc.check_invariants()
-    st = alloc._st[1]
-    st[K.HEADER] = st[K.HEADER + 1]  # a page listed twice on rank 1
+    ring = ring_ids(alloc._st[1], int(alloc._st[1][K.H_NPAGES]))
+    ring[0] = ring[1]  # a page listed twice on rank 1
     name = type(alloc).__name__
     with pytest.raises(RuntimeError, match=rf"^{name} rank 1 is corrupted: \S"):
         alloc.check_invariants()

@@ -163,7 +163,7 @@ def owner_and_ids(draw: Any) -> tuple[np.ndarray, np.ndarray, int]:
         bad = draw(st_.sampled_from([-1, n, n + 5, 0, n - 1, ids[0]]))
         ids.insert(at, bad)
     ps = draw(st_.sampled_from([1, 2, 16]))
-    return owner, np.array(ids, dtype=np.int64), ps
+    return owner, np.array(ids, dtype=np.int32), ps  # ring entries are int32
 
 
 @settings(max_examples=400, deadline=None)
@@ -231,9 +231,16 @@ def _naive_run_length(ids: np.ndarray, start: int, limit: int, first: int) -> in
 @pytest.mark.parametrize("limit", [1, 2, 7, 8, 9, 63, 64, 65, 71, 72, 73, 200])
 @pytest.mark.parametrize("brk", [None, 1, 5, 7, 8, 9, 40, 71, 72, 73, 150])
 @pytest.mark.parametrize("start", [0, 3])
-def test_run_length_stops_at_the_first_break_or_the_limit(limit: int, brk: int | None, start: int) -> None:
-    """Across the one-by-one probe, the vectorised blocks and the tail after them."""
-    ids = np.arange(100, 400, dtype=np.int64)
+@pytest.mark.parametrize("dtype", [np.int64, np.int32], ids=["slots", "ring"])
+def test_run_length_stops_at_the_first_break_or_the_limit(
+    limit: int, brk: int | None, start: int, dtype: type[np.integer[Any]]
+) -> None:
+    """Across the one-by-one probe, the vectorised blocks and the tail after them.
+
+    For both of its compiled forms: a caller's int64 slots and the ring's
+    int32 page ids.
+    """
+    ids = np.arange(100, 400, dtype=dtype)
     if brk is not None:
         ids[start + brk] += 1000
     first = int(ids[start])

@@ -38,6 +38,7 @@ import pytest
 import hostpool_nb
 from hostpool_nb import AlignmentError, DoubleFreeError, HostPoolError, LogicalHostPool, PoolState, PoolStats
 from hostpool_nb import _kernels as K
+from hostpool_nb._invariants import owner_flags, ring_ids
 from hostpool_nb._snapshot import FORMAT
 from tests.conftest import JIT_DISABLED, take_snapshot
 from tests.scheduler_ops import run_ops, summary
@@ -571,12 +572,12 @@ def test_restore_state_from_another_shape(size: int, ps: int, merge: str, snapsh
 
 
 def _ring(w: np.ndarray, i: int) -> int:
-    """Index into ``w`` of the ``i``-th listed page (free, then released, then pending) of a 6-page state."""
-    return K.HEADER + (int(w[K.H_HEAD]) + i) % 6
+    """Ring position of the ``i``-th listed page (free, then released, then pending) of a 6-page state."""
+    return (int(w[K.H_HEAD]) + i) % 6
 
 
 def _flags(w: np.ndarray) -> np.ndarray:
-    return w[K.HEADER + 6 :].view(np.uint8)
+    return owner_flags(w, 6)
 
 
 def _set(index: int, value: int) -> Any:
@@ -589,7 +590,7 @@ def _set(index: int, value: int) -> Any:
 
 def _set_ring(i: int, value: int) -> Any:
     def tamper(w: np.ndarray) -> np.ndarray:
-        w[_ring(w, i)] = value
+        ring_ids(w, 6)[_ring(w, i)] = value
         return w
 
     return tamper
@@ -695,9 +696,10 @@ def test_restore_state_refuses_an_unsorted_free_list_for_a_sorted_pool(snapshot:
         pool.free(held[p * 16 : (p + 1) * 16])
     assert pool.merge() == 48
     words = pool.backup_state()._words.copy()
+    ids = ring_ids(words, 6)
     i, j = _ring(words, 0), _ring(words, 1)
-    assert words[[i, j, _ring(words, 2)]].tolist() == [1, 3, 4]
-    words[i], words[j] = words[j], words[i]
+    assert ids[[i, j, _ring(words, 2)]].tolist() == [1, 3, 4]
+    ids[i], ids[j] = ids[j], ids[i]
     before = snapshot(pool)
     with pytest.raises(HostPoolError) as info:
         pool.restore_state(PoolState(96, 16, "sorted", words))
@@ -845,7 +847,7 @@ PICKLE_CASES = [
         id="state-counters",
     ),
     pytest.param(
-        {"state": _words_with(_ring(rich_pool().__getstate__()["state"], 1), 5)},
+        {"state": _set_ring(1, 5)(rich_pool().__getstate__()["state"])},
         _pickled_inv("page 5 is listed 2 times; page 2 has owner flag 0 but is listed 0 times"),
         id="state-page-twice",
     ),

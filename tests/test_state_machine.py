@@ -42,6 +42,7 @@ from hypothesis.stateful import (
 
 from hostpool_nb import LogicalHostPool, PoolState
 from hostpool_nb import _kernels as K
+from hostpool_nb._invariants import ring_ids
 from tests.conftest import assert_lock_free
 from tests.reference import INT64_MAX, ReferencePool, to_slot_list
 
@@ -93,7 +94,7 @@ def pool_lists(pool: LogicalHostPool) -> tuple[list[int], list[int], list[int]]:
     s = pool._st
     n = int(s[K.H_NPAGES])
     head, nfree, nrel, npend = (int(s[h]) for h in (K.H_HEAD, K.H_NFREE, K.H_NREL, K.H_NPEND))
-    ring = s[K.HEADER : K.HEADER + n]
+    ring = ring_ids(s, n)
     window = [int(ring[(head + i) % n]) for i in range(nfree + nrel + npend)]
     return window[:nfree], window[nfree : nfree + nrel], window[nfree + nrel :]
 
