@@ -187,6 +187,22 @@ def profile_roundtrip(
             lambda: (K.alloc_pages(kst, kout), K.free_pages(kst, kout)),
             "numba type resolution per call",
         )
+        flock = kpool.lock
+
+        def floor() -> None:
+            fresh = np.empty(k, dtype=i64)
+            flock.acquire()
+            ep_alloc(kst, fresh)
+            flock.release()
+            flock.acquire()
+            ep_free(kst, fresh)
+            flock.release()
+
+        add(
+            "floor: np.empty + lock + kernel, twice",
+            floor,
+            "a round trip with no argument checks: the least one under pool.lock can cost",
+        )
         add("alloc_pages entry point, k=0 (call only)", lambda: ep_alloc(kst, empty), "2 array args, no work")
         add("alloc_pages dispatcher, k=0 (call only)", lambda: K.alloc_pages(kst, empty))
     try:

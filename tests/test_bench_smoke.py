@@ -113,6 +113,7 @@ from hostpool_nb import AlignmentError, DoubleFreeError, LogicalHostPool
 from hostpool_nb import _kernels as K
 from hostpool_nb import trace as hp_trace
 from hostpool_nb.paged import PagedTokenToKVPoolAllocator as PagedHostPool
+from tests.conftest import JIT_DISABLED
 
 POOL, PAGE = 4096, 16
 ROOT = Path(__file__).resolve().parent.parent
@@ -1136,6 +1137,19 @@ def test_profile_rejects_sizes_the_pool_cannot_take(capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err
     assert err.startswith("python -m bench.profile: error: --k")
     assert len(err.splitlines()) == 1
+
+
+@pytest.mark.skipif(JIT_DISABLED, reason="the kernel pieces need numba's compiled entry points")
+def test_profile_times_every_piece() -> None:
+    """No piece falls back to "unavailable": a renamed private name fails here, not silently in the report."""
+    from bench.profile import profile_roundtrip
+
+    rows = profile_roundtrip(page_size=16, k=16, pool_slots=1 << 12, number=50, repeat=1)
+    missing = [(name, comment) for name, ns, comment in rows if ns is None]
+    assert missing == []
+    names = [name for name, _, _ in rows]
+    for piece in ("floor: np.empty + lock + kernel, twice", "kernels via entry point: alloc_pages + free_pages"):
+        assert piece in names
 
 
 def test_main_output_fits_and_has_no_carriage_returns(
