@@ -115,9 +115,11 @@ MAX_PAGES = 2**31 - 1
 _LOW32 = (1 << 32) - 1  # a tracking word's low half: the id of the site that last freed the page
 
 
+@_jit("i8(i8)")
 def ring_words(num_pages: int) -> int:
-    """int64 words holding the ring's ``num_pages`` int32 page ids."""
-    return (num_pages + 1) // 2
+    """int64 words holding the ring's ``num_pages`` int32 page ids: the one place the layout says so."""
+    words: int = (num_pages + 1) // 2
+    return words
 
 
 def state_length(num_pages: int, tracked: bool = False) -> int:
@@ -163,14 +165,14 @@ def _ring_tail(st: NDArray[np.int64]) -> int:
 def ring_view(st: NDArray[np.int64]) -> NDArray[np.int32]:
     """The ring of page ids: an int32 view of ``st`` after the header."""
     n = st[H_NPAGES]
-    return st[HEADER : HEADER + (n + 1) // 2].view(np.int32)[:n]
+    return st[HEADER : HEADER + ring_words(n)].view(np.int32)[:n]
 
 
 @_jit("u1[::1](i8[::1])")
 def owner_view(st: NDArray[np.int64]) -> NDArray[np.uint8]:
     """The per-page owner flags: a uint8 view of ``st`` after the ring."""
     n = st[H_NPAGES]
-    return st[HEADER + (n + 1) // 2 :].view(np.uint8)[:n]
+    return st[HEADER + ring_words(n) :].view(np.uint8)[:n]
 
 
 @_jit("i8(i8[::1])")
