@@ -170,17 +170,22 @@ def profile_roundtrip(
     kpool = LogicalHostPool(pool_slots, page_size)
     kst = kpool._st
     kout = np.empty(k, dtype=np.int64)
+    # The kernels the pool calls for k slots: those keeping the GIL up to
+    # K.SHORT_SLOTS, the nogil ones above.
+    short = k <= K.SHORT_SLOTS
     try:
-        ep_alloc = K.entry_point(K.alloc_pages)
-        ep_free = K.entry_point(K.free_pages)
+        ep_alloc = K.entry_point(K.alloc_pages_short if short else K.alloc_pages)
+        ep_free = K.entry_point(K.free_pages_short if short else K.free_pages)
+        ep_nogil = K.entry_point(K.alloc_pages)
+        ep_short = K.entry_point(K.alloc_pages_short)
     except Exception:  # noqa: BLE001 - numba internals moved: leave these pieces out
-        ep_alloc = ep_free = None
+        ep_alloc = ep_free = ep_nogil = ep_short = None
     empty = np.empty(0, dtype=np.int64)
-    if ep_alloc is not None and ep_free is not None:
+    if ep_alloc is not None and ep_free is not None and ep_nogil is not None and ep_short is not None:
         add(
             "kernels via entry point: alloc_pages + free_pages",
             lambda: (ep_alloc(kst, kout), ep_free(kst, kout)),
-            "both kernels, k slots of work",
+            f"both kernels, k slots of work ({'_short: GIL kept' if short else 'nogil'})",
         )
         add(
             "kernels via dispatcher: alloc_pages + free_pages",
@@ -203,7 +208,12 @@ def profile_roundtrip(
             floor,
             "a round trip with no argument checks: the least one under pool.lock can cost",
         )
-        add("alloc_pages entry point, k=0 (call only)", lambda: ep_alloc(kst, empty), "2 array args, no work")
+        add("alloc_pages entry point, k=0 (call only)", lambda: ep_nogil(kst, empty), "2 array args, no work")
+        add(
+            "alloc_pages_short entry point, k=0",
+            lambda: ep_short(kst, empty),
+            "the same, keeping the GIL",
+        )
         add("alloc_pages dispatcher, k=0 (call only)", lambda: K.alloc_pages(kst, empty))
     try:
         tiny = _tiny_kernels()

@@ -2,8 +2,12 @@
 
 Every kernel compiles at import from an explicit signature. ``nogil`` lets
 other threads run while a kernel works (the pool's lock already serialises
-state changes); ``cache`` turns the ~10 s of compiling on every start into
-a cache load. No ``fastmath``: the kernels are integer code.
+state changes), but for the twins compiled with ``nogil=False`` for calls
+too short to be worth handing the GIL over (see ``_kernels.py``).
+``cache`` turns the ~10 s of compiling on every start into a cache load.
+No ``fastmath``: the kernels are integer code. No reference counting of
+arrays (numba's NRT), but in the kernels that return a view: see
+:func:`_njit`.
 
 The cache is a speed-up, never a requirement, so no cache problem may stop
 ``import hostpool_nb``:
@@ -35,6 +39,7 @@ numba change degrades to compiling in memory, not to a failed import.
 
 from __future__ import annotations
 
+import types
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -73,12 +78,16 @@ def _package_stamp() -> tuple[tuple[str, int, int], ...]:
 _PACKAGE_STAMP = _package_stamp()
 
 
-def kernel(signature: str | tuple[str, ...]) -> Callable[[_F], _F]:
+def kernel(signature: str | tuple[str, ...], *, nogil: bool = True, views: bool = False) -> Callable[[_F], _F]:
     """Decorator: compile a kernel for ``signature``, cached on disk if possible.
 
     A tuple of signatures compiles one specialisation for each (a helper
     that kernels call with arrays of two dtypes); the kernels that the
     pool calls from Python have exactly one, for :func:`_kernels.entry_point`.
+
+    ``nogil=False`` compiles a kernel that keeps the GIL while it runs.
+    ``views=True`` is for a kernel that returns a view of its argument,
+    which needs numba's reference counting (see :func:`_njit`).
 
     Returns numba's dispatcher, or the function itself under
     ``NUMBA_DISABLE_JIT=1``. See the module docstring for the fallbacks.
@@ -87,7 +96,7 @@ def kernel(signature: str | tuple[str, ...]) -> Callable[[_F], _F]:
     """
 
     def decorate(func: _F) -> _F:
-        compiled, problem = _compile(func, signature)
+        compiled, problem = _compile(func, signature, nogil=nogil, views=views)
         if problem is not None:
             _warn_once(*problem)
         return cast("_F", compiled)
@@ -95,15 +104,38 @@ def kernel(signature: str | tuple[str, ...]) -> Callable[[_F], _F]:
     return decorate
 
 
-def _compile(func: Callable[..., Any], signature: str | tuple[str, ...]) -> tuple[Any, _Problem | None]:
+def twin(func: _F, signature: str, *, name: str, nogil: bool) -> _F:
+    """Compile a kernel's Python function a second time, as ``name``, with other options.
+
+    For a kernel wanted both with and without ``nogil``. A twin is compiled
+    from the same source, not as a kernel calling the other: such a call
+    passes its arrays across a function boundary, whose reference counting
+    cost a one-page alloc about 23 ns (137 ns against 114 ns). numba names
+    a kernel's cache files after its qualified name, so the twin gets its
+    own (the index key, the bytecode's hash, cannot tell the two apart).
+    ``func`` is the kernel's dispatcher, or the plain function under
+    ``NUMBA_DISABLE_JIT=1``.
+    """
+    py_func: Callable[..., Any] = getattr(func, "py_func", func)
+    copy = types.FunctionType(py_func.__code__, py_func.__globals__, name, py_func.__defaults__, py_func.__closure__)
+    copy.__qualname__ = name
+    copy.__module__ = py_func.__module__
+    copy.__doc__ = py_func.__doc__
+    copy.__annotations__ = dict(py_func.__annotations__)
+    return kernel(signature, nogil=nogil)(cast("_F", copy))
+
+
+def _compile(
+    func: Callable[..., Any], signature: str | tuple[str, ...], *, nogil: bool = True, views: bool = False
+) -> tuple[Any, _Problem | None]:
     """Compile ``func`` through the cache; return it and the cache problem, if any."""
     try:
         # No signature yet: this only creates the dispatcher and sets up its
         # cache, which is where numba fails when it has nowhere to write.
-        dispatcher = _njit(None, cache=True)(func)
+        dispatcher = _njit(None, cache=True, nogil=nogil, views=views)(func)
     except (RuntimeError, OSError) as exc:
         # A non-cache error raises again from the in-memory compile.
-        return _in_memory(func, signature), (
+        return _in_memory(func, signature, nogil=nogil, views=views), (
             f"numba has no writable cache directory ({exc})",
             "set NUMBA_CACHE_DIR to a writable directory",
         )
@@ -127,7 +159,7 @@ def _compile(func: Callable[..., Any], signature: str | tuple[str, ...]) -> tupl
             f"numba could not write its cache in {where} ({error!r})",
             f"make {where} writable or set NUMBA_CACHE_DIR to a writable directory",
         )
-    return _in_memory(func, signature), (
+    return _in_memory(func, signature, nogil=nogil, views=views), (
         f"the numba cache in {where} is corrupt and could not be rebuilt ({error!r})",
         f"delete the directory {where}",
     )
@@ -213,17 +245,37 @@ def _cache_dir(dispatcher: Any) -> str:
     return str(path) if path else "numba's cache directory"
 
 
-def _in_memory(func: Callable[..., Any], signature: str | tuple[str, ...]) -> Any:
+def _in_memory(
+    func: Callable[..., Any], signature: str | tuple[str, ...], *, nogil: bool = True, views: bool = False
+) -> Any:
     """Compile without the on-disk cache."""
-    return _njit(list(_signatures(signature)), cache=False)(func)
+    return _njit(list(_signatures(signature)), cache=False, nogil=nogil, views=views)(func)
 
 
-def _njit(signature: list[str] | None, *, cache: bool) -> Callable[[Callable[..., Any]], Any]:
+def _njit(
+    signature: list[str] | None, *, cache: bool, nogil: bool = True, views: bool = False
+) -> Callable[[Callable[..., Any]], Any]:
     """numba's ``njit`` with the package's options, set here and nowhere else.
 
     ``signature=None`` gives a dispatcher that compiles nothing until asked.
+
+    Kernels compile without numba's reference counting of arrays (its NRT,
+    off with the ``_nrt=False`` option that numba's own tests use): they
+    never allocate an array, only read and write the caller's and views of
+    them, so there is nothing to count, and the counting cost each call
+    more than a one-page alloc's work. From Python, each array argument
+    was wrapped in a counted object (about 20 ns each); inside, each view
+    taken (the ring, the owner flags, a block of the input) cost an atomic
+    increment and decrement. Measured on an empty two-array kernel: 97 ns
+    a call with counting, 55 ns without; taking the ring and the owner
+    views, 131 ns against 51 ns. A kernel that allocated would fail to
+    compile, at import. Only a kernel that returns a view of its argument
+    (``views=True``) keeps the counting: numba refuses to return one
+    without it. It is safe to call from the others, whose arrays carry no
+    count to change.
     """
-    return njit(signature, nogil=True, cache=cache)
+    counting: dict[str, Any] = {"_nrt": views}  # numba's type stubs omit this private option
+    return njit(signature, nogil=nogil, cache=cache, **counting)
 
 
 def _warn_once(reason: str, remedy: str) -> None:

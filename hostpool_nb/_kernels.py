@@ -66,6 +66,7 @@ from numpy.typing import NDArray
 # Compiles a kernel from an explicit signature (nogil, on-disk cache with a
 # fallback to compiling in memory); numba's options live in _jit.py.
 from ._jit import kernel as _jit
+from ._jit import twin as _twin
 
 # The kernels' Python annotations are for type checkers only: numba compiles
 # each kernel from its signature string and never reads them. A local
@@ -161,14 +162,14 @@ def _ring_tail(st: NDArray[np.int64]) -> int:
     return tail - n if tail >= n else tail
 
 
-@_jit("i4[::1](i8[::1])")
+@_jit("i4[::1](i8[::1])", views=True)
 def ring_view(st: NDArray[np.int64]) -> NDArray[np.int32]:
     """The ring of page ids: an int32 view of ``st`` after the header."""
     n = st[H_NPAGES]
     return st[HEADER : HEADER + ring_words(n)].view(np.int32)[:n]
 
 
-@_jit("u1[::1](i8[::1])")
+@_jit("u1[::1](i8[::1])", views=True)
 def owner_view(st: NDArray[np.int64]) -> NDArray[np.uint8]:
     """The per-page owner flags: a uint8 view of ``st`` after the ring."""
     n = st[H_NPAGES]
@@ -856,6 +857,25 @@ def free_pages(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     return _free_whole_pages(st, slots, long_run(page_size))
 
 
+# Short calls keep the GIL. Handing it over and taking it back costs about
+# 40 ns per call (alloc_pages for 0 slots, from Python: 99 ns with nogil,
+# 59 ns without; python -m bench.profile), more than the work of a one-page
+# alloc or free, and a caller that has released it may then wait for
+# another thread's turn before it returns. The pool calls these twins for
+# requests of at most SHORT_SLOTS slots (see _pool.py): at most a few
+# microseconds of work even on a fragmented page-size-1 list, a thousandth
+# of the interpreter's 5 ms switch interval. numpy draws a similar line,
+# keeping the GIL for loops of at most 500 elements
+# (NPY_BEGIN_THREADS_THRESHOLDED). Same work, same results as the kernels
+# they copy (tests/test_short_kernels.py); only the GIL differs.
+SHORT_SLOTS = 4096
+
+
+# The same kernels compiled again, keeping the GIL: for at most SHORT_SLOTS slots.
+alloc_pages_short = _twin(alloc_pages, "i8(i8[::1], i8[::1])", name="alloc_pages_short", nogil=False)
+free_pages_short = _twin(free_pages, "i8(i8[::1], i8[::1])", name="free_pages_short", nogil=False)
+
+
 @_jit("i8(i8[::1], i8[::1], i8)")
 def alloc_pages_tracked(st: NDArray[np.int64], out: NDArray[np.int64], site: int) -> int:
     """:func:`alloc_pages`, then each page handed out records this allocation.
@@ -983,8 +1003,9 @@ def load_state(st: NDArray[np.int64], src: NDArray[np.int64]) -> int:
     before calling this; here it is one block copy, so the pool is never
     seen half restored by a kernel.
     """
-    st[:] = src
     words: int = st.shape[0]
+    for i in range(words):  # not ``st[:] = src``, which may copy ``src`` first
+        st[i] = src[i]
     return words
 
 

@@ -79,7 +79,7 @@ def group_layout(num_pages: int) -> int:
     return GP_HEADER + cap + (cap + 7) // 8
 
 
-@_jit("u1[::1](i8[::1])")
+@_jit("u1[::1](i8[::1])", views=True)
 def marks_view(gp: NDArray[np.int64]) -> NDArray[np.uint8]:
     """The mark bytes of a group buffer: one per page, after its page ids."""
     cap = gp[GP_CAP]

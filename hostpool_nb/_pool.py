@@ -27,6 +27,8 @@ from ._tracking import Outstanding, Site, Tracker, leak_report
 
 _alloc_pages = K.entry_point(K.alloc_pages)
 _free_pages = K.entry_point(K.free_pages)
+_alloc_short = K.entry_point(K.alloc_pages_short)  # keep the GIL: K.SHORT_SLOTS
+_free_short = K.entry_point(K.free_pages_short)
 _reset = K.entry_point(K.reset)
 _merge = K.entry_point(K.merge)
 _refuse = K.entry_point(K.refuse)
@@ -48,6 +50,7 @@ _INT64 = np.dtype(np.int64)
 _STATUS_SHORT = -1 - K.E_SHORT
 _STATUS_MISALIGNED = -1 - K.E_MISALIGNED  # at position 0: the length is not page-aligned
 _STRIDES_1D = (8,)
+_SHORT_SLOTS = K.SHORT_SLOTS
 # Above this many slots, ``alloc`` checks capacity before allocating its
 # output: 256 KiB, past which np.empty maps fresh memory (microseconds, or a
 # MemoryError for absurd sizes) instead of reusing the allocator's free
@@ -184,8 +187,9 @@ class LogicalHostPool(DataPlaneHooks):
         self.merge_order = merge
         self.track = tracker is not None
         self._tracker = tracker
-        # alloc's hot path takes sizes 0.._plain_limit; a tracking pool none.
-        self._plain_limit = _PRECHECK_SLOTS if tracker is None else -1
+        # alloc's hot path takes sizes 0.._plain_limit, short enough to keep
+        # the GIL (K.SHORT_SLOTS); a tracking pool none.
+        self._plain_limit = K.SHORT_SLOTS if tracker is None else -1
         self.lock = threading.RLock()
         self._st = st
         # A view for Python-side checks; the kernels find it inside ``_st``.
@@ -259,19 +263,19 @@ class LogicalHostPool(DataPlaneHooks):
         """
         if type(need_size) is not int:
             need_size = as_count(need_size, "need_size")
-        if not 0 <= need_size <= self._plain_limit:  # tracking pools, negative and large sizes
+        if not 0 <= need_size <= self._plain_limit:  # tracking pools, negative and long sizes
             return self._alloc_checked(need_size, tag)
-        # The hot path, for a plain pool and a size that needs no capacity
-        # check first: the kernel refuses a size that is not page-aligned
-        # (before any change), which saves the check here. The output is
-        # allocated before taking the lock, so its page faults are not paid
-        # while other threads wait; the kernel checks capacity and reports
-        # E_SHORT without touching the state.
+        # The hot path, for a plain pool and a short size (no capacity check
+        # first, a kernel that keeps the GIL): the kernel refuses a size that
+        # is not page-aligned (before any change), which saves the check
+        # here. The output is allocated before taking the lock, so its page
+        # faults are not paid while other threads wait; the kernel checks
+        # capacity and reports E_SHORT without touching the state.
         out = _empty(need_size, _INT64)
         lock = self.lock
         lock.acquire()  # acquire/release: measurably cheaper than ``with``
         try:
-            status = _alloc_pages(self._st, out)
+            status = _alloc_short(self._st, out)
         finally:
             lock.release()
         if status >= 0:
@@ -281,7 +285,7 @@ class LogicalHostPool(DataPlaneHooks):
         raise self._alloc_error(status, need_size)
 
     def _alloc_checked(self, need_size: int, tag: Any) -> NDArray[np.int64] | None:
-        """``alloc`` for a tracking pool, a negative size or a large one: every check in Python."""
+        """``alloc`` for a tracking pool, a negative size or a long one: every check in Python."""
         page_size = self.page_size
         if need_size % page_size != 0:
             raise AlignmentError(
@@ -429,11 +433,13 @@ class LogicalHostPool(DataPlaneHooks):
         if self._tracker is not None:
             return self._free_tracked(slots)
         # The kernel refuses a length that is not a multiple of page_size
-        # (before any change) and returns the number of slots freed.
+        # (before any change) and returns the number of slots freed; a
+        # short call's kernel keeps the GIL (K.SHORT_SLOTS).
+        kernel = _free_short if slots.size <= _SHORT_SLOTS else _free_pages
         lock = self.lock
         lock.acquire()
         try:
-            status = _free_pages(self._st, slots)
+            status = kernel(self._st, slots)
         finally:
             lock.release()
         if status < 0:

@@ -12,12 +12,21 @@ from hostpool_nb import _kernels as K
 from hostpool_nb._invariants import ring_ids
 from tests.conftest import JIT_DISABLED
 
+# The pool's names for the kernels it calls on its plain hot paths.
+_POOL_KERNELS = (
+    ("_alloc_pages", K.alloc_pages),
+    ("_free_pages", K.free_pages),
+    ("_alloc_short", K.alloc_pages_short),
+    ("_free_short", K.free_pages_short),
+    ("_reset", K.reset),
+)
+
 
 @pytest.mark.skipif(JIT_DISABLED, reason="entry points exist only with the JIT on")
 def test_pool_calls_compiled_entry_points() -> None:
     # A silent fallback to the dispatcher would still be correct, but slower
     # by several hundred ns per call: catch it here rather than in a profile.
-    for name, kernel in (("_alloc_pages", K.alloc_pages), ("_free_pages", K.free_pages), ("_reset", K.reset)):
+    for name, kernel in _POOL_KERNELS:
         bound = getattr(_pool, name)
         assert bound is not kernel, name
         assert type(bound).__name__ == "builtin_function_or_method", (name, type(bound))
@@ -43,7 +52,7 @@ def _trace(pool: LogicalHostPool, rng: np.random.Generator) -> list[list[int] | 
 @pytest.mark.parametrize("page_size", [1, 3, 16])
 def test_dispatcher_fallback_gives_the_same_results(page_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
     expected = _trace(LogicalHostPool(8 * page_size, page_size), np.random.default_rng(7))
-    for name, kernel in (("_alloc_pages", K.alloc_pages), ("_free_pages", K.free_pages), ("_reset", K.reset)):
+    for name, kernel in _POOL_KERNELS:
         monkeypatch.setattr(_pool, name, kernel)
     pool = LogicalHostPool(8 * page_size, page_size)
     assert _trace(pool, np.random.default_rng(7)) == expected

@@ -1,0 +1,164 @@
+"""Short calls keep the GIL; long ones release it; both do the same work.
+
+``alloc`` and ``free`` of at most ``K.SHORT_SLOTS`` slots run
+``alloc_pages_short`` / ``free_pages_short``: the same kernels compiled a
+second time (``_jit.twin``) without ``nogil``, since handing the GIL over
+costs more than such a call's work. Here: the compile options of every
+kernel, which kernel each size reaches, and that a twin and its original
+leave the same state and return the same status from the same state, on
+success and on every kind of failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hostpool_nb import HostPoolError, LogicalHostPool, _pool
+from hostpool_nb import _kernels as K
+from hostpool_nb import _paged_kernels as P
+from tests.conftest import JIT_DISABLED
+
+needs_jit = pytest.mark.skipif(JIT_DISABLED, reason="compile options exist only with the JIT on")
+
+SHORT = ("alloc_pages_short", "free_pages_short")
+# Kernels returning a view of their argument: numba counts references there.
+VIEWS = {(K, "ring_view"), (K, "owner_view"), (P, "marks_view")}
+
+
+def _dispatchers() -> list[tuple[Any, str, Any]]:
+    found = []
+    for module in (K, P):
+        for name, value in vars(module).items():
+            if hasattr(value, "overloads") and hasattr(value, "targetoptions") and value.__module__ == module.__name__:
+                found.append((module, name, value))
+    return found
+
+
+@needs_jit
+def test_only_the_short_twins_keep_the_gil() -> None:
+    kernels = _dispatchers()
+    assert len(kernels) > 20  # the collection found the kernels at all
+    for module, name, kernel in kernels:
+        keeps_gil = module is K and name in SHORT
+        assert kernel.targetoptions.get("nogil") is (not keeps_gil), (module.__name__, name)
+
+
+@needs_jit
+def test_only_view_returning_kernels_count_references() -> None:
+    for module, name, kernel in _dispatchers():
+        assert kernel.targetoptions.get("_nrt") is ((module, name) in VIEWS), (module.__name__, name)
+
+
+@needs_jit
+def test_twins_have_their_own_cache_files() -> None:
+    for name in SHORT:
+        twin, original = getattr(K, name), getattr(K, name.removesuffix("_short"))
+        assert twin.py_func is not original.py_func
+        assert twin.py_func.__code__ is original.py_func.__code__  # one source
+        assert twin.py_func.__qualname__ == name
+        index = getattr(getattr(getattr(twin, "_cache", None), "_cache_file", None), "_index_name", "")
+        assert index.startswith(f"_kernels.{name}-"), index
+
+
+class _Spy:
+    """Records which of the pool's kernels ran."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[str] = []
+        for name in ("_alloc_pages", "_free_pages", "_alloc_short", "_free_short"):
+            monkeypatch.setattr(_pool, name, self._wrap(name, getattr(_pool, name)))
+
+    def _wrap(self, name: str, kernel: Callable[..., int]) -> Callable[..., int]:
+        def spy(*args: Any) -> int:
+            self.calls.append(name)
+            return kernel(*args)
+
+        return spy
+
+    def take(self) -> list[str]:
+        calls, self.calls = self.calls, []
+        return calls
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 3])
+def test_each_size_reaches_the_kernel_for_it(page_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = LogicalHostPool(1 << 16, page_size) if page_size != 3 else LogicalHostPool(3 << 15, 3)
+    spy = _Spy(monkeypatch)
+    top = K.SHORT_SLOTS // page_size * page_size  # the longest short request
+    for size, alloc_kernel, free_kernel in (
+        (page_size, "_alloc_short", "_free_short"),
+        (top, "_alloc_short", "_free_short"),
+        (top + page_size, "_alloc_pages", "_free_pages"),
+    ):
+        out = pool.alloc(size)
+        assert out is not None
+        assert len(out) == size
+        assert spy.take() == [alloc_kernel], size
+        assert pool.free(out) == size
+        assert spy.take() == [free_kernel], size
+    # A refused short request and a failing free reach the same kernels.
+    with pytest.raises(HostPoolError):
+        pool.free(np.arange(page_size, dtype=np.int64))  # never allocated
+    assert spy.take() == ["_free_short"]
+    pool.check_invariants()
+
+
+def _model_state(page_size: int, ops: list[int], seed: int) -> tuple[LogicalHostPool, list[np.ndarray]]:
+    """A pool after ``ops`` (sizes in pages: positive allocs, negative frees of a held one)."""
+    pool = LogicalHostPool(64 * page_size, page_size)
+    rng = np.random.default_rng(seed)
+    held: list[np.ndarray] = []
+    for op in ops:
+        if op > 0:
+            out = pool.alloc(op * page_size)
+            if out is not None:
+                held.append(out)
+        elif held:
+            out = held.pop(int(rng.integers(len(held))))
+            pages = out.reshape(-1, page_size)[rng.permutation(len(out) // page_size)]
+            pool.free(pages.reshape(-1))
+    return pool, held
+
+
+def _probe_inputs(page_size: int, held: list[np.ndarray], seed: int) -> list[np.ndarray]:
+    """Free inputs of every outcome: held pages, a double free, a partial page, out of range, misaligned."""
+    rng = np.random.default_rng(seed)
+    size = 64 * page_size
+    probes = [h.copy() for h in held[:2]]
+    if held:
+        both = np.concatenate([held[0], held[0]])  # named twice in one call
+        probes.append(both)
+        broken = held[0].copy()
+        broken[-1] += 1 if page_size > 1 else size  # a partial page, or out of range
+        probes.append(broken)
+    probes.append(np.arange(page_size, dtype=np.int64) + page_size * int(rng.integers(64)))
+    probes.append(np.arange(page_size, dtype=np.int64) + 1)  # misaligned (page_size > 1)
+    probes.append(np.arange(page_size + 1, dtype=np.int64))  # not a whole number of pages
+    return probes
+
+
+@given(
+    page_size=st.sampled_from([1, 3, 16]),
+    ops=st.lists(st.integers(-1, 9), max_size=30),
+    seed=st.integers(0, 2**16),
+)
+def test_a_twin_does_what_its_original_does(page_size: int, ops: list[int], seed: int) -> None:
+    pool, held = _model_state(page_size, ops, seed)
+    cases: list[tuple[Callable[..., int], Callable[..., int], np.ndarray]] = [
+        (K.alloc_pages, K.alloc_pages_short, np.empty(n * page_size, dtype=np.int64)) for n in (0, 1, 5, 70)
+    ]
+    cases += [(K.free_pages, K.free_pages_short, probe) for probe in _probe_inputs(page_size, held, seed)]
+    for original, twin, arg in cases:
+        st_a, st_b = pool._st.copy(), pool._st.copy()
+        arg_a, arg_b = arg.copy(), arg.copy()
+        status = original(st_a, arg_a)
+        assert twin(st_b, arg_b) == status, (original, arg)
+        np.testing.assert_array_equal(st_a, st_b)
+        if status >= 0:
+            np.testing.assert_array_equal(arg_a, arg_b)  # an alloc's slots
