@@ -57,6 +57,7 @@ owner flags byte for byte; only the scratch outside the window may differ.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -1009,6 +1010,17 @@ def load_state(st: NDArray[np.int64], src: NDArray[np.int64]) -> int:
     return words
 
 
+def _python_ints(func: _F) -> _F:
+    """``func`` with a numpy integer result returned as a Python int."""
+
+    @functools.wraps(func)
+    def call(*args: Any) -> Any:
+        result = func(*args)
+        return int(result) if isinstance(result, np.integer) else result
+
+    return cast("_F", call)
+
+
 def entry_point(kernel: _F) -> _F:
     """Return the fastest callable for a kernel compiled from one signature.
 
@@ -1016,11 +1028,16 @@ def entry_point(kernel: _F) -> _F:
     more than a small kernel's work. The compiled entry point skips that, but
     it trusts its arguments: callers must pass exactly the signature's types
     (C-contiguous int64 arrays), which ``_pool.py`` guarantees. Falls back to
-    the dispatcher itself when numba offers no single entry point, and to
-    the plain function under ``NUMBA_DISABLE_JIT=1``.
+    the dispatcher itself when numba offers no single entry point. Under
+    ``NUMBA_DISABLE_JIT=1``, gives the plain function wrapped so that its
+    integer results are Python ints, as the compiled kernels' are (a plain
+    kernel computes them from array elements, numpy integers): so the
+    pool's hot paths need no ``int()`` of their own.
     """
     overloads = getattr(kernel, "overloads", None)
-    if not overloads or len(overloads) != 1:
+    if overloads is None:  # NUMBA_DISABLE_JIT=1
+        return _python_ints(kernel)
+    if len(overloads) != 1:
         return kernel
     (compiled,) = overloads.values()
     return cast("_F", getattr(compiled, "entry_point", kernel))

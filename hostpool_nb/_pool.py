@@ -50,7 +50,6 @@ _INT64 = np.dtype(np.int64)
 _STATUS_SHORT = -1 - K.E_SHORT
 _STATUS_MISALIGNED = -1 - K.E_MISALIGNED  # at position 0: the length is not page-aligned
 _STRIDES_1D = (8,)
-_SHORT_SLOTS = K.SHORT_SLOTS
 # Above this many slots, ``alloc`` checks capacity before allocating its
 # output: 256 KiB, past which np.empty maps fresh memory (microseconds, or a
 # MemoryError for absurd sizes) instead of reusing the allocator's free
@@ -187,9 +186,11 @@ class LogicalHostPool(DataPlaneHooks):
         self.merge_order = merge
         self.track = tracker is not None
         self._tracker = tracker
-        # alloc's hot path takes sizes 0.._plain_limit, short enough to keep
-        # the GIL (K.SHORT_SLOTS); a tracking pool none.
+        # alloc's hot path takes sizes 0.._plain_limit, and free's inputs of
+        # up to _free_limit slots: short enough to keep the GIL
+        # (K.SHORT_SLOTS); a tracking pool's take none.
         self._plain_limit = K.SHORT_SLOTS if tracker is None else -1
+        self._free_limit = self._plain_limit
         self.lock = threading.RLock()
         self._st = st
         # A view for Python-side checks; the kernels find it inside ``_st``.
@@ -430,12 +431,17 @@ class LogicalHostPool(DataPlaneHooks):
             slots: NDArray[np.int64] = indices
         else:
             slots = as_slots(indices)
-        if self._tracker is not None:
+        # One test for the hot path: a plain pool (a tracking pool's limit is
+        # -1) and a short call, whose kernel keeps the GIL (K.SHORT_SLOTS).
+        if slots.size <= self._free_limit:
+            kernel = _free_short
+        elif self._tracker is not None:
             return self._free_tracked(slots)
+        else:
+            kernel = _free_pages
         # The kernel refuses a length that is not a multiple of page_size
-        # (before any change) and returns the number of slots freed; a
-        # short call's kernel keeps the GIL (K.SHORT_SLOTS).
-        kernel = _free_short if slots.size <= _SHORT_SLOTS else _free_pages
+        # (before any change) and returns the number of slots freed, a
+        # Python int (K.entry_point).
         lock = self.lock
         lock.acquire()
         try:
@@ -444,7 +450,7 @@ class LogicalHostPool(DataPlaneHooks):
             lock.release()
         if status < 0:
             raise self._free_error(status, slots)
-        return int(status)
+        return status
 
     def _free_tracked(self, slots: NDArray[np.int64]) -> int:
         """``free`` for a tracking pool: the freeing site is recorded with the pages."""
