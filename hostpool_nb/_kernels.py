@@ -862,8 +862,9 @@ def free_pages(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
 # 40 ns per call (alloc_pages for 0 slots, from Python: 99 ns with nogil,
 # 59 ns without; python -m bench.profile), more than the work of a one-page
 # alloc or free, and a caller that has released it may then wait for
-# another thread's turn before it returns. The pool calls these twins for
-# requests of at most SHORT_SLOTS slots (see _pool.py): at most a few
+# another thread's turn before it returns. The pool calls these twins (and
+# the tracking kernels' twins, further down) for alloc and free calls of
+# at most SHORT_SLOTS slots (see _pool.py): at most a few
 # microseconds of work even on a fragmented page-size-1 list, a thousandth
 # of the interpreter's 5 ms switch interval. numpy draws a similar line,
 # keeping the GIL for loops of at most 500 elements
@@ -920,6 +921,15 @@ def free_pages_tracked(st: NDArray[np.int64], slots: NDArray[np.int64], site: in
         st[t + n + p] = (st[t + n + p] & ~_LOW32) | site
         pos = pos + 1 if pos + 1 < n else 0
     return status
+
+
+# The tracking kernels' twins keeping the GIL, for the same short calls.
+alloc_pages_tracked_short = _twin(
+    alloc_pages_tracked, "i8(i8[::1], i8[::1], i8)", name="alloc_pages_tracked_short", nogil=False
+)
+free_pages_tracked_short = _twin(
+    free_pages_tracked, "i8(i8[::1], i8[::1], i8)", name="free_pages_tracked_short", nogil=False
+)
 
 
 @_jit("i8(i8[::1])")

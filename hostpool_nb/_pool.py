@@ -38,6 +38,8 @@ _group_end = K.entry_point(K.group_end)
 _load_state = K.entry_point(K.load_state)
 _alloc_tracked = K.entry_point(K.alloc_pages_tracked)
 _free_tracked = K.entry_point(K.free_pages_tracked)
+_alloc_tracked_short = K.entry_point(K.alloc_pages_tracked_short)
+_free_tracked_short = K.entry_point(K.free_pages_tracked_short)
 
 MERGE_ORDERS = ("fifo", "sorted")
 
@@ -299,13 +301,14 @@ class LogicalHostPool(DataPlaneHooks):
         if need_size > _PRECHECK_SLOTS and self._refused(need_size):
             return None
         out = _empty(need_size, _INT64)
+        tracked = _alloc_tracked_short if need_size <= K.SHORT_SLOTS else _alloc_tracked
         lock = self.lock
         lock.acquire()
         try:
-            if tracker is None or where is None:
+            if tracker is None or where is None:  # a plain pool's long call
                 status = _alloc_pages(self._st, out)
             else:  # the site's id is looked up under the lock, where a sweep cannot drop it
-                status = _alloc_tracked(self._st, out, tracker.intern(where, self._st))
+                status = tracked(self._st, out, tracker.intern(where, self._st))
         finally:
             lock.release()
         if status >= 0:
@@ -458,15 +461,16 @@ class LogicalHostPool(DataPlaneHooks):
         if tracker is None:  # pragma: no cover - only called for a tracking pool
             raise RuntimeError("_free_tracked called on a pool that does not track")
         where = tracker.where(None, 2)
+        kernel = _free_tracked_short if slots.size <= K.SHORT_SLOTS else _free_tracked
         lock = self.lock
         lock.acquire()
         try:
-            status = _free_tracked(self._st, slots, tracker.intern(where, self._st))
+            status = kernel(self._st, slots, tracker.intern(where, self._st))
         finally:
             lock.release()
         if status < 0:
             raise self._free_error(status, slots)
-        return int(status)
+        return status
 
     # -- free groups --------------------------------------------------------
 

@@ -1,9 +1,10 @@
 """Short calls keep the GIL; long ones release it; both do the same work.
 
 ``alloc`` and ``free`` of at most ``K.SHORT_SLOTS`` slots run
-``alloc_pages_short`` / ``free_pages_short``: the same kernels compiled a
-second time (``_jit.twin``) without ``nogil``, since handing the GIL over
-costs more than such a call's work. Here: the compile options of every
+``alloc_pages_short`` / ``free_pages_short`` (``*_tracked_short`` on a
+tracking pool): the same kernels compiled a second time (``_jit.twin``)
+without ``nogil``, since handing the GIL over costs more than such a
+call's work. Here: the compile options of every
 kernel, which kernel each size reaches, and that a twin and its original
 leave the same state and return the same status from the same state, on
 success and on every kind of failure.
@@ -26,7 +27,7 @@ from tests.conftest import JIT_DISABLED
 
 needs_jit = pytest.mark.skipif(JIT_DISABLED, reason="compile options exist only with the JIT on")
 
-SHORT = ("alloc_pages_short", "free_pages_short")
+SHORT = ("alloc_pages_short", "free_pages_short", "alloc_pages_tracked_short", "free_pages_tracked_short")
 # Kernels returning a view of their argument: numba counts references there.
 VIEWS = {(K, "ring_view"), (K, "owner_view"), (P, "marks_view")}
 
@@ -66,12 +67,16 @@ def test_twins_have_their_own_cache_files() -> None:
         assert index.startswith(f"_kernels.{name}-"), index
 
 
+_POOL_NAMES = ("_alloc_pages", "_free_pages", "_alloc_short", "_free_short")
+_TRACKED_NAMES = ("_alloc_tracked", "_free_tracked", "_alloc_tracked_short", "_free_tracked_short")
+
+
 class _Spy:
     """Records which of the pool's kernels ran."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[str] = []
-        for name in ("_alloc_pages", "_free_pages", "_alloc_short", "_free_short"):
+        for name in _POOL_NAMES + _TRACKED_NAMES:
             monkeypatch.setattr(_pool, name, self._wrap(name, getattr(_pool, name)))
 
     def _wrap(self, name: str, kernel: Callable[..., int]) -> Callable[..., int]:
@@ -86,15 +91,17 @@ class _Spy:
         return calls
 
 
+@pytest.mark.parametrize("track", [False, True], ids=["plain", "tracked"])
 @pytest.mark.parametrize("page_size", [1, 16, 3])
-def test_each_size_reaches_the_kernel_for_it(page_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    pool = LogicalHostPool(1 << 16, page_size) if page_size != 3 else LogicalHostPool(3 << 15, 3)
+def test_each_size_reaches_the_kernel_for_it(page_size: int, track: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = LogicalHostPool(page_size << 15, page_size, track=track)
     spy = _Spy(monkeypatch)
+    alloc_long, free_long, alloc_short, free_short = _TRACKED_NAMES if track else _POOL_NAMES
     top = K.SHORT_SLOTS // page_size * page_size  # the longest short request
     for size, alloc_kernel, free_kernel in (
-        (page_size, "_alloc_short", "_free_short"),
-        (top, "_alloc_short", "_free_short"),
-        (top + page_size, "_alloc_pages", "_free_pages"),
+        (page_size, alloc_short, free_short),
+        (top, alloc_short, free_short),
+        (top + page_size, alloc_long, free_long),
     ):
         out = pool.alloc(size)
         assert out is not None
@@ -102,21 +109,21 @@ def test_each_size_reaches_the_kernel_for_it(page_size: int, monkeypatch: pytest
         assert spy.take() == [alloc_kernel], size
         assert pool.free(out) == size
         assert spy.take() == [free_kernel], size
-    # A refused short request and a failing free reach the same kernels.
+    # A failing free reaches the same kernel as a successful one.
     with pytest.raises(HostPoolError):
         pool.free(np.arange(page_size, dtype=np.int64))  # never allocated
-    assert spy.take() == ["_free_short"]
+    assert spy.take() == [free_short]
     pool.check_invariants()
 
 
-def _model_state(page_size: int, ops: list[int], seed: int) -> tuple[LogicalHostPool, list[np.ndarray]]:
+def _model_state(page_size: int, ops: list[int], seed: int, track: bool) -> tuple[LogicalHostPool, list[np.ndarray]]:
     """A pool after ``ops`` (sizes in pages: positive allocs, negative frees of a held one)."""
-    pool = LogicalHostPool(64 * page_size, page_size)
+    pool = LogicalHostPool(64 * page_size, page_size, track=track)
     rng = np.random.default_rng(seed)
     held: list[np.ndarray] = []
     for op in ops:
         if op > 0:
-            out = pool.alloc(op * page_size)
+            out = pool.alloc(op * page_size, tag=op)
             if out is not None:
                 held.append(out)
         elif held:
@@ -147,18 +154,25 @@ def _probe_inputs(page_size: int, held: list[np.ndarray], seed: int) -> list[np.
     page_size=st.sampled_from([1, 3, 16]),
     ops=st.lists(st.integers(-1, 9), max_size=30),
     seed=st.integers(0, 2**16),
+    track=st.booleans(),
 )
-def test_a_twin_does_what_its_original_does(page_size: int, ops: list[int], seed: int) -> None:
-    pool, held = _model_state(page_size, ops, seed)
-    cases: list[tuple[Callable[..., int], Callable[..., int], np.ndarray]] = [
-        (K.alloc_pages, K.alloc_pages_short, np.empty(n * page_size, dtype=np.int64)) for n in (0, 1, 5, 70)
-    ]
-    cases += [(K.free_pages, K.free_pages_short, probe) for probe in _probe_inputs(page_size, held, seed)]
+def test_a_twin_does_what_its_original_does(page_size: int, ops: list[int], seed: int, track: bool) -> None:
+    pool, held = _model_state(page_size, ops, seed, track)
+    outs = [np.empty(n * page_size, dtype=np.int64) for n in (0, 1, 5, 70)]
+    probes = _probe_inputs(page_size, held, seed)
+    site = (5,) if track else ()  # a site id the tracking kernels record
+    cases: list[tuple[Callable[..., int], Callable[..., int], np.ndarray]]
+    if track:
+        cases = [(K.alloc_pages_tracked, K.alloc_pages_tracked_short, out) for out in outs]
+        cases += [(K.free_pages_tracked, K.free_pages_tracked_short, probe) for probe in probes]
+    else:
+        cases = [(K.alloc_pages, K.alloc_pages_short, out) for out in outs]
+        cases += [(K.free_pages, K.free_pages_short, probe) for probe in probes]
     for original, twin, arg in cases:
         st_a, st_b = pool._st.copy(), pool._st.copy()
         arg_a, arg_b = arg.copy(), arg.copy()
-        status = original(st_a, arg_a)
-        assert twin(st_b, arg_b) == status, (original, arg)
+        status = original(st_a, arg_a, *site)
+        assert twin(st_b, arg_b, *site) == status, (original, arg)
         np.testing.assert_array_equal(st_a, st_b)
         if status >= 0:
             np.testing.assert_array_equal(arg_a, arg_b)  # an alloc's slots
