@@ -39,29 +39,32 @@ class Piece(NamedTuple):
 
 
 def _tiny_kernels() -> dict[int, Callable[..., int]]:
-    """Entry points of trivial kernels taking 1, 2 and 3 int64 arrays."""
-    from numba import njit
+    """Entry points of trivial kernels taking 1, 2 and 3 int64 arrays.
 
-    @njit("i8(i8[::1])", nogil=True)
+    Compiled with the options of the pool's short kernels (``_jit._njit``:
+    no reference counting of arrays, the GIL kept), so their call cost is
+    the one the pool pays.
+    """
+    from hostpool_nb._jit import _njit
+
     def one(a):
         return a[0]
 
-    @njit("i8(i8[::1], i8[::1])", nogil=True)
     def two(a, b):
         return a[0] + b[0]
 
-    @njit("i8(i8[::1], i8[::1], i8[::1])", nogil=True)
     def three(a, b, c):
         return a[0] + b[0] + c[0]
 
-    @njit("i8(i8)", nogil=True)
     def scalar(x):
         return x
 
+    sigs = {0: "i8(i8)", 1: "i8(i8[::1])", 2: "i8(i8[::1], i8[::1])", 3: "i8(i8[::1], i8[::1], i8[::1])"}
     out: dict[int, Callable[..., int]] = {}
     for n, fn in ((0, scalar), (1, one), (2, two), (3, three)):
-        (cres,) = fn.overloads.values()
-        out[n] = getattr(cres, "entry_point", fn)
+        compiled = _njit([sigs[n]], cache=False, nogil=False)(fn)
+        (cres,) = compiled.overloads.values()
+        out[n] = getattr(cres, "entry_point", compiled)
     return out
 
 
