@@ -188,11 +188,10 @@ class LogicalHostPool(DataPlaneHooks):
         self.merge_order = merge
         self.track = tracker is not None
         self._tracker = tracker
-        # alloc's hot path takes sizes 0.._plain_limit, and free's inputs of
-        # up to _free_limit slots: short enough to keep the GIL
+        # The hot paths take alloc sizes 0.._plain_limit and free inputs of
+        # up to _plain_limit slots: short enough to keep the GIL
         # (K.SHORT_SLOTS); a tracking pool's take none.
         self._plain_limit = K.SHORT_SLOTS if tracker is None else -1
-        self._free_limit = self._plain_limit
         self.lock = threading.RLock()
         self._st = st
         # A view for Python-side checks; the kernels find it inside ``_st``.
@@ -436,7 +435,7 @@ class LogicalHostPool(DataPlaneHooks):
             slots = as_slots(indices)
         # One test for the hot path: a plain pool (a tracking pool's limit is
         # -1) and a short call, whose kernel keeps the GIL (K.SHORT_SLOTS).
-        if slots.size <= self._free_limit:
+        if slots.size <= self._plain_limit:
             kernel = _free_short
         elif self._tracker is not None:
             return self._free_tracked(slots)
