@@ -37,6 +37,7 @@ from .tracking import (
 from .workloads import (
     HOSTPOOL_LIST,
     MIB_SLOTS,
+    TRACE_FLOOR,
     Cell,
     make_trace,
     measure_batch,
@@ -227,8 +228,8 @@ def _steps(cfg: Config, nimpl: int, recorded: Any = None) -> int:
         n += len(cfg.shuffled_cells) * cfg.roundtrip_repeats * nimpl
     if "batch" in cfg.workloads:  # hostpool_nb runs twice: sizes as an array and as a list
         n += len(cfg.batch_requests) * cfg.batch_repeats * (nimpl + 1)
-    if "trace" in cfg.workloads:
-        n += len(cfg.trace_page_sizes) * cfg.trace_repeats * nimpl
+    if "trace" in cfg.workloads:  # the implementations and the trace floor
+        n += len(cfg.trace_page_sizes) * cfg.trace_repeats * (nimpl + 1)
     if "tracking" in cfg.workloads:
         n += cfg.tracking_repeats * 3 + 1
     if recorded is not None:
@@ -308,6 +309,44 @@ def trace_target(page_size: int, ratios: dict[str, float]) -> tuple[str, bool | 
 
 def floor_params(k: int) -> str:
     return f"k={k} np.copyto"
+
+
+def trace_floor_row(c: Cell, page_size: int, pool_slots: int, n_ops: int) -> dict[str, Any]:
+    """The trace floor's row: the floor's time per call where hostpool_nb's would be.
+
+    Its ratio columns are each baseline's time / the floor's: the most any
+    pool at the floor could show against that baseline, to read beside the
+    trace row's target. The JSON adds ``hostpool_over_floor``.
+    """
+    fl = c.extra[TRACE_FLOOR]["per_op"]
+    baselines = {name: t for name, t in c.per_op.items() if name != HOSTPOOL}
+    return report.row(
+        "trace floor",
+        trace_params(page_size, pool_slots, n_ops),
+        "s/op",
+        {HOSTPOOL: fl, **baselines},
+        floor_samples=c.extra[TRACE_FLOOR]["samples"],
+        hostpool_over_floor=c.per_op[HOSTPOOL] / fl if HOSTPOOL in c.per_op else None,
+    )
+
+
+def trace_floor_note(c: Cell, page_size: int) -> str:
+    """What the trace floor row measures, and what it bounds."""
+    fl = c.extra[TRACE_FLOOR]["per_op"]
+    best = ", ".join(f"{name} / floor {report.fmt_ratio(t / fl)}" for name, t in c.per_op.items() if name != HOSTPOOL)
+    ours = c.per_op.get(HOSTPOOL)
+    over = (
+        f"; hostpool_nb takes the floor + {report.fmt_time(ours - fl)} per call ({report.fmt_ratio(ours / fl)})"
+        if ours is not None
+        else ""
+    )
+    return (
+        f"trace floor p{page_size}: the same trace on a stand-in that only allocates each alloc's new array, "
+        "writes every slot of it and reads every slot a free is given, in one compiled call each, and counts "
+        f"the available slots (no lock, no checks, no free list): {report.fmt_time(fl)} per call, a lower bound "
+        "for any pool that returns new arrays and checks whole pages. A baseline's time / the floor bounds "
+        f"the ratio such a pool can show against it: {best}{over}"
+    )
 
 
 def batch_params(page_size: int, n_requests: int, pool_slots: int, sizes_as_list: bool = False) -> str:
@@ -599,7 +638,7 @@ def run_suite(
             progress.label(f"trace p{ps}: generating")
             trace = make_trace(cfg.trace_pool_slots, ps, cfg.trace_ops, cfg.seed)
             progress.label(f"trace p{ps}: {len(trace.ops)} ops")
-            c = measure_trace(impls, trace, cfg.trace_repeats, tick)
+            c = measure_trace(impls, trace, cfg.trace_repeats, tick, floor=True)
             raw["trace"].append(asdict(c))
             ratios = report.row("", "", "s/op", c.per_op)["ratios"]
             rows.append(
@@ -614,6 +653,8 @@ def run_suite(
                     merges=c.extra["merges_per_replay"],
                 )
             )
+            rows.append(trace_floor_row(c, ps, cfg.trace_pool_slots, len(trace.ops)))
+            notes.append(trace_floor_note(c, ps))
             st = trace.stats
             notes.append(
                 f"trace p{ps}: {st['ops']} ops ({st['allocs']} allocs, {st['frees']} frees, "

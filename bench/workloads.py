@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .impls import HOSTPOOL, merges_of
 from .timing import gc_paused, interleaved, median, timed
@@ -486,16 +487,88 @@ def replay(pool: Any, trace: Trace, record: list[Any] | None = None) -> None:
                 raise TraceDivergence(f"alloc({-k}) succeeded where the trace expects None")
 
 
+# The key of the trace floor's median and samples in a trace Cell's ``extra``.
+TRACE_FLOOR = "trace floor"
+
+
+def _touch_kernels() -> tuple[Callable[[Any], int], Callable[[Any], int]]:
+    """Two compiled calls: write every slot of an int64 array, and read every one.
+
+    Compiled with the options of the pool's short kernels (no reference
+    counting, the GIL kept) and called through their entry points, as the
+    pool calls its kernels; plain Python under ``NUMBA_DISABLE_JIT=1``.
+    """
+    from hostpool_nb._jit import _njit
+
+    def write_every(out: Any) -> int:
+        for i in range(out.shape[0]):
+            out[i] = i
+        return out.shape[0]
+
+    def read_every(slots: Any) -> int:
+        acc = 0
+        for i in range(slots.shape[0]):
+            acc |= slots[i]
+        return acc
+
+    kernels = []
+    for fn in (write_every, read_every):
+        compiled = _njit(["i8(i8[::1])"], cache=False, nogil=False)(fn)
+        overloads = getattr(compiled, "overloads", None)  # None: the JIT is disabled
+        kernels.append(getattr(next(iter(overloads.values())), "entry_point", compiled) if overloads else compiled)
+    return kernels[0], kernels[1]
+
+
+class TraceFloor:
+    """What a trace call costs before any allocator work: the least any pool can take.
+
+    ``alloc(k)`` allocates a new int64 array of ``k`` slots and writes every
+    slot once, in one compiled call; ``free(slots)`` reads every slot once,
+    in one compiled call (checking whole pages needs that much); both count
+    the available slots, so ``alloc`` returns ``None`` exactly where every
+    pool does on a trace. No lock, no checks, no free list: a stand-in, not
+    an allocator. The slots it hands out are not page ids.
+    """
+
+    _kernels: tuple[Callable[[Any], int], Callable[[Any], int]] | None = None
+
+    def __init__(self, size: int, page_size: int) -> None:
+        if TraceFloor._kernels is None:
+            TraceFloor._kernels = _touch_kernels()
+        self._write, self._read = TraceFloor._kernels
+        self._available = size
+        self.page_size = page_size
+
+    def alloc(self, need_size: int) -> NDArray[np.int64] | None:
+        if need_size > self._available:
+            return None
+        out = np.empty(need_size, dtype=np.int64)
+        self._write(out)
+        self._available -= need_size
+        return out
+
+    def free(self, indices: NDArray[np.int64]) -> int:
+        self._read(indices)
+        self._available += indices.shape[0]
+        return indices.shape[0]
+
+    def available_size(self) -> int:
+        return self._available
+
+
 def measure_trace(
     impls: dict[str, Callable[[int, int], Any]],
     trace: Trace,
     repeats: int,
     tick: Callable[[], None] | None = None,
+    floor: bool = False,
 ) -> Cell:
     """Median seconds per trace operation for each implementation.
 
     Every replay starts on a fresh pool (built outside the timed region), so
-    all implementations see the identical sequence of calls.
+    all implementations see the identical sequence of calls. With ``floor``,
+    :class:`TraceFloor` replays the trace too, interleaved with the others;
+    its median and samples go to ``extra[TRACE_FLOOR]``, not ``per_op``.
     """
 
     def runner(make: Callable[[int, int], Any]) -> Callable[[], float]:
@@ -511,11 +584,20 @@ def measure_trace(
         with gc_paused():
             replay(pool, trace)
         merges[name] = merges_of(pool)
-    samples = interleaved({name: runner(make) for name, make in impls.items()}, repeats, tick)
+    runners = {name: runner(make) for name, make in impls.items()}
+    if floor:
+        with gc_paused():  # warm-up (and the floor's compile)
+            replay(TraceFloor(trace.pool_slots, trace.page_size), trace)
+        runners[TRACE_FLOOR] = runner(TraceFloor)
+    samples = interleaved(runners, repeats, tick)
+    extra: dict[str, Any] = {"merges_per_replay": merges}
+    if floor:
+        floor_samples = samples.pop(TRACE_FLOOR)
+        extra[TRACE_FLOOR] = {"per_op": median(floor_samples), "samples": floor_samples}
     return Cell(
         workload="KV-cache trace",
         params={"page_size": trace.page_size, "pool_slots": trace.pool_slots, "seed": trace.seed, **trace.stats},
         per_op={name: median(s) for name, s in samples.items()},
         samples=samples,
-        extra={"merges_per_replay": merges},
+        extra=extra,
     )

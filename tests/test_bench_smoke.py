@@ -96,13 +96,15 @@ from bench.suite import (
     tracking_state_params,
     tracking_target,
 )
-from bench.timing import Progress, interleaved
+from bench.timing import Progress, interleaved, median
 from bench.tracking import NEW_TAGS, TRACKED, UNTRACKED, VARIANTS
 from bench.workloads import (
     HOSTPOOL_LIST,
     MIB_SLOTS,
     BatchDivergence,
     TraceDivergence,
+    TraceFloor,
+    _touch_kernels,
     make_trace,
     measure_batch,
     measure_roundtrip,
@@ -157,6 +159,28 @@ def test_trace_replays_identically_on_torch(trace) -> None:
     base, want = _replayed(TorchBaseline, trace)
     assert got == want
     assert merges_of(ours) == merges_of(base) > 0
+
+
+def test_trace_floor_replays_the_trace_and_touches_every_slot(trace) -> None:
+    floor, got = _replayed(TraceFloor, trace)
+    base, want = _replayed(NumpyBaseline, trace)
+    # None exactly where every pool answers None, arrays of the same lengths
+    assert [None if r is None else len(r) for r in got] == [None if r is None else len(r) for r in want]
+    assert floor.available_size() == base.available_size()
+    # every slot of every returned array written (its position: a stand-in, not a page id)
+    assert all(r == list(range(len(r))) for r in got if r is not None)
+
+
+def test_trace_floor_reads_every_slot_it_is_given() -> None:
+    write_every, read_every = _touch_kernels()
+    out = np.full(100, -1, dtype=np.int64)
+    assert write_every(out) == 100
+    assert out.tolist() == list(range(100))
+    for i in (0, 57, 99):  # a bit set at any one position shows in the result
+        slots = np.zeros(100, dtype=np.int64)
+        slots[i] = 1 << 40
+        assert read_every(slots) == 1 << 40
+    assert read_every(np.zeros(0, dtype=np.int64)) == 0
 
 
 def test_replay_detects_divergence(trace) -> None:
@@ -625,6 +649,22 @@ def test_suite_json_table_and_plot(tmp_path: Path) -> None:
         assert col in header
     trace_line = next(line for line in table.splitlines() if line.startswith("KV-cache trace"))
     assert "n/a" in trace_line  # torch columns without torch
+
+    # One trace floor row per trace row: the floor where hostpool_nb's time
+    # would be, so its ratios are each baseline's time / the floor's.
+    traces = {r["params"]: r for r in loaded["rows"] if r["workload"] == "KV-cache trace"}
+    floors = {r["params"]: r for r in loaded["rows"] if r["workload"] == "trace floor"}
+    assert set(floors) == set(traces)
+    assert traces
+    for params, fl in floors.items():
+        tr = traces[params]
+        floor_time = fl["values"]["hostpool_nb"]
+        assert 0 < floor_time == median(fl["floor_samples"])
+        assert fl["values"][NUMPY] == tr["values"][NUMPY]
+        assert fl["ratios"][NUMPY] == pytest.approx(tr["values"][NUMPY] / floor_time)
+        assert fl["hostpool_over_floor"] == pytest.approx(tr["values"]["hostpool_nb"] / floor_time)
+        assert fl["met"] is None
+        assert not fl["target"]
 
     pytest.importorskip("matplotlib")
     png = tmp_path / "bench.png"
