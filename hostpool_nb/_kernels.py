@@ -66,6 +66,7 @@ from numpy.typing import NDArray
 
 # Compiles a kernel from an explicit signature (nogil, on-disk cache with a
 # fallback to compiling in memory); numba's options live in _jit.py.
+from ._jit import callee as _callee
 from ._jit import kernel as _jit
 from ._jit import twin as _twin
 
@@ -150,12 +151,12 @@ def decode_status(status: int) -> tuple[int, int]:
     return err & 15, err >> 4
 
 
-@_jit("i8(i8, i8)")
+@_callee()
 def _fail(code: int, position: int) -> int:
     return -1 - ((position << 4) | code)
 
 
-@_jit("i8(i8[::1])")
+@_callee()
 def _ring_tail(st: NDArray[np.int64]) -> int:
     """Ring position just past the live window: where ``free`` stages pages."""
     n: int = st[H_NPAGES]
@@ -163,14 +164,14 @@ def _ring_tail(st: NDArray[np.int64]) -> int:
     return tail - n if tail >= n else tail
 
 
-@_jit("i4[::1](i8[::1])", views=True)
+@_callee(views=True)
 def ring_view(st: NDArray[np.int64]) -> NDArray[np.int32]:
     """The ring of page ids: an int32 view of ``st`` after the header."""
     n = st[H_NPAGES]
     return st[HEADER : HEADER + ring_words(n)].view(np.int32)[:n]
 
 
-@_jit("u1[::1](i8[::1])", views=True)
+@_callee(views=True)
 def owner_view(st: NDArray[np.int64]) -> NDArray[np.uint8]:
     """The per-page owner flags: a uint8 view of ``st`` after the ring."""
     n = st[H_NPAGES]
@@ -202,7 +203,7 @@ def reset(st: NDArray[np.int64]) -> int:
     return n
 
 
-@_jit("i8(u1[::1], i4[::1], i8)")
+@_callee()
 def _list_free(owner: NDArray[np.uint8], into: NDArray[np.int32], start: int) -> int:
     """Write the free pages from ``start`` on, ascending, to ``into`` until it is full; return the page after.
 
@@ -224,7 +225,7 @@ def _list_free(owner: NDArray[np.uint8], into: NDArray[np.int32], start: int) ->
     return p
 
 
-@_jit("i8(i8[::1])")
+@_callee()
 def _sort_window(st: NDArray[np.int64]) -> int:
     """Rewrite the free and release lists as one ascending free list.
 
@@ -276,7 +277,7 @@ def merge(st: NDArray[np.int64]) -> int:
     return moved
 
 
-@_jit("void(i8[::1], i8)")
+@_callee()
 def _count_alloc(st: NDArray[np.int64], failed: int) -> None:
     """Count an answered allocation call, and the most pages ever held."""
     st[H_ALLOC_CALLS] += 1
@@ -316,7 +317,7 @@ _RUN_PROBE = 8
 _RUN_BLOCK = 64
 
 
-@_jit(("i8(i8[::1], i8, i8, i8)", "i8(i4[::1], i8, i8, i8)"))  # a caller's slots, the ring's ids
+@_callee()  # a caller's slots, the ring's ids
 def _run_length(ids: NDArray[np.int64] | NDArray[np.int32], start: int, limit: int, first: int) -> int:
     """How many of ``ids[start:start + limit]`` count up by one from ``first`` (at least 1).
 
@@ -356,7 +357,7 @@ _EVERY_BYTE = np.uint64(0x0101010101010101)
 _WORDS_FROM = 64
 
 
-@_jit("b1(u1[::1], i8, i8, i8)")
+@_callee()
 def _flags_are_by_words(owner: NDArray[np.uint8], start: int, length: int, want: int) -> bool:
     """:func:`_flags_are` for a long run: eight flags at a time.
 
@@ -380,7 +381,7 @@ def _flags_are_by_words(owner: NDArray[np.uint8], start: int, length: int, want:
     return bad == 0 and acc == 0
 
 
-@_jit("b1(u1[::1], i8, i8, i8)")
+@_callee()
 def _flags_are(owner: NDArray[np.uint8], start: int, length: int, want: int) -> bool:
     """Whether pages ``start .. start + length - 1`` are all flagged ``want``.
 
@@ -396,7 +397,7 @@ def _flags_are(owner: NDArray[np.uint8], start: int, length: int, want: int) -> 
     return bad == 0
 
 
-@_jit("void(u1[::1], i8, i8, i8)")
+@_callee()
 def _set_flags_by_words(owner: NDArray[np.uint8], start: int, length: int, flag: int) -> None:
     """:func:`_set_flags` for a long run, whole words where it can (65,536 flags: 1.27 us -> 0.99 us)."""
     end = start + length
@@ -412,7 +413,7 @@ def _set_flags_by_words(owner: NDArray[np.uint8], start: int, length: int, flag:
         words[q] = pattern
 
 
-@_jit("void(u1[::1], i8, i8, i8)")
+@_callee()
 def _set_flags(owner: NDArray[np.uint8], start: int, length: int, flag: int) -> None:
     """Flag pages ``start .. start + length - 1`` as ``flag``: a short run in one fill, a long one by words."""
     if length >= _WORDS_FROM:
@@ -423,7 +424,7 @@ def _set_flags(owner: NDArray[np.uint8], start: int, length: int, flag: int) -> 
         flags[p] = flag
 
 
-@_jit("i8(i4[::1], i8, i8, i8)")
+@_callee()
 def _stage_run(ring: NDArray[np.int32], pos: int, first: int, length: int) -> int:
     """Write page ids ``first .. first + length - 1`` on the ring from ``pos``; return the position after.
 
@@ -441,7 +442,7 @@ def _stage_run(ring: NDArray[np.int32], pos: int, first: int, length: int) -> in
     return pos - n if pos >= n else pos
 
 
-@_jit("void(i8[::1], i8, i8, i8)")
+@_callee()
 def _fill_run(out: NDArray[np.int64], start: int, length: int, first: int) -> None:
     """Write ``first, first + 1, ...`` to ``out[start:start + length]``.
 
@@ -469,7 +470,7 @@ def _fill_run(out: NDArray[np.int64], start: int, length: int, first: int) -> No
 _LONG_SLOTS = 1024
 
 
-@_jit("i8(i8)")
+@_callee()
 def long_run(page_size: int) -> int:
     """Pages in a stretch long enough to take as a run, for pages of ``page_size`` slots."""
     return max(2, _LONG_SLOTS // page_size)
@@ -478,7 +479,7 @@ def long_run(page_size: int) -> int:
 # -- alloc --------------------------------------------------------------------
 
 
-@_jit("i8(u1[::1], i4[::1], i8[::1], i8, i8, i8)")
+@_callee()
 def _claim(
     owner: NDArray[np.uint8], ids: NDArray[np.int32], out: NDArray[np.int64], at: int, page_size: int, long: int
 ) -> int:
@@ -623,7 +624,7 @@ def alloc_pages(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
 
 
 # -- free ---------------------------------------------------------------------
-@_jit("i8(i4[::1], i8, i8, i8, i8)")
+@_callee()
 def _staged_twice(ring: NDArray[np.int32], tail: int, done: int, page: int, position: int) -> int:
     """The failure for a ``page`` that ``free`` found not allocated.
 
@@ -640,7 +641,7 @@ def _staged_twice(ring: NDArray[np.int32], tail: int, done: int, page: int, posi
     return _fail(E_NOT_ALLOCATED, position)
 
 
-@_jit("void(i4[::1], u1[::1], i8, i8)")
+@_callee()
 def _unstage(ring: NDArray[np.int32], owner: NDArray[np.uint8], tail: int, done: int) -> None:
     """Roll back a failed free: flag the ``done`` staged pages allocated again.
 
@@ -654,7 +655,7 @@ def _unstage(ring: NDArray[np.int32], owner: NDArray[np.uint8], tail: int, done:
         pos = pos + 1 if pos + 1 < n else 0
 
 
-@_jit("void(i8[::1], i8)")
+@_callee()
 def _take_staged(st: NDArray[np.int64], count: int) -> None:
     """Take ``count`` pages staged behind the window into the release list.
 
@@ -669,7 +670,7 @@ def _take_staged(st: NDArray[np.int64], count: int) -> None:
         st[H_FREE_CALLS] += 1
 
 
-@_jit("i8(i4[::1], u1[::1], i8, i8, i8, i8)")
+@_callee()
 def _stage_if_allocated(
     ring: NDArray[np.int32], owner: NDArray[np.uint8], pos: int, p: int, length: int, mark: int
 ) -> int:
@@ -685,6 +686,9 @@ def _stage_if_allocated(
     return _stage_run(ring, pos, p, length)
 
 
+# A kernel of its own, not a callee: compiled as a callee (into free_pages),
+# the shuffled page-1 round trip of 65,536 slots took 9% longer
+# (python -m bench.compare aa25076: 0.91x, 11 repeats; 1.01x like this).
 @_jit("i8(i8[::1], i8[::1], i8)")
 def _free_slot_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int) -> int:
     """:func:`free_pages` for ``page_size == 1``, where a page id is a slot id.
@@ -750,7 +754,7 @@ def _free_slot_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int)
     return count
 
 
-@_jit("i8(i8[::1], i8[::1], i8)")
+@_callee()
 def _free_whole_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int) -> int:
     """:func:`free_pages` for ``page_size > 1``: a page, or a run of ``long`` pages or more, at a time.
 

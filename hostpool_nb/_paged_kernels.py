@@ -35,6 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _kernels as K
+from ._jit import callee as _callee
 from ._jit import kernel as _jit
 from ._kernels import (
     H_HEAD,
@@ -86,7 +87,7 @@ def marks_view(gp: NDArray[np.int64]) -> NDArray[np.uint8]:
     return gp[GP_HEADER + cap :].view(np.uint8)[:cap]
 
 
-@_jit("i8(i8, i8)")
+@_callee()
 def _ceil_div(x: int, page_size: int) -> int:
     """``ceil(x / page_size)`` for ``x >= 0``, without the overflow of ``x + page_size - 1``."""
     return 0 if x <= 0 else (x - 1) // page_size + 1
@@ -126,7 +127,7 @@ def reset_rank(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
     return cap - 1
 
 
-@_jit("i8(i8[::1], i8)")
+@_callee()
 def _take(st: NDArray[np.int64], k: int) -> int:
     """Take ``k`` pages from the front of the free list; return the ring position of the first.
 
@@ -162,7 +163,7 @@ def _take(st: NDArray[np.int64], k: int) -> int:
     return head
 
 
-@_jit("i8(i4[::1], i8)")
+@_callee()
 def _page_at(ring: NDArray[np.int32], pos: int) -> int:
     """The page id at ring position ``pos`` (any non-negative offset, wrapped)."""
     page: int = ring[pos % ring.shape[0]]

@@ -49,6 +49,7 @@ while not os.path.exists(gate):
 import numpy as np
 import hostpool_nb
 from hostpool_nb import _kernels as K
+from hostpool_nb._jit import is_callee
 
 p = hostpool_nb.LogicalHostPool(1024, 16)
 a = p.alloc(64)
@@ -64,7 +65,7 @@ try:
 except hostpool_nb.DoubleFreeError:
     double = "DoubleFreeError"
 p.check_invariants()
-kernels = {n: v for n, v in vars(K).items() if hasattr(v, "stats") and hasattr(v, "overloads")}
+kernels = {n: v for n, v in vars(K).items() if hasattr(v, "stats") and hasattr(v, "overloads") and not is_callee(v)}
 print(json.dumps({
     "a": a.tolist(), "b": b.tolist(), "c": c.tolist(), "freed": freed,
     "short": short is None, "double": double, "available": p.available_size(),

@@ -50,6 +50,7 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import hostpool_nb
     from hostpool_nb import _kernels as K
+    from hostpool_nb._jit import is_callee
     p = hostpool_nb.LogicalHostPool(1024, 16)
     a = p.alloc(64)
     b = p.alloc(32)
@@ -64,13 +65,16 @@ with warnings.catch_warnings(record=True) as caught:
     except hostpool_nb.DoubleFreeError:
         double = "DoubleFreeError"
     p.check_invariants()
-kernels = {n: v for n, v in vars(K).items() if hasattr(v, "stats") and hasattr(v, "overloads")}
+kernels = {n: v for n, v in vars(K).items() if hasattr(v, "stats") and hasattr(v, "overloads") and not is_callee(v)}
+callees = {n: v for n, v in vars(K).items() if is_callee(v)}
 print(json.dumps({
     "a": a.tolist(), "b": b.tolist(), "c": c.tolist(), "freed": freed,
     "short": short is None, "double": double, "available": p.available_size(),
     "kernels": sorted(kernels),
     "compiled": sorted(n for n, k in kernels.items() if k.stats.cache_misses),
     "loaded": sorted(n for n, k in kernels.items() if k.stats.cache_hits and not k.stats.cache_misses),
+    "callees": sorted(callees),
+    "callees_compiled": sorted(n for n, k in callees.items() if k.signatures),
     "warnings": [[w.category.__name__, str(w.message)] for w in caught],
 }))
 """
@@ -281,9 +285,13 @@ def test_damaged_cache_is_rebuilt(
 
     warm = _run([sys.executable, "-c", USE_POOL], env, cwd=tmp_path)
     assert {k: warm[k] for k in EXPECTED} == EXPECTED
-    # The rebuild rewrote the cache: everything loads, nothing compiles.
+    # The rebuild rewrote the cache: everything loads, nothing compiles,
+    # and the callees, whose code the kernels' cached code contains, are
+    # not even compiled.
     assert warm["loaded"] == warm["kernels"], warm
     assert warm["compiled"] == [], warm
+    assert warm["callees"], warm
+    assert warm["callees_compiled"] == [], warm
     assert _cache_warnings(warm) == []
 
 
@@ -313,8 +321,8 @@ def broken(x):
     return x.no_such_attribute
 
 FUNCS = {"square": square, "twice": twice, "negate": negate, "both": both, "broken": broken}
-# ``both`` has two signatures, as the package's helpers that kernels call
-# with int64 and int32 arrays: each must compile, cache and recover.
+# ``both`` has two signatures (kernel() takes a tuple): each must compile,
+# cache and recover.
 SIGNATURES = {"both": ("i8(i8)", "f8(f8)")}
 # SETUP
 
@@ -493,6 +501,7 @@ def test_disabled_jit_returns_the_python_function(tmp_path: Path) -> None:
 PAGED_CHILD = r"""
 import json
 from hostpool_nb import _kernels as K, _paged_kernels as P
+from hostpool_nb._jit import is_callee
 from hostpool_nb.paged import PagedTokenToKVPoolAllocator
 alloc = PagedTokenToKVPoolAllocator(64 * 16, 16, None)
 out = alloc.alloc(32)
@@ -504,7 +513,7 @@ try:
     broken = None
 except RuntimeError as exc:
     broken = str(exc)
-kernels = {n: v for n, v in vars(P).items() if hasattr(v, "stats") and hasattr(v, "overloads")}
+kernels = {n: v for n, v in vars(P).items() if hasattr(v, "stats") and hasattr(v, "overloads") and not is_callee(v)}
 print(json.dumps({
     "first_free": first_free,
     "alloc": out.tolist(),
