@@ -249,6 +249,11 @@ def filled_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert {k: res[k] for k in EXPECTED} == EXPECTED
     assert res["compiled"] == res["kernels"], res
     assert len(res["kernels"]) >= 3, res
+    # Each kernel wrote its cache index; the callees, compiled into their
+    # callers, wrote none.
+    indexed = {path.name.removeprefix("_kernels.").split("-")[0] for path in cache.rglob("_kernels.*.nbi")}
+    assert indexed == set(res["kernels"]), sorted(indexed ^ set(res["kernels"]))
+    assert res["callees"], res
     return cache
 
 
