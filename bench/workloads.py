@@ -520,7 +520,7 @@ def _touch_kernels() -> tuple[Callable[[Any], int], Callable[[Any], int]]:
 
 
 class TraceFloor:
-    """What a trace call costs before any allocator work: the least any pool can take.
+    """A trace call with no allocator work: a lower bound for pools that return new arrays and check whole pages.
 
     ``alloc(k)`` allocates a new int64 array of ``k`` slots and writes every
     slot once, in one compiled call; ``free(slots)`` reads every slot once,
