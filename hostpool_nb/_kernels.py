@@ -64,14 +64,17 @@ from typing import Any, TypeVar, cast
 import numpy as np
 from numpy.typing import NDArray
 
-# Compiles a kernel from an explicit signature (nogil, on-disk cache with a
-# fallback to compiling in memory); numba's options live in _jit.py.
+# _jit compiles a kernel from an explicit signature (nogil, on-disk cache
+# with a fallback to compiling in memory); _callee marks a function only
+# kernels call, compiled into them; _twin compiles a kernel again with other
+# options. numba's options live in _jit.py.
 from ._jit import callee as _callee
 from ._jit import kernel as _jit
 from ._jit import twin as _twin
 
 # The kernels' Python annotations are for type checkers only: numba compiles
-# each kernel from its signature string and never reads them. A local
+# each kernel from its signature string (a callee for the types its callers
+# pass) and never reads them. A local
 # annotated ``int`` holds an array element or a shape entry, which numpy's
 # stubs type as Any; local annotations compile to no bytecode at all.
 _F = TypeVar("_F", bound=Callable[..., Any])
