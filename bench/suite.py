@@ -330,14 +330,15 @@ def trace_floor_row(c: Cell, page_size: int, pool_slots: int, n_ops: int) -> dic
     )
 
 
-def trace_floor_note(c: Cell, page_size: int) -> str:
-    """What the trace floor row measures, and what it bounds."""
-    fl = c.extra[TRACE_FLOOR]["per_op"]
-    best = ", ".join(f"{name} / floor {report.fmt_ratio(t / fl)}" for name, t in c.per_op.items() if name != HOSTPOOL)
-    ours = c.per_op.get(HOSTPOOL)
+def trace_floor_note(floor_row: dict[str, Any], page_size: int) -> str:
+    """What a trace floor row (:func:`trace_floor_row`) measures, and what it bounds."""
+    fl = floor_row["values"][HOSTPOOL]
+    best = ", ".join(f"{name} / floor {report.fmt_ratio(r)}" for name, r in floor_row["ratios"].items())
+    over_ratio = floor_row["hostpool_over_floor"]
     over = (
-        f"; hostpool_nb takes the floor + {report.fmt_time(ours - fl)} per call ({report.fmt_ratio(ours / fl)})"
-        if ours is not None
+        f"; hostpool_nb takes the floor + {report.fmt_time(fl * (over_ratio - 1))} per call "
+        f"({report.fmt_ratio(over_ratio)})"
+        if over_ratio is not None
         else ""
     )
     return (
@@ -654,7 +655,7 @@ def run_suite(
                 )
             )
             rows.append(trace_floor_row(c, ps, cfg.trace_pool_slots, len(trace.ops)))
-            notes.append(trace_floor_note(c, ps))
+            notes.append(trace_floor_note(rows[-1], ps))
             st = trace.stats
             notes.append(
                 f"trace p{ps}: {st['ops']} ops ({st['allocs']} allocs, {st['frees']} frees, "

@@ -7,6 +7,7 @@ as cycles: the concatenation is paid inside the measurement, never outside.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -491,14 +492,17 @@ def replay(pool: Any, trace: Trace, record: list[Any] | None = None) -> None:
 TRACE_FLOOR = "trace floor"
 
 
+@functools.cache
 def _touch_kernels() -> tuple[Callable[[Any], int], Callable[[Any], int]]:
     """Two compiled calls: write every slot of an int64 array, and read every one.
 
-    Compiled with the options of the pool's short kernels (no reference
-    counting, the GIL kept) and called through their entry points, as the
-    pool calls its kernels; plain Python under ``NUMBA_DISABLE_JIT=1``.
+    Compiled once per process with the options of the pool's short kernels
+    (no reference counting, the GIL kept) and called through their entry
+    points (``_kernels.entry_point``), as the pool calls its kernels; plain
+    Python under ``NUMBA_DISABLE_JIT=1``.
     """
     from hostpool_nb._jit import _njit
+    from hostpool_nb._kernels import entry_point
 
     def write_every(out: Any) -> int:
         for i in range(out.shape[0]):
@@ -511,12 +515,8 @@ def _touch_kernels() -> tuple[Callable[[Any], int], Callable[[Any], int]]:
             acc |= slots[i]
         return acc
 
-    kernels = []
-    for fn in (write_every, read_every):
-        compiled = _njit(["i8(i8[::1])"], cache=False, nogil=False)(fn)
-        overloads = getattr(compiled, "overloads", None)  # None: the JIT is disabled
-        kernels.append(getattr(next(iter(overloads.values())), "entry_point", compiled) if overloads else compiled)
-    return kernels[0], kernels[1]
+    compile_ = _njit(["i8(i8[::1])"], cache=False, nogil=False)
+    return entry_point(compile_(write_every)), entry_point(compile_(read_every))
 
 
 class TraceFloor:
@@ -530,12 +530,8 @@ class TraceFloor:
     an allocator. The slots it hands out are not page ids.
     """
 
-    _kernels: tuple[Callable[[Any], int], Callable[[Any], int]] | None = None
-
     def __init__(self, size: int, page_size: int) -> None:
-        if TraceFloor._kernels is None:
-            TraceFloor._kernels = _touch_kernels()
-        self._write, self._read = TraceFloor._kernels
+        self._write, self._read = _touch_kernels()
         self._available = size
         self.page_size = page_size
 
