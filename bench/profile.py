@@ -1,6 +1,6 @@
-"""Where hostpool_nb's time goes: the pieces of one round trip, timed apart.
+"""Where hostpool_nb's time goes: the pieces of its calls, timed apart.
 
-``python -m bench.profile [--page-size 64] [--k 64] [--pool 1048576]``
+``python -m bench.profile [--page-size 64] [--k 64] [--pool 1048576] [--trace-ops 30000]``
 
 Times, each as the median of repeated ``timeit`` loops, the Python-level
 steps an ``alloc(k)`` + ``free(result)`` goes through (argument checks, the
@@ -9,6 +9,16 @@ point and through the dispatcher) and the cost of numba's argument handling
 per array argument, next to the measured round trip. The pieces are
 measured in isolation, so their sum only approximates the whole; the gap is
 the interpreter's own work between them (attribute loads, calls, returns).
+
+Then the large round trips, and the KV-cache trace of ``python -m bench``
+replayed whole by stand-ins that each leave out part of the pool: its
+kernels alone (no lock, no argument checks), its kernels under
+``pool.lock``, and the trace floor with and without an ``RLock``; next to
+the pool and, when torch imports, the original. Within a replay the Python
+steps cost more than they do in the loops above (the kernels' passes over
+each call's arrays leave the interpreter's data colder), so the trace's
+differences are the figures to budget with.
+
 Private names of ``hostpool_nb`` are used read-only; a piece whose name has
 changed is reported as unavailable rather than failing.
 """
@@ -16,6 +26,7 @@ changed is reported as unavailable rather than failing.
 from __future__ import annotations
 
 import argparse
+import operator
 import sys
 import threading
 import timeit
@@ -25,7 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .cli import Parser
-from .timing import gc_paused, median
+from .timing import gc_paused, interleaved, median, timed
 
 
 class Piece(NamedTuple):
@@ -281,11 +292,216 @@ def profile_big(
     return rows
 
 
+def _kernel_standins() -> tuple[type, type]:
+    """Two trace stand-ins: the pool's own kernels on its own state, without its Python layer.
+
+    ``alloc`` makes its output with ``np.empty`` and ``free`` passes the
+    caller's array on, each to the kernel the pool itself calls for that
+    many slots (``_short`` up to ``K.SHORT_SLOTS``): no argument checks, no
+    tracking, and in the first no lock; the second takes ``pool.lock``
+    around each kernel call, as the pool does. Written like the pool's hot
+    paths (kernels and constants bound once, no helper calls), so what they
+    save over the pool is what the left-out steps cost. Their answers are
+    the pool's (the tests compare them).
+    """
+    import hostpool_nb._kernels as K
+    from hostpool_nb import LogicalHostPool
+
+    empty, i64, limit = np.empty, np.dtype(np.int64), K.SHORT_SLOTS
+    alloc_short, alloc_long = K.entry_point(K.alloc_pages_short), K.entry_point(K.alloc_pages)
+    free_short, free_long = K.entry_point(K.free_pages_short), K.entry_point(K.free_pages)
+    refused = -1 - K.E_SHORT
+
+    class KernelsAlone:
+        def __init__(self, size: int, page_size: int) -> None:
+            pool = LogicalHostPool(size, page_size)
+            self._st = pool._st
+            self.lock = pool.lock
+            self.page_size = page_size
+
+        def alloc(self, need_size: int) -> Any:
+            out = empty(need_size, i64)
+            status = (alloc_short if need_size <= limit else alloc_long)(self._st, out)
+            if status >= 0:
+                return out
+            if status == refused:
+                return None
+            raise RuntimeError(f"alloc kernel failed with status {status}")
+
+        def free(self, indices: Any) -> int:
+            status: int = (free_short if indices.shape[0] <= limit else free_long)(self._st, indices)
+            if status < 0:
+                raise RuntimeError(f"free kernel failed with status {status}")
+            return status
+
+    class KernelsLocked(KernelsAlone):
+        def alloc(self, need_size: int) -> Any:
+            out = empty(need_size, i64)
+            kernel = alloc_short if need_size <= limit else alloc_long
+            lock = self.lock
+            lock.acquire()
+            try:
+                status = kernel(self._st, out)
+            finally:
+                lock.release()
+            if status >= 0:
+                return out
+            if status == refused:
+                return None
+            raise RuntimeError(f"alloc kernel failed with status {status}")
+
+        def free(self, indices: Any) -> int:
+            kernel = free_short if indices.shape[0] <= limit else free_long
+            lock = self.lock
+            lock.acquire()
+            try:
+                status: int = kernel(self._st, indices)
+            finally:
+                lock.release()
+            if status < 0:
+                raise RuntimeError(f"free kernel failed with status {status}")
+            return status
+
+    return KernelsAlone, KernelsLocked
+
+
+def _floor_locked() -> type:
+    """``bench.workloads.TraceFloor`` with an ``RLock`` taken around each of its compiled calls."""
+    from .workloads import TraceFloor
+
+    class FloorLocked(TraceFloor):
+        def __init__(self, size: int, page_size: int) -> None:
+            super().__init__(size, page_size)
+            self.lock = threading.RLock()
+
+        def alloc(self, need_size: int) -> Any:
+            if need_size > self._available:
+                return None
+            out = np.empty(need_size, dtype=np.int64)
+            lock = self.lock
+            lock.acquire()
+            try:
+                self._write(out)
+            finally:
+                lock.release()
+            self._available -= need_size
+            return out
+
+        def free(self, indices: Any) -> int:
+            lock = self.lock
+            lock.acquire()
+            try:
+                self._read(indices)
+            finally:
+                lock.release()
+            self._available += indices.shape[0]
+            return int(indices.shape[0])
+
+    return FloorLocked
+
+
+# The stand-ins of the trace section, in the order of its rows.
+POOL, KERNELS, KERNELS_LOCKED, FLOOR, FLOOR_LOCKED, TORCH = (
+    "hostpool_nb: pool.alloc / pool.free",
+    "  its kernels alone",
+    "  its kernels + pool.lock",
+    "trace floor",
+    "  trace floor + an RLock",
+    "torch original",
+)
+
+
+def trace_standins(with_torch: bool) -> dict[str, Callable[[int, int], Any]]:
+    """Constructors ``(size, page_size) -> pool-like`` for each row of the trace section."""
+    from hostpool_nb import LogicalHostPool
+
+    from .workloads import TraceFloor
+
+    kernels_alone, kernels_locked = _kernel_standins()
+    makers: dict[str, Callable[[int, int], Any]] = {
+        POOL: LogicalHostPool,
+        KERNELS: kernels_alone,
+        KERNELS_LOCKED: kernels_locked,
+        FLOOR: TraceFloor,
+        FLOOR_LOCKED: _floor_locked(),
+    }
+    if with_torch:
+        from .impls import implementations
+
+        makers[TORCH] = implementations(with_torch=True)["torch"]
+    return makers
+
+
+def profile_trace(
+    page_size: int = 64, pool_slots: int = 1 << 20, n_ops: int = 30_000, repeat: int = 7, with_torch: bool | None = None
+) -> list[tuple[str, float | None, str]]:
+    """Where a KV-cache trace call's time goes: the pool, its kernels alone, with the lock, the floor.
+
+    Every stand-in replays the same trace (``bench.workloads.make_trace``)
+    from a fresh pool, interleaved, ``repeat`` times; medians per call. Then
+    three differences, each the median of the repeats' differences: the
+    lock's share, what the argument checks and the rest of the Python layer
+    take, and the kernels' time over the floor. With torch (when importable,
+    at one thread, as the bench runs it), each row's comment gives torch's
+    time over it, the median of the repeats' ratios.
+    """
+    from .impls import torch_available
+    from .workloads import make_trace, replay
+
+    if with_torch is None:
+        with_torch = torch_available()
+    if with_torch:
+        import torch
+
+        torch.set_num_threads(1)
+    trace = make_trace(pool_slots, page_size, n_ops)
+    makers = trace_standins(with_torch)
+    comments = {
+        POOL: "the whole thing",
+        KERNELS: "np.empty + the kernel the pool calls: no lock, no argument checks",
+        KERNELS_LOCKED: "the same, with pool.lock around each kernel call",
+        FLOOR: "bench's TraceFloor: a new array, every slot written or read, in one compiled call",
+        FLOOR_LOCKED: "the same under an RLock: the least a pool that locks every call can take",
+        TORCH: "the original, on torch tensors",
+    }
+    for make in makers.values():  # warm-up: compiles, and fills the allocator's caches
+        with gc_paused():
+            replay(make(pool_slots, page_size), trace)
+
+    def runner(make: Callable[[int, int], Any]) -> Callable[[], float]:
+        def run() -> float:
+            pool = make(pool_slots, page_size)
+            return timed(replay, pool, trace) / len(trace.ops) * 1e9
+
+        return run
+
+    samples = interleaved({name: runner(make) for name, make in makers.items()}, repeat)
+
+    def paired(a: str, b: str, op: Callable[[float, float], float]) -> float:
+        # Repeat r of every stand-in ran back to back, so pairs share the
+        # machine's state of the moment: their median is steadier than an
+        # operation on two medians.
+        return median([op(x, y) for x, y in zip(samples[a], samples[b], strict=True)])
+
+    rows: list[tuple[str, float | None, str]] = []
+    for name in makers:
+        comment = comments[name]
+        if TORCH in samples and name != TORCH:
+            comment += f" (torch / this: {paired(TORCH, name, operator.truediv):.2f}x)"
+        rows.append((name, median(samples[name]), comment))
+    rows += [
+        ("the lock's share", paired(KERNELS_LOCKED, KERNELS, operator.sub), "kernels + pool.lock - kernels alone"),
+        ("argument checks and the rest", paired(POOL, KERNELS_LOCKED, operator.sub), "pool - (kernels + pool.lock)"),
+        ("kernels over the floor", paired(KERNELS, FLOOR, operator.sub), "kernels alone - trace floor"),
+    ]
+    return rows
+
+
 def render(title: str, rows: list[tuple[str, float | None, str]]) -> str:
     width = max(len(r[0]) for r in rows)
     lines = [title, "-" * len(title)]
     for name, ns, comment in rows:
-        val = "n/a" if ns is None else f"{ns:10.0f} ns" if ns >= 10 else f"{ns:10.2f} ns"
+        val = "n/a" if ns is None else f"{ns:10.0f} ns" if abs(ns) >= 10 else f"{ns:10.2f} ns"
         lines.append(f"{name.ljust(width)}  {val:>13}  {comment}")
     return "\n".join(lines)
 
@@ -305,7 +521,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="N",
         help="slots per alloc in the large round trips, at page size 1 and --page-size (default 65536)",
     )
+    ap.add_argument(
+        "--trace-ops",
+        type=int,
+        default=30_000,
+        metavar="N",
+        help="calls in the KV-cache trace, at page size 1 and --page-size (default 30000; 0 skips it)",
+    )
     args = ap.parse_args(argv)
+    if args.trace_ops < 0:
+        ap.error(f"--trace-ops must be 0 or more, not {args.trace_ops}")
     ps = args.page_size
     if ps < 1:
         ap.error(f"--page-size must be at least 1, not {ps}")
@@ -336,6 +561,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         print()
+    if args.trace_ops:
+        for ps in sorted({1, args.page_size}):
+            print(
+                render(
+                    f"KV-cache trace, page size {ps}, pool={args.pool}, {args.trace_ops} calls: time per call",
+                    profile_trace(ps, args.pool, args.trace_ops),
+                )
+            )
+            print()
     return 0
 
 

@@ -1155,7 +1155,7 @@ def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
     from bench.__main__ import main as bench_main
     from bench.profile import main as profile_main
 
-    for main, options in ((bench_main, ()), (profile_main, ("--page-size", "--k", "--pool", "--big-k"))):
+    for main, options in ((bench_main, ()), (profile_main, ("--page-size", "--k", "--pool", "--big-k", "--trace-ops"))):
         with pytest.raises(SystemExit) as exc:
             main(["--help"])
         assert exc.value.code == 0
@@ -1190,6 +1190,50 @@ def test_profile_times_every_piece() -> None:
     names = [name for name, _, _ in rows]
     for piece in ("floor: np.empty + lock + kernel, twice", "kernels via entry point: alloc_pages + free_pages"):
         assert piece in names
+
+
+def test_profile_trace_rows_and_differences() -> None:
+    """Every stand-in is timed, and the three differences are the rows they name."""
+    from bench import profile as P
+
+    rows = P.profile_trace(page_size=16, pool_slots=1 << 12, n_ops=300, repeat=1, with_torch=False)
+    ns = {name: value for name, value, _ in rows}
+    assert [name for name, _, _ in rows[:5]] == [P.POOL, P.KERNELS, P.KERNELS_LOCKED, P.FLOOR, P.FLOOR_LOCKED]
+    assert P.TORCH not in ns
+    assert all(ns[name] is not None and ns[name] > 0 for name in list(ns)[:5])
+    assert ns["the lock's share"] == ns[P.KERNELS_LOCKED] - ns[P.KERNELS]
+    assert ns["argument checks and the rest"] == ns[P.POOL] - ns[P.KERNELS_LOCKED]
+    assert ns["kernels over the floor"] == ns[P.KERNELS] - ns[P.FLOOR]
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_profile_trace_standins_answer_as_the_pool(page_size: int) -> None:
+    """The kernels-only stand-ins hand out exactly the pool's slots; the locked floor refuses where the floor does."""
+    import threading
+
+    from bench import profile as P
+
+    trace = make_trace(1 << 12, page_size, 400, seed=3)
+    makers = P.trace_standins(with_torch=False)
+    records: dict[str, list[Any]] = {}
+    for name in (P.POOL, P.KERNELS, P.KERNELS_LOCKED):
+        records[name] = []
+        replay(makers[name](trace.pool_slots, page_size), trace, records[name])
+    assert len(records[P.POOL]) == sum(1 for k, _ in trace.ops if k != 0)
+    for name in (P.KERNELS, P.KERNELS_LOCKED):
+        assert len(records[name]) == len(records[P.POOL])
+        for got, want in zip(records[name], records[P.POOL], strict=True):
+            assert (got is None) == (want is None)
+            if want is not None:
+                np.testing.assert_array_equal(got, want)
+    for name in (P.KERNELS_LOCKED, P.FLOOR_LOCKED):  # replay checks every None against the trace
+        standin = makers[name](trace.pool_slots, page_size)
+        replay(standin, trace)
+        taken: list[bool] = []
+        other = threading.Thread(target=lambda lock=standin.lock, out=taken: out.append(lock.acquire(blocking=False)))
+        other.start()
+        other.join()
+        assert taken == [True], f"{name} left its lock held"
 
 
 def test_main_output_fits_and_has_no_carriage_returns(
