@@ -457,11 +457,11 @@ def profile_trace(
     trace = make_trace(pool_slots, page_size, n_ops)
     makers = trace_standins(with_torch)
     comments = {
-        POOL: "the whole thing",
-        KERNELS: "np.empty + the kernel the pool calls: no lock, no argument checks",
-        KERNELS_LOCKED: "the same, with pool.lock around each kernel call",
-        FLOOR: "bench's TraceFloor: a new array, every slot written or read, in one compiled call",
-        FLOOR_LOCKED: "the same under an RLock: the least a pool that locks every call can take",
+        POOL: "the whole call",
+        KERNELS: "np.empty + the pool's kernel: no lock, no checks",
+        KERNELS_LOCKED: "the same under pool.lock",
+        FLOOR: "bench's TraceFloor: no free list",
+        FLOOR_LOCKED: "the same under an RLock: a bound for locking pools",
         TORCH: "the original, on torch tensors",
     }
     for make in makers.values():  # warm-up: compiles, and fills the allocator's caches
@@ -487,7 +487,7 @@ def profile_trace(
     for name in makers:
         comment = comments[name]
         if TORCH in samples and name != TORCH:
-            comment += f" (torch / this: {paired(TORCH, name, operator.truediv):.2f}x)"
+            comment += f"; torch / this {paired(TORCH, name, operator.truediv):.2f}x"
         rows.append((name, median(samples[name]), comment))
     rows += [
         ("the lock's share", paired(KERNELS_LOCKED, KERNELS, operator.sub), "kernels + pool.lock - kernels alone"),
