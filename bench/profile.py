@@ -26,6 +26,7 @@ changed is reported as unavailable rather than failing.
 from __future__ import annotations
 
 import argparse
+import functools
 import operator
 import sys
 import threading
@@ -546,30 +547,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    print(
-        render(
+    page_sizes = sorted({1, args.page_size})
+    sections: list[tuple[str, Callable[[], list[tuple[str, float | None, str]]]]] = [
+        (
             f"single round trip, page size {args.page_size}, k={args.k}, pool={args.pool}",
-            profile_roundtrip(args.page_size, args.k, args.pool),
+            functools.partial(profile_roundtrip, args.page_size, args.k, args.pool),
         )
-    )
-    print()
-    for ps in sorted({1, args.page_size}):
-        print(
-            render(
-                f"large round trip, page size {ps}, k={args.big_k}, pool={args.pool}",
-                profile_big(ps, args.big_k, args.pool),
-            )
+    ]
+    sections += [
+        (
+            f"large round trip, page size {ps}, k={args.big_k}, pool={args.pool}",
+            functools.partial(profile_big, ps, args.big_k, args.pool),
         )
-        print()
+        for ps in page_sizes
+    ]
     if args.trace_ops:
-        for ps in sorted({1, args.page_size}):
-            print(
-                render(
-                    f"KV-cache trace, page size {ps}, pool={args.pool}, {args.trace_ops} calls: time per call",
-                    profile_trace(ps, args.pool, args.trace_ops),
-                )
+        sections += [
+            (
+                f"KV-cache trace, page size {ps}, pool={args.pool}, {args.trace_ops} calls: time per call",
+                functools.partial(profile_trace, ps, args.pool, args.trace_ops),
             )
-            print()
+            for ps in page_sizes
+        ]
+    for title, rows in sections:
+        print(render(title, rows()))
+        print()
     return 0
 
 

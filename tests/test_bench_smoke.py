@@ -1168,14 +1168,20 @@ def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
             assert text.count("(default") == len(options)
 
 
-def test_profile_rejects_sizes_the_pool_cannot_take(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [(["--k", "10"], "--k"), (["--trace-ops", "-1"], "--trace-ops")],  # --k: not a multiple of the page size, 64
+)
+def test_profile_rejects_sizes_the_pool_cannot_take(
+    argv: list[str], option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from bench.profile import main
 
     with pytest.raises(SystemExit) as exc:
-        main(["--k", "10"])  # not a multiple of the page size, 64
+        main(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("python -m bench.profile: error: --k")
+    assert err.startswith(f"python -m bench.profile: error: {option} ")
     assert len(err.splitlines()) == 1
 
 
@@ -1190,6 +1196,25 @@ def test_profile_times_every_piece() -> None:
     names = [name for name, _, _ in rows]
     for piece in ("floor: np.empty + lock + kernel, twice", "kernels via entry point: alloc_pages + free_pages"):
         assert piece in names
+
+
+@pytest.mark.skipif(JIT_DISABLED, reason="the round-trip sections time 20,000 calls per piece")
+def test_profile_main_prints_each_section(capsys: pytest.CaptureFixture[str]) -> None:
+    """One section per measurement and page size, in order; --trace-ops 0 leaves the trace out."""
+    from bench.profile import main
+
+    small = ["--pool", "4096", "--page-size", "16", "--k", "16", "--big-k", "256"]
+    assert main([*small, "--trace-ops", "200"]) == 0
+    titles = [line for line in capsys.readouterr().out.splitlines() if "pool=4096" in line]
+    assert titles == [
+        "single round trip, page size 16, k=16, pool=4096",
+        "large round trip, page size 1, k=256, pool=4096",
+        "large round trip, page size 16, k=256, pool=4096",
+        "KV-cache trace, page size 1, pool=4096, 200 calls: time per call",
+        "KV-cache trace, page size 16, pool=4096, 200 calls: time per call",
+    ]
+    assert main([*small, "--trace-ops", "0"]) == 0
+    assert "KV-cache trace" not in capsys.readouterr().out
 
 
 def test_profile_trace_rows_and_differences() -> None:
