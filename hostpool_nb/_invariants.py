@@ -8,10 +8,18 @@ unpickling run the same check on a candidate state before accepting it
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from numpy.typing import NDArray
 
 from . import _kernels as K
+from ._tracking import Site, site_id_problems
+
+# A counter word above this is refused: at a call per nanosecond, 2**62
+# calls take 146 years, so a real pool never reaches it, and one that
+# starts below it can never overflow int64.
+COUNTER_LIMIT = 2**62
 
 
 def ring_ids(st: NDArray[np.int64], num_pages: int) -> NDArray[np.int32]:
@@ -24,7 +32,9 @@ def owner_flags(st: NDArray[np.int64], num_pages: int) -> NDArray[np.uint8]:
     return st[K.HEADER + K.ring_words(num_pages) :].view(np.uint8)[:num_pages]
 
 
-def problems(st: NDArray[np.int64], num_pages: int, page_size: int) -> list[str]:
+def problems(
+    st: NDArray[np.int64], num_pages: int, page_size: int, sites: Sequence[Site | None] | None = None
+) -> list[str]:
     """Every way ``st`` breaks the invariants of a pool of that shape; empty if none.
 
     - the header matches the pool (pages, page size, shift) and the array
@@ -36,7 +46,11 @@ def problems(st: NDArray[np.int64], num_pages: int, page_size: int) -> list[str]
       ones pending, and every page not listed is flagged allocated;
     - a sorted pool's free list is ascending;
     - the statistics are consistent (failed calls among the calls, the
-      peak at least what is held now).
+      peak at least what is held now), and every counter, the group depth
+      and the allocation number are below :data:`COUNTER_LIMIT`, so no call
+      can make one wrap; the header's spare words are zero;
+    - a tracking state's allocation numbers are below the next one, and its
+      site ids name entries of ``sites`` (its site table), when given.
 
     Costs O(number of pages).
     """
@@ -84,6 +98,8 @@ def problems(st: NDArray[np.int64], num_pages: int, page_size: int) -> list[str]
         found.append(f"peak of {counters['peak_allocated_pages']} pages is below the {held} held now")
     if track:
         found += _tracking_problems(st, n, track, owner)
+        if sites is not None and not found:
+            found += site_id_problems(st, sites)
     return found
 
 
@@ -110,15 +126,27 @@ def _word_problems(st: NDArray[np.int64], npend: int) -> list[str]:
     counters = {name: int(st[h]) for name, h in _COUNTERS}
     if min(counters.values()) < 0 or counters["failed_allocs"] > counters["alloc_calls"]:
         found.append(f"statistics out of range: {counters}")
+    grow = {
+        name: int(st[h]) for name, h in (*_COUNTERS, ("group depth", K.H_GROUP_DEPTH), ("allocation number", K.H_SEQ))
+    }
+    full = [f"{name}={value}" for name, value in grow.items() if value > COUNTER_LIMIT]
+    if full:
+        found.append(f"counters beyond {COUNTER_LIMIT} (2**62), which later calls would overflow: {', '.join(full)}")
+    spare = st[K.H_SEQ + 1 : K.HEADER]
+    if spare.any():
+        found.append(f"spare header word {K.H_SEQ + 1 + int(np.argmax(spare != 0))} is not zero")
     return found
 
 
 def _tracking_problems(st: NDArray[np.int64], n: int, track: int, owner: NDArray[np.uint8]) -> list[str]:
-    """A tracking pool's words: every held page's allocation number below the next one."""
+    """A tracking pool's words: every page's allocation number (0: never allocated) below the next one."""
     seq = int(st[K.H_SEQ])
-    numbers = st[track : track + n][owner == K.OWNER_ALLOCATED]
-    if seq < 1 or (numbers.size and (numbers.min() < 0 or numbers.max() >= seq)):
+    numbers = st[track : track + n]
+    bad = (numbers < 0) | (numbers >= seq)
+    if seq < 1 or bad[owner == K.OWNER_ALLOCATED].any():
         return [f"allocation numbers of held pages are not below the next one, {seq}"]
+    if bad.any():
+        return [f"page {int(np.argmax(bad))}'s last allocation number is not below the next one, {seq}"]
     return []
 
 

@@ -19,11 +19,12 @@ from numpy.typing import NDArray
 from . import _kernels as K
 from ._convert import _INT64_MAX, as_count, as_sizes, as_slots
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
+from ._fork import register as register_fork_lock
 from ._hooks import DataPlaneHooks
 from ._invariants import owner_flags, problems
 from ._snapshot import FORMAT, PoolState, check_format, checked_words
 from ._stats import PoolStats
-from ._tracking import Outstanding, Site, Tracker, leak_report
+from ._tracking import HISTORY_MARK, Outstanding, Tracker, leak_report
 
 _alloc_pages = K.entry_point(K.alloc_pages)
 _free_pages = K.entry_point(K.free_pages)
@@ -193,6 +194,7 @@ class LogicalHostPool(DataPlaneHooks):
         # (K.SHORT_SLOTS); a tracking pool's take none.
         self._plain_limit = K.SHORT_SLOTS if tracker is None else -1
         self.lock = threading.RLock()
+        register_fork_lock(self)
         self._st = st
         # A view for Python-side checks; the kernels find it inside ``_st``.
         self._owner = owner_flags(st, size // page_size)
@@ -307,7 +309,7 @@ class LogicalHostPool(DataPlaneHooks):
             if tracker is None or where is None:  # a plain pool's long call
                 status = _alloc_pages(self._st, out)
             else:  # the site's id is looked up under the lock, where a sweep cannot drop it
-                status = tracked(self._st, out, tracker.intern(where, self._st))
+                status = tracked(self._st, out, tracker.intern(where, tag, self._st))
         finally:
             lock.release()
         if status >= 0:
@@ -389,7 +391,7 @@ class LogicalHostPool(DataPlaneHooks):
             if tracker is None or where is None:
                 status = _alloc_pages(self._st, out)
             else:  # the site's id is looked up under the lock, where a sweep cannot drop it
-                status = _alloc_tracked(self._st, out, tracker.intern(where, self._st))
+                status = _alloc_tracked(self._st, out, tracker.intern(where, tag, self._st))
         finally:
             lock.release()
         if status >= 0:
@@ -464,11 +466,11 @@ class LogicalHostPool(DataPlaneHooks):
         lock = self.lock
         lock.acquire()
         try:
-            status = kernel(self._st, slots, tracker.intern(where, self._st))
+            status = kernel(self._st, slots, tracker.intern(where, None, self._st))
+            if status < 0:  # the error's history is read under the same hold as the failed free
+                raise self._free_error(status, slots)
         finally:
             lock.release()
-        if status < 0:
-            raise self._free_error(status, slots)
         return status
 
     # -- free groups --------------------------------------------------------
@@ -552,16 +554,16 @@ class LogicalHostPool(DataPlaneHooks):
             raise TypeError(f"state must be a PoolState from backup_state(), got {type(state).__name__}")
         words = checked_words(
             state._words,
-            (self.size, self.page_size, self.merge_order),
+            (self.size, self.page_size, self.merge_order, self.track),
             (state.size, state.page_size, state.merge),
             "the state",
-            self.track,
+            state.sites,
         )
-        tracker = None if state.sites is None else Tracker(list(state.sites))
+        tracker = self._tracker
         with self.lock:
             _load_state(self._st, words)
-            if tracker is not None:
-                self._tracker = tracker  # the ids in the restored words index the snapshot's sites
+            if tracker is not None:  # the ids in the restored words index the snapshot's sites
+                tracker.load(state.sites)
 
     def __getstate__(self) -> dict[str, Any]:
         """What pickle and ``copy.deepcopy`` keep: the shape, the layout and one state copy."""
@@ -601,11 +603,7 @@ class LogicalHostPool(DataPlaneHooks):
             raise HostPoolError(f"{what} has merge={merge!r}, not 'fifo' or 'sorted'")
         shape = (size, page_size, merge)
         sites = saved.get("sites")
-        words = checked_words(saved["state"], shape, shape, what, sites is not None)
-        if sites is not None and not (
-            isinstance(sites, tuple) and all(s is None or isinstance(s, Site) for s in sites)
-        ):
-            raise HostPoolError(f"{what} has a damaged site table")
+        words = checked_words(saved["state"], (*shape, sites is not None), shape, what, sites)
         self._setup(size, page_size, saved["layout"], merge, words, None if sites is None else Tracker(list(sites)))
 
     # -- statistics -----------------------------------------------------------
@@ -664,8 +662,9 @@ class LogicalHostPool(DataPlaneHooks):
         limit = as_count(limit, "limit")
         if limit < 0:
             raise HostPoolError(f"limit must be non-negative, got limit={limit}")
-        s = self.stats()
-        records = self.outstanding() if self._tracker is not None else None
+        with self.lock:  # the totals and the records as of one moment
+            s = self.stats()
+            records = self.outstanding() if self._tracker is not None else None
         name = f"{type(self).__name__}(size={s.size}, page_size={s.page_size})"
         return leak_report(name, records, s.allocated_pages, s.page_size, limit)
 
@@ -680,8 +679,10 @@ class LogicalHostPool(DataPlaneHooks):
         held by a caller, and that a sorted pool's free list ascends.
         Costs O(number of pages).
         """
+        tracker = self._tracker
         with self.lock:
-            found = problems(self._st, self.size // self.page_size, self.page_size)
+            sites = None if tracker is None else tracker.table()
+            found = problems(self._st, self.size // self.page_size, self.page_size, sites)
         if found:
             raise RuntimeError("LogicalHostPool state is corrupted: " + "; ".join(found))
 
@@ -767,7 +768,7 @@ class LogicalHostPool(DataPlaneHooks):
         if tracker is None or not 0 <= page < self.size // self.page_size:
             return ""
         with self.lock:
-            return f"; it was {tracker.history(self._st, page)}"
+            return HISTORY_MARK + tracker.history(self._st, page)
 
     def _corrupt(self, op: str, status: int) -> RuntimeError:
         code, pos = K.decode_status(status)

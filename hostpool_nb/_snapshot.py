@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from . import _kernels as K
 from ._errors import HostPoolError
 from ._invariants import problems
+from ._tracking import site_id_problems, table_problem
 
 # The layout of the state array. A snapshot or pickle of another format was
 # made by a hostpool_nb whose kernels read the array differently (format 2:
@@ -83,16 +84,19 @@ def check_format(version: Any, what: str) -> None:
 
 
 def checked_words(
-    words: Any, pool: tuple[int, int, str], source: tuple[int, int, str], what: str, track: bool = False
+    words: Any, pool: tuple[int, int, str, bool], source: tuple[int, int, str], what: str, sites: Any = None
 ) -> NDArray[np.int64]:
     """``words`` as a state for ``pool``, or a ``HostPoolError`` saying why not.
 
-    ``pool`` is the (size, page_size, merge) of the pool taking the state,
-    ``source`` the one the state says it came from; ``track`` whether the
-    taking pool tracks (a state must come from a pool that does the same).
+    ``pool`` is the (size, page_size, merge, track) of the pool taking the
+    state, ``source`` the (size, page_size, merge) the state says it came
+    from; a state must come from a pool that tracks as this one does, and
+    ``sites`` is the site table that comes with a tracking state: it must
+    be one a pool could have made, and every page's site ids must name its
+    entries.
     """
-    size, page_size, merge = pool
-    if source != pool:
+    size, page_size, merge, track = pool
+    if source != pool[:3]:
         raise HostPoolError(
             f"{what} is from a pool with size={source[0]}, page_size={source[1]}, merge={source[2]!r}; "
             f"this pool has size={size}, page_size={page_size}, merge={merge!r}"
@@ -102,11 +106,22 @@ def checked_words(
     arr = words
     if arr.dtype != np.int64 or arr.ndim != 1:
         raise HostPoolError(f"{what} holds a {arr.dtype} array of shape {arr.shape}, not a pool state")
-    found = problems(np.ascontiguousarray(arr), size // page_size, page_size)
+    arr = np.ascontiguousarray(arr)
+    found = problems(arr, size // page_size, page_size)
     if not found and int(arr[K.H_SORTED]) != (merge == "sorted"):
         found = [f"its merge order word is {int(arr[K.H_SORTED])}, but it says merge={merge!r}"]
     if not found and bool(arr[K.H_TRACK]) != track:
         raise HostPoolError(f"{what} is from a pool with track={bool(arr[K.H_TRACK])}; this pool has track={track}")
+    if track and sites is None:
+        raise HostPoolError(f"{what} has no site table, but this pool tracks: its site ids would index nothing")
+    if not track and sites is not None:
+        raise HostPoolError(f"{what} has a site table, but this pool does not track")
+    if sites is not None:
+        problem = table_problem(sites)
+        if problem is not None:
+            raise HostPoolError(f"{what} has a damaged site table: {problem}")
+        if not found:
+            found = site_id_problems(arr, sites)
     if found:
         raise HostPoolError(f"{what} fails the pool's invariants: " + "; ".join(found))
     return np.array(arr, dtype=np.int64, copy=True)  # writable: a kernel argument is never read-only

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -25,25 +25,45 @@ from numpy.typing import NDArray
 from . import _kernels as K
 
 UNKNOWN, CLEARED = 0, 1
-_MAX_SITES = 2**31 - 1  # ids share an int64 word with another id
+# What starts the history a tracking pool appends to a DoubleFreeError; a
+# replay, whose pool does not track, compares the text before it.
+HISTORY_MARK = "; it was "
+MAX_SITE_ID = 2**31 - 1  # ids share an int64 word with another id
 _SWEEP_AT = 1024  # the smallest table worth sweeping
 _PACKAGE = __name__.rsplit(".", 1)[0]
 _SUBMODULE = _PACKAGE + "."
 _getframe = sys._getframe
+_LOW32 = (1 << 32) - 1
 
 
 @dataclass(frozen=True)
 class Site:
-    """One allocation or free site: where the call came from, and the caller's tag."""
+    """One allocation or free site: where the call came from, and the caller's tag.
+
+    ``tag_hash`` and ``tag_repr`` are the tag's hash and repr taken once, at
+    the call that recorded it: the table is keyed on them and reports show
+    ``tag_repr``, so nothing the caller does to the tag later (a hash that
+    changes, a repr that starts raising) can reach the pool.
+    """
 
     file: str
     line: int
     function: str
     tag: Hashable = None
+    tag_hash: int = field(default=0, compare=False, repr=False)
+    tag_repr: str = field(default="None", compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line} in {self.function}"
 
+    def key(self) -> SiteKey:
+        """What the table is keyed on: the place, and the tag as it was at the call."""
+        return (self.file, self.line, self.function, self.tag_hash, self.tag_repr)
+
+
+# (file, line, function, tag's hash, tag's repr): immutable, so a table keyed on
+# it never calls back into a caller's object.
+SiteKey = tuple[str, int, str, int, str]
 
 _FIXED = (Site("<unknown>", 0, "?"), Site("<clear()>", 0, "clear"))
 
@@ -68,6 +88,8 @@ class Outstanding:
         How many allocations the pages come from.
     file, line, function : str, int, str
         The site's parts.
+    tag_repr : str
+        ``repr(tag)`` as it was when the tag was recorded.
     """
 
     site: str
@@ -79,6 +101,7 @@ class Outstanding:
     file: str
     line: int
     function: str
+    tag_repr: str = field(default="None", compare=False, repr=False)
 
 
 def caller(depth: int = 2) -> tuple[str, int, str]:
@@ -106,8 +129,37 @@ def caller(depth: int = 2) -> tuple[str, int, str]:
     return "<unknown>", 0, "?"
 
 
+def tag_identity(tag: Hashable) -> tuple[int, str]:
+    """The tag's hash and repr, taken now; ``TypeError`` for a tag that cannot give both.
+
+    Called before anything changes. A tag whose ``__hash__`` or ``__repr__``
+    raises (a writable ``memoryview`` raises ``ValueError``) is refused here,
+    so no later error message or report has to call into it.
+    """
+    if tag is None:
+        return 0, "None"
+    try:
+        h = hash(tag)
+    except Exception:  # noqa: BLE001 - TypeError, or a memoryview's ValueError: the tag is unusable
+        raise TypeError(f"tag must be hashable, got {type(tag).__name__} {_safe_repr(tag)}") from None
+    try:
+        r = repr(tag)
+    except Exception as exc:  # noqa: BLE001 - whatever its repr raises, the tag cannot be reported
+        raise TypeError(f"tag must have a repr, got a {type(tag).__name__} whose repr raised {exc!r}") from None
+    if type(r) is not str:
+        raise TypeError(f"tag must have a repr, got a {type(tag).__name__} whose repr is not a str")
+    return h, r
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception:  # noqa: BLE001 - for an error message only
+        return f"<{type(value).__name__} object>"
+
+
 class Tracker:
-    """The site table of one pool: ``Site`` by id, and id by (file, line, function, tag).
+    """The site table of one pool: ``Site`` by id, and id by :data:`SiteKey`.
 
     The table only holds what some page refers to. A scheduler tags each
     request with its own id, so entries come and go with requests: when the
@@ -118,63 +170,70 @@ class Tracker:
     served. Ids of entries still referred to never change.
 
     :meth:`where` runs before the pool's lock is taken (it reads the
-    caller's frame and checks the tag); :meth:`intern` and :meth:`sweep`
-    run under it, so an id cannot be dropped between its lookup and the
-    kernel that records it.
+    caller's frame and the tag, and touches no table); :meth:`intern`,
+    :meth:`sweep` and :meth:`load` run under it, so an id cannot be dropped
+    or replaced between its lookup and the kernel that records it.
     """
 
     def __init__(self, sites: Sequence[Site | None] | None = None) -> None:
-        self._sites: list[Site | None] = list(sites) if sites else list(_FIXED)
-        self._ids: dict[tuple[str, int, str, Hashable], int] = {}
+        self._sites: list[Site | None] = []
+        self._ids: dict[SiteKey, int] = {}
         self._free_ids: list[int] = []
+        self._live_after_sweep = 0
+        self.load(sites)
+
+    def load(self, sites: Sequence[Site | None] | None) -> None:
+        """Make this the table ``sites`` (a checked one: :func:`table_problem`); ``None`` for a new table."""
+        self._sites = list(sites) if sites else list(_FIXED)
+        self._ids = {}
+        self._free_ids = []
         for i, s in enumerate(self._sites):
             if i < len(_FIXED):
                 continue
             if s is None:
                 self._free_ids.append(i)
             else:
-                self._ids[(s.file, s.line, s.function, s.tag)] = i
+                self._ids[s.key()] = i
         self._live_after_sweep = len(self._ids)
 
-    def where(self, tag: Hashable, depth: int = 0) -> tuple[str, int, str, Hashable]:
-        """The caller's site with ``tag``; ``TypeError`` for an unhashable tag (before any change).
+    def where(self, tag: Hashable, depth: int = 0) -> SiteKey:
+        """The key of the caller's site with ``tag``; ``TypeError`` for an unusable tag (before any change).
 
         The search starts ``depth`` frames above the function calling this:
         1 from a public method, to start at its caller.
         """
         file, line, function = caller(depth + 2)
-        try:
-            hash(tag)
-        except TypeError:
-            raise TypeError(f"tag must be hashable, got {type(tag).__name__} {tag!r}") from None
-        return file, line, function, tag
+        if tag is None:  # the common case, without a call
+            return file, line, function, 0, "None"
+        tag_hash, tag_repr = tag_identity(tag)
+        return file, line, function, tag_hash, tag_repr
 
-    def intern(self, key: tuple[str, int, str, Hashable], st: NDArray[np.int64]) -> int:
-        """The id of ``key`` (from :meth:`where`), added on first use. Call under the pool's lock."""
+    def intern(self, key: SiteKey, tag: Hashable, st: NDArray[np.int64]) -> int:
+        """The id of ``key`` (from :meth:`where`, for ``tag``), added on first use. Call under the pool's lock."""
         sid = self._ids.get(key)
         if sid is not None:
             return sid
         if len(self._ids) >= max(2 * self._live_after_sweep, _SWEEP_AT):
             self.sweep(st)
+        file, line, function, tag_hash, tag_repr = key
+        site = Site(file, line, function, tag, tag_hash, tag_repr)
         if self._free_ids:
             sid = self._free_ids.pop()
-            self._sites[sid] = Site(*key)
+            self._sites[sid] = site
         else:
             sid = len(self._sites)
-            if sid > _MAX_SITES:
+            if sid > MAX_SITE_ID:
                 return UNKNOWN
-            self._sites.append(Site(*key))
+            self._sites.append(site)
         self._ids[key] = sid
         return sid
 
     def sweep(self, st: NDArray[np.int64]) -> int:
         """Drop the entries no page refers to; return how many. O(pages + table). Under the pool's lock."""
-        n = int(st[K.H_NPAGES])
-        t = int(st[K.H_TRACK])
-        words = st[t + n : t + 2 * n]
         used = np.zeros(len(self._sites), dtype=bool)
-        used[np.unique(words >> 32)] = True
-        used[np.unique(words & 0xFFFFFFFF)] = True
+        alloc_ids, free_ids = site_ids(st)
+        used[alloc_ids] = True
+        used[free_ids] = True
         used[: len(_FIXED)] = True
         dropped = 0
         for key, sid in list(self._ids.items()):
@@ -205,7 +264,7 @@ class Tracker:
             return "never allocated by this pool"
         alloc = self.site(word >> 32)
         freed = self.site(word & 0xFFFFFFFF)
-        text = f"allocated at {alloc}{_tag_text(alloc.tag)} (allocation #{seq})"
+        text = f"allocated at {alloc}{_tag_text(alloc)} (allocation #{seq})"
         if (word & 0xFFFFFFFF) == CLEARED:
             return f"{text}, then freed by clear()"
         if (word & 0xFFFFFFFF) != UNKNOWN:
@@ -250,18 +309,63 @@ class Tracker:
                     file=s.file,
                     line=s.line,
                     function=s.function,
+                    tag_repr=s.tag_repr,
                 )
             )
         records.sort(key=lambda r: (-r.pages, r.oldest))
         return records
 
 
+def site_ids(st: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Every page's allocation site id and last freeing site id, from a tracking state's words."""
+    n = int(st[K.H_NPAGES])
+    t = int(st[K.H_TRACK])
+    words = st[t + n : t + 2 * n]
+    return words >> 32, words & _LOW32
+
+
+def table_problem(sites: Any) -> str | None:
+    """Why ``sites`` is not a site table a pool could have made; ``None`` if it is one."""
+    if not isinstance(sites, tuple):
+        return f"it is a {type(sites).__name__}, not a tuple"
+    if not len(_FIXED) <= len(sites) <= MAX_SITE_ID + 1:
+        return f"it has {len(sites)} entries, not {len(_FIXED)} to {MAX_SITE_ID + 1}"
+    for i, s in enumerate(sites):
+        if s is None and i >= len(_FIXED):
+            continue
+        if type(s) is not Site or not (
+            type(s.file) is str
+            and type(s.line) is int
+            and type(s.function) is str
+            and type(s.tag_hash) is int
+            and type(s.tag_repr) is str
+        ):
+            return f"entry {i} is a {type(s).__name__}, not a Site"
+        if i < len(_FIXED) and (s.file, s.line, s.function) != (_FIXED[i].file, _FIXED[i].line, _FIXED[i].function):
+            return f"entry {i} is {s}, expected {_FIXED[i]}"
+    return None
+
+
+def site_id_problems(st: NDArray[np.int64], sites: Sequence[Site | None]) -> list[str]:
+    """Every page's site ids must name an entry of ``sites`` (0 and 1 always do)."""
+    alloc_ids, free_ids = site_ids(st)
+    live = np.array([s is not None for s in sites], dtype=bool)
+    found = []
+    for what, ids in (("allocation", alloc_ids), ("free", free_ids)):
+        bad = (ids < 0) | (ids >= live.shape[0])
+        bad[~bad] = ~live[ids[~bad]]
+        if bad.any():
+            p = int(np.argmax(bad))
+            found.append(f"page {p}'s {what} site id {int(ids[p])} is not in its site table of {len(sites)}")
+    return found
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def _tag_text(tag: Any) -> str:
-    return "" if tag is None else f" with tag {tag!r}"
+def _tag_text(site: Site) -> str:
+    return "" if site.tag is None else f" with tag {site.tag_repr}"
 
 
 def leak_report(pool_text: str, records: list[Outstanding] | None, held_pages: int, page_size: int, limit: int) -> str:
@@ -279,7 +383,7 @@ def leak_report(pool_text: str, records: list[Outstanding] | None, held_pages: i
     lines = [f"{head}, by {_count(allocations, 'allocation')} in {_count(len(records), 'group')} (call site, tag):"]
     shown = records[:limit]
     rows = [("pages", "slots", "allocs", "oldest", "tag", "site")]
-    rows += [(str(r.pages), str(r.slots), str(r.allocations), f"#{r.oldest}", repr(r.tag), r.site) for r in shown]
+    rows += [(str(r.pages), str(r.slots), str(r.allocations), f"#{r.oldest}", r.tag_repr, r.site) for r in shown]
     numeric = 4  # pages, slots, allocs, oldest: right-aligned; then the tag; the site runs on
     widths = [max(len(row[c]) for row in rows) for c in range(numeric + 1)]
     for row in rows:

@@ -695,7 +695,9 @@ def test_a_pickle_with_tracking_words_but_no_sites_is_refused() -> None:
     assert str(info.value) == ("the pickled LogicalHostPool is from a pool with track=True; this pool has track=False")
     with pytest.raises(HostPoolError) as info:
         blank.__setstate__({**saved, "sites": ("not a site",)})
-    assert str(info.value) == "the pickled LogicalHostPool has a damaged site table"
+    assert (
+        str(info.value) == "the pickled LogicalHostPool has a damaged site table: it has 1 entries, not 2 to 2147483648"
+    )
 
 
 # -- sorted merge order, invariants ---------------------------------------------
@@ -744,8 +746,14 @@ def test_check_invariants_covers_the_tracking_words() -> None:
     st = pool._st
     track = int(st[K.H_TRACK])
     assert track == K.track_offset(4)
-    # A free page's number is not checked (it keeps its last allocation's).
+    # A free page keeps its last allocation's number, which is below the next one too.
     st[track + 3] = 99
+    with pytest.raises(RuntimeError) as info:
+        pool.check_invariants()
+    assert str(info.value) == (
+        "LogicalHostPool state is corrupted: page 3's last allocation number is not below the next one, 2"
+    )
+    st[track + 3] = 1
     pool.check_invariants()
     for page_, value in ((1, 2), (1, -1), (0, 1 << 40)):
         saved = int(st[track + page_])
