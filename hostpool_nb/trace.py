@@ -9,7 +9,9 @@ workload against the original algorithm.
 File format (version 1)
 -----------------------
 An uncompressed ``.npz`` archive (``numpy.load(path)`` reads it; no pickle)
-with four arrays:
+with four arrays, each a stored (not compressed) ``.npy`` member whose
+header declares exactly the bytes it holds (:func:`load` checks both before
+reading a byte of data):
 
 ``header``, one record
     ``version`` (int32), ``pool`` (the class, e.g. ``"LogicalHostPool"``),
@@ -60,6 +62,7 @@ from numpy.typing import NDArray
 from ._convert import as_slots
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
 from ._pool import LogicalHostPool
+from ._tracking import HISTORY_MARK
 
 VERSION = 1
 OPS = ("", "alloc", "alloc_many", "free", "clear", "merge", "free_group_begin", "free_group_end", "backup", "restore")
@@ -123,6 +126,11 @@ class Operation:
     error: str | None
     message: str | None
 
+    @property
+    def replayable(self) -> bool:
+        """Whether the record holds what the call needs (its argument; the snapshot it restored)."""
+        return not self.unreadable
+
 
 @dataclass(frozen=True)
 class Trace:
@@ -137,6 +145,11 @@ class Trace:
 
     def __len__(self) -> int:
         return len(self.operations)
+
+    @property
+    def replayable(self) -> int:
+        """How many operations the record holds enough of to replay."""
+        return sum(op.replayable for op in self.operations)
 
 
 # -- recording ------------------------------------------------------------------
@@ -181,8 +194,8 @@ class Recorder:
             unreadable = unreadable or isinstance(exc, TypeError)  # the record holds only numbers
         self.ops.append((OPS.index(op), error, unreadable, -1 if arg is None else arg, result, offset, message))
 
-    def write(self, path: str | os.PathLike[str]) -> None:
-        """Write the trace atomically (a temporary file in the same folder, then a rename)."""
+    def write(self, path: str | os.PathLike[str], tmp: str | None = None) -> None:
+        """Write the trace atomically: into ``tmp`` (a new file in the same folder), then a rename."""
         pool = self.pool
         header = np.array(
             [
@@ -203,9 +216,11 @@ class Recorder:
         data = np.concatenate(self.data) if self.data else np.empty(0, dtype=np.int64)
         messages = np.array(self.messages if self.messages else [""], dtype=np.str_)
         target = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
+        if tmp is None:
+            fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
+            os.close(fd)
         try:
-            with os.fdopen(fd, "wb") as f:
+            with open(tmp, "wb") as f:
                 np.savez(f, header=header, ops=ops, data=data, messages=messages)
             os.replace(tmp, target)
         except BaseException:
@@ -230,22 +245,46 @@ def recording(pool: Any, path: str | os.PathLike[str]) -> Iterator[None]:
     While recording, each recorded method of ``pool`` is replaced (on the
     instance) by a wrapper that holds the pool's lock for the whole call,
     so the record's order is the order the calls changed the pool. The file
-    is written when the block ends, also when it raises.
+    is written when the block ends, also when it raises. Everything that
+    can be checked before the block runs is: ``path`` must name a file in a
+    directory that exists and takes a new file (the temporary file the
+    trace is written to is made then), and the pool must not be recording.
     """
     target = Path(path)
     if not target.parent.is_dir():
         raise HostPoolError(f"cannot record to {path}: directory {target.parent} does not exist")
-    if any(name in vars(pool) for name in _RECORDED):
-        raise HostPoolError("this pool is already recording: recordings do not nest")
-    rec = Recorder(pool)
-    for name in _RECORDED:
-        setattr(pool, name, _wrap(pool, rec, name, getattr(pool, name)))
+    if str(path) == "" or target.is_dir():
+        raise HostPoolError(f"cannot record to {str(path)!r}: it is a directory, not a file name")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise HostPoolError(f"cannot record to {path}: {exc.strerror or exc}") from None
+    os.close(fd)
+    with pool.lock:  # checked and installed in one hold: two threads cannot both start recording
+        if any(name in vars(pool) for name in _RECORDED):
+            os.unlink(tmp)
+            raise HostPoolError("this pool is already recording: recordings do not nest")
+        rec = Recorder(pool)
+        for name in _RECORDED:
+            setattr(pool, name, _wrap(pool, rec, name, getattr(pool, name)))
     try:
         yield
-    finally:
+    except BaseException as exc:
+        _stop(pool)
+        try:
+            rec.write(target, tmp)
+        except Exception as lost:  # noqa: BLE001 - the block's own exception is the one to raise
+            if hasattr(exc, "add_note"):  # Python 3.11+
+                exc.add_note(f"hostpool_nb: the trace {path} could not be written: {lost!r}")
+        raise
+    _stop(pool)
+    rec.write(target, tmp)
+
+
+def _stop(pool: Any) -> None:
+    with pool.lock:
         for name in _RECORDED:
             vars(pool).pop(name, None)
-        rec.write(target)
 
 
 _RECORDED = (
@@ -388,25 +427,82 @@ def _slots_of_input(indices: Any) -> NDArray[np.int64] | None:
 # -- loading --------------------------------------------------------------------
 
 
+_MEMBERS = ("header", "ops", "data", "messages")
+_ZIP_MAGIC = b"PK\x03\x04"
+_NPY_MAGIC = b"\x93NUMPY"
+
+
 def load(path: str | os.PathLike[str]) -> Trace:
-    """Read a trace file; raise :class:`TraceError` saying what is wrong with a damaged one."""
-    with open(path, "rb") as f:  # our handle: closed whatever numpy makes of the bytes
+    """Read a trace file; raise :class:`TraceError` saying what is wrong with a damaged one.
+
+    Nothing is read beyond what the file holds: each array's declared size
+    is checked against its stored bytes before it is read, compressed
+    members are refused (the format is uncompressed), and nothing is
+    unpickled. A missing file is a ``FileNotFoundError``; any other file
+    that cannot be opened or read (a directory, a symlink loop, no
+    permission) is a :class:`TraceError`.
+    """
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - opened apart from the with below, so an OSError here is told apart
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise TraceError(f"{path} cannot be read as a trace: {exc.strerror or exc}") from None
+    with f:
         try:
-            archive = np.load(f, allow_pickle=False)
+            magic = f.read(len(_NPY_MAGIC))
+            f.seek(0)
+        except OSError as exc:
+            raise TraceError(f"{path} cannot be read as a trace: {exc.strerror or exc}") from None
+        if magic.startswith(_NPY_MAGIC):
+            raise TraceError(f"{path} is not a hostpool_nb trace (a single .npy array, not an .npz archive)")
+        if not magic.startswith(_ZIP_MAGIC):
+            raise TraceError(f"{path} is not a hostpool_nb trace (not a readable .npz archive: no zip signature)")
+        try:
+            archive = zipfile.ZipFile(f)
         except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
             raise TraceError(f"{path} is not a hostpool_nb trace (not a readable .npz archive: {exc})") from None
-        if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise TraceError(f"{path} is not a hostpool_nb trace (a single .npy array, not an .npz archive)")
         with archive:
-            arrays = {}
-            for name in ("header", "ops", "data", "messages"):
-                if name not in archive.files:
+            for name in _MEMBERS:
+                if name + ".npy" not in archive.NameToInfo:
                     raise TraceError(f"{path} is not a hostpool_nb trace: it has no {name!r} array")
-                try:
-                    arrays[name] = archive[name]
-                except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-                    raise TraceError(f"{path} is damaged: its {name!r} array cannot be read ({exc})") from None
+            arrays = {name: _read_member(archive, name, path) for name in _MEMBERS}
     return _check(path, arrays["header"], arrays["ops"], arrays["data"], arrays["messages"])
+
+
+def _read_member(archive: zipfile.ZipFile, name: str, path: Any) -> NDArray[Any]:
+    """One ``.npy`` member, read only after its header's size matched its stored bytes."""
+    info = archive.NameToInfo[name + ".npy"]
+    where = f"{path} is damaged: its {name!r} array"
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise TraceError(f"{where} is compressed; a trace's arrays are stored uncompressed")
+    try:
+        with archive.open(info) as member:
+            version = np.lib.format.read_magic(member)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
+            else:
+                raise TraceError(f"{where} is in .npy format {version}, which traces do not use")
+            if dtype.hasobject:
+                raise TraceError(f"{where} cannot be read (it holds Python objects, which only pickle reads)")
+            count = 1
+            for dim in shape:
+                count *= int(dim)
+            want = count * dtype.itemsize
+            stored = info.file_size - member.tell()
+            if want != stored:
+                raise TraceError(f"{where} declares {count} entries ({want} bytes) but holds {stored} bytes")
+            raw = bytearray(member.read(want))  # writable: replay hands slices to the pool
+    except TraceError:
+        raise
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise TraceError(f"{where} cannot be read ({exc})") from None
+    if len(raw) != want:
+        raise TraceError(f"{where} is truncated: {len(raw)} of {want} bytes")
+    arr: NDArray[Any] = np.frombuffer(raw, dtype=dtype, count=count)
+    return arr.reshape(shape, order="F" if fortran else "C")
 
 
 def _check(path: Any, header: Any, ops: Any, data: Any, messages: Any) -> Trace:  # noqa: PLR0912 - one check each
@@ -429,11 +525,18 @@ def _check(path: Any, header: Any, ops: Any, data: Any, messages: Any) -> Trace:
     if page_size < 1 or size < 0 or size % page_size or merge not in ("fifo", "sorted"):
         raise TraceError(f"{where}: the pool it records is not a pool (size={size}, page_size={page_size}, {merge})")
     result: list[Operation] = []
+    backups = 0  # snapshots numbered so far: a restore names one of them
     for i, rec in enumerate(ops.tolist()):
         op, error, unreadable, arg, res, offset, message = rec
         if not 0 < op < len(OPS) or error >= len(ERRORS) or not -1 <= message < messages.shape[0]:
             raise TraceError(f"{where}: operation {i} has an unknown code (op {op}, error {error})")
         name = OPS[op]
+        if name == "backup" and not error:
+            if arg != backups:
+                raise TraceError(f"{where}: operation {i} (backup) is snapshot {arg}, expected {backups}")
+            backups += 1
+        if name == "restore" and not unreadable and not 0 <= arg < backups:
+            raise TraceError(f"{where}: operation {i} (restore) names snapshot {arg}, of {backups} taken before it")
         served = not error and res >= 0  # alloc and alloc_many returned slots (maybe none)
         count = 0
         if not unreadable:
@@ -491,7 +594,7 @@ def replay(trace: Trace) -> tuple[int, int, Divergence | None]:
     backups: dict[int, Any] = {}
     skipped = 0
     for op in trace.operations:
-        if not _replayable(op):
+        if not op.replayable:
             skipped += 1
             continue
         got_value, got_exc = _run(pool, op, backups)
@@ -499,11 +602,6 @@ def replay(trace: Trace) -> tuple[int, int, Divergence | None]:
         if divergence is not None:
             return op.index - skipped, skipped, divergence
     return len(trace.operations) - skipped, skipped, None
-
-
-def _replayable(op: Operation) -> bool:
-    """Whether the record holds what the call needs (its argument; the snapshot it restored)."""
-    return not op.unreadable
 
 
 def _run(pool: Any, op: Operation, backups: dict[int, Any]) -> tuple[Any, BaseException | None]:
@@ -522,8 +620,9 @@ def _run(pool: Any, op: Operation, backups: dict[int, Any]) -> tuple[Any, BaseEx
 
 
 def _without_history(message: str) -> str:
-    """A tracking pool's error text without the call sites it appends (``; it was allocated at ...``)."""
-    cut = message.find("; it was allocated at ")
+    """A tracking pool's error text without the history it appends (``; it was allocated at ...``,
+    ``; it was never allocated by this pool``): a replay's untracked pool has none."""
+    cut = message.find(HISTORY_MARK)
     return message if cut < 0 else message[:cut]
 
 
