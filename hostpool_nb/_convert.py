@@ -85,7 +85,7 @@ def holds_bool(values: list[Any] | tuple[Any, ...]) -> bool:
     return any(holds_bool(v) for v in values if type(v) is list or type(v) is tuple)
 
 
-def as_slots(indices: Any) -> NDArray[np.int64]:
+def as_slots(indices: Any, name: str = "indices") -> NDArray[np.int64]:
     """Flatten ``indices`` (C order) into a C-contiguous int64 array.
 
     Accepts numpy arrays and anything ``np.asarray`` understands (lists,
@@ -101,40 +101,40 @@ def as_slots(indices: Any) -> NDArray[np.int64]:
         if arr.dtype == _INT64 and arr.ndim == 1 and arr.flags.c_contiguous:
             return arr  # the hot path: no copy
     elif isinstance(indices, (str, bytes, bytearray)):
-        raise TypeError(f"indices must be an array of integer slot ids, got {type(indices).__name__}")
+        raise TypeError(f"{name} must be an array of integer slot ids, got {type(indices).__name__}")
     else:
-        _reject_masked(indices)
+        _reject_masked(indices, name)
         try:
             arr = np.asarray(indices)
         except MemoryError:
             raise
         except Exception as exc:  # noqa: BLE001 - ragged lists, an __array__ that raises: all become TypeError
             raise TypeError(
-                f"indices must be an array of integer slot ids, got {type(indices).__name__}: {exc}"
+                f"{name} must be an array of integer slot ids, got {type(indices).__name__}: {exc}"
             ) from None
         if arr.size == 0 and isinstance(indices, (list, tuple)):
             return _EMPTY_SLOTS
     if arr.ndim == 0:
-        raise TypeError(f"indices must be an array of integer slot ids, got a scalar {indices!r}; wrap it in a list")
+        raise TypeError(f"{name} must be an array of integer slot ids, got a scalar {indices!r}; wrap it in a list")
     if arr.dtype.kind in "fO" and arr is not indices:
         # numpy stores Python ints beyond int64 as objects, or as floats when
         # mixed with negative ones: look at the values the caller gave.
-        _raise_if_big_ints(np.asarray(indices, dtype=object))
+        _raise_if_big_ints(np.asarray(indices, dtype=object), name)
     if arr.dtype.kind not in "iu":
         raise TypeError(
-            f"indices must hold integers, got dtype {arr.dtype}; "
+            f"{name} must hold integers, got dtype {arr.dtype}; "
             "convert with .astype(np.int64) if the values are whole slot ids"
         )
     if isinstance(indices, (list, tuple)) and holds_bool(indices):
-        raise TypeError("indices must hold integers, got a bool among them (numpy would read True as slot 1)")
+        raise TypeError(f"{name} must hold integers, got a bool among them (numpy would read True as slot 1)")
     flat = arr.reshape(-1)
     if arr.dtype.kind == "u" and flat.size and int(flat.max()) > _INT64_MAX:
         pos = int(np.argmax(flat > _INT64_MAX))
-        raise SlotRangeError(f"free got slot {int(flat[pos])} at indices[{pos}] (flattened), outside the int64 range")
+        raise SlotRangeError(f"free got slot {int(flat[pos])} at {name}[{pos}] (flattened), outside the int64 range")
     return np.ascontiguousarray(flat, dtype=np.int64)
 
 
-def _reject_masked(values: Any, name: str = "indices") -> None:
+def _reject_masked(values: Any, name: str) -> None:
     """Refuse masked arrays: ``np.asarray`` would use their masked entries too.
 
     ``numpy.ma`` is looked up in ``sys.modules`` rather than imported: a
@@ -142,13 +142,13 @@ def _reject_masked(values: Any, name: str = "indices") -> None:
     """
     ma = sys.modules.get("numpy.ma")
     if ma is not None and isinstance(values, ma.MaskedArray):
-        use = "free would also free its masked entries" if name == "indices" else "its masked entries would count"
+        use = "its masked entries would count" if name == "sizes" else "free would also free its masked entries"
         raise TypeError(
             f"{name} must not be a masked array: {use}; pass {name}.compressed() to use only the unmasked ones"
         )
 
 
-def _raise_if_big_ints(arr: NDArray[np.object_]) -> None:
+def _raise_if_big_ints(arr: NDArray[np.object_], name: str) -> None:
     """Report Python ints too large for int64 as the range errors they are.
 
     ``arr`` holds the caller's values as objects. Without this check such
@@ -161,7 +161,7 @@ def _raise_if_big_ints(arr: NDArray[np.object_]) -> None:
         return
     for pos, v in enumerate(values):
         if not -_INT64_MAX - 1 <= int(v) <= _INT64_MAX:
-            raise SlotRangeError(f"free got slot {v} at indices[{pos}] (flattened), outside the int64 range")
+            raise SlotRangeError(f"free got slot {v} at {name}[{pos}] (flattened), outside the int64 range")
 
 
 def as_sizes(sizes: Any) -> NDArray[np.int64] | list[int]:

@@ -68,7 +68,8 @@ FREE_TOKENS = 2  # page size 1: every slot allocated and named once
 
 GP_COUNT = 0
 GP_CAP = 1  # pages + 1: room for every page once
-GP_HEADER = 2
+GP_FAULT = 2  # scratch: the slot a failed free_slots stopped at, for its error message
+GP_HEADER = 3
 MARK_NONE = 0
 MARK_PENDING = 1
 MARK_STAGED = 2
@@ -386,6 +387,7 @@ def free_slots(
     pend0: int = gp[GP_COUNT]
     done = 0
     status = 0
+    slot = 0
     for c in range(count):
         slot = slots[c]  # the only read of this element
         p = slot >> shift if shift >= 0 else slot // page_size
@@ -437,6 +439,8 @@ def free_slots(
         ring[pos] = p
         pos = pos + 1 if pos + 1 < cap else 0
         done += 1
+    if status != 0:
+        gp[GP_FAULT] = slot  # the value the check failed on: the caller's array may have changed since
     if in_group != 0:
         new_mark = MARK_NONE if status != 0 else MARK_PENDING
         for i in range(done):

@@ -58,6 +58,7 @@ from . import _kernels as K
 from . import _paged_kernels as P
 from ._convert import _INT64_MAX, as_count, as_slots, holds_bool
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, SlotRangeError
+from ._fork import register as register_fork_lock
 from ._invariants import ring_ids
 from ._paged_state import PagedState, group_problems, rank_problems
 
@@ -80,7 +81,9 @@ def _packed(values: list[Any] | tuple[Any, ...], name: str) -> NDArray[np.int64]
     fresh = np.empty(len(values), dtype=np.int64)
     try:
         struct.pack_into(f"{len(values)}q", fresh, 0, *values)  # type: ignore[arg-type]  # ndarray is a buffer; its stubs say so only on 3.12+
-    except struct.error:
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 - struct.error, or whatever an element's __index__ raises
         packed = False
     else:
         packed = True
@@ -92,10 +95,12 @@ def _packed(values: list[Any] | tuple[Any, ...], name: str) -> NDArray[np.int64]
         return fresh
     try:
         array("q", values)  # why struct refused: a non-integer, or an int beyond int64?
-    except TypeError:
-        return None  # a non-integer element: numpy's conversion names its dtype
     except OverflowError:
         raise HostPoolError(f"{name} holds a value beyond the int64 range") from None
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 - a non-integer element (or a raising __index__): numpy's conversion names it
+        return None
     return None
 
 
@@ -157,6 +162,7 @@ class _RankedAllocator:
         self._kvcache = kvcache
         self._pages = pages_per_rank
         self.lock = threading.RLock()
+        register_fork_lock(self)
         self._in_group = False
         self._st: list[NDArray[np.int64]] = []
         self._gp: list[NDArray[np.int64]] = []
@@ -260,6 +266,8 @@ class _RankedAllocator:
         theirs = (state.kind, state.size, state.page_size, state.dp_size)
         if mine != theirs:
             raise HostPoolError(f"the state is from {theirs} (kind, size, page_size, dp_size); this is {mine}")
+        if len(state._ranks) != self.dp_size:
+            raise HostPoolError(f"the state holds {len(state._ranks)} ranks; this allocator has dp_size={self.dp_size}")
         for r, words in enumerate(state._ranks):
             found = rank_problems(np.ascontiguousarray(words), self._pages, self.page_size, self._sorted)
             if found:
@@ -306,18 +314,18 @@ class _RankedAllocator:
         if type(free_index) is np.ndarray and free_index.dtype is _INT64 and free_index.strides == _STRIDES_1D:
             slots: NDArray[np.int64] = free_index
         else:
-            slots = as_slots(free_index)
+            slots = as_slots(free_index, "free_index")
         if slots.shape[0] == 0:
             return 0
         with self.lock:
             status = P.free_slots(self._st[r], self._gp[r], slots, self.page_size, mode, int(self._in_group))
-        if status < 0:
-            raise self._free_error(status, slots, r)
+            if status < 0:  # built under the same hold, from the value the kernel checked
+                raise self._free_error(status, r)
         return status
 
-    def _free_error(self, status: int, slots: NDArray[np.int64], r: int) -> Exception:  # noqa: PLR0911 - per code
+    def _free_error(self, status: int, r: int) -> Exception:  # noqa: PLR0911 - one per code
         code, pos = K.decode_status(status)
-        slot = int(slots[pos])
+        slot = int(self._gp[r][P.GP_FAULT])
         ps = self.page_size
         n = self._pages
         where = f"free_index[{pos}] (flattened)"

@@ -95,13 +95,23 @@ def _ne(name: str, got: str) -> str:
 def _slots_hold(dtype: str) -> str:
     """as_slots' message for slot ids that are no integers."""
     return (
-        f"indices must hold integers, got dtype {dtype}; "
+        f"free_index must hold integers, got dtype {dtype}; "
         "convert with .astype(np.int64) if the values are whole slot ids"
     )
 
 
 def _dp(value: int) -> str:
     return f"dp_rank must be in [0, 2), got dp_rank={value}"
+
+
+class _RaisingIndex:
+    """A list element whose ``__index__`` raises something other than ``TypeError``."""
+
+    def __index__(self) -> int:
+        raise ZeroDivisionError("no index here")
+
+    def __repr__(self) -> str:
+        return "_RaisingIndex()"
 
 
 # -- dp_rank, for every method that takes one -------------------------------------------
@@ -186,13 +196,13 @@ PAGED_FREE_CASES = [
     pytest.param(
         np.array([4, 2**63], dtype=np.uint64),
         SlotRangeError,
-        f"free got slot {2**63} at indices[1] (flattened), outside the int64 range",
+        f"free got slot {2**63} at free_index[1] (flattened), outside the int64 range",
         id="uint64-beyond-int64",
     ),
     pytest.param(
         [4, 2**64],
         SlotRangeError,
-        f"free got slot {2**64} at indices[1] (flattened), outside the int64 range",
+        f"free got slot {2**64} at free_index[1] (flattened), outside the int64 range",
         id="python-int-beyond-int64",
     ),
     # Not integers: floats, bools, strings, None, scalars, ragged lists; the 2-D ones too.
@@ -220,7 +230,7 @@ PAGED_FREE_CASES = [
         _slots_hold("bool"),
         id="bool-list",
     ),
-    pytest.param("4", TypeError, "indices must be an array of integer slot ids, got str", id="str"),
+    pytest.param("4", TypeError, "free_index must be an array of integer slot ids, got str", id="str"),
     pytest.param(
         np.array(["4"]),
         TypeError,
@@ -228,11 +238,15 @@ PAGED_FREE_CASES = [
         id="str-array",
     ),
     pytest.param(
-        None, TypeError, "indices must be an array of integer slot ids, got a scalar None; wrap it in a list", id="none"
+        None,
+        TypeError,
+        "free_index must be an array of integer slot ids, got a scalar None; wrap it in a list",
+        id="none",
     ),
     pytest.param(
-        4, TypeError, "indices must be an array of integer slot ids, got a scalar 4; wrap it in a list", id="int"
+        4, TypeError, "free_index must be an array of integer slot ids, got a scalar 4; wrap it in a list", id="int"
     ),
+    pytest.param([4, _RaisingIndex()], TypeError, _slots_hold("object"), id="index-raises"),
 ]
 
 
@@ -252,7 +266,7 @@ def test_bad_free_ragged(paged: PagedTokenToKVPoolAllocator) -> None:
     with pytest.raises(TypeError) as info:
         paged.free([[4], [5, 6]])
     assert type(info.value) is TypeError
-    assert str(info.value).startswith("indices must be an array of integer slot ids, got list: ")
+    assert str(info.value).startswith("free_index must be an array of integer slot ids, got list: ")
     assert_unchanged(paged, before)
 
 
@@ -330,9 +344,12 @@ TOKEN_FREE_CASES = [
         _slots_hold("bool"),
         id="bool",
     ),
-    pytest.param("1", TypeError, "indices must be an array of integer slot ids, got str", id="str"),
+    pytest.param("1", TypeError, "free_index must be an array of integer slot ids, got str", id="str"),
     pytest.param(
-        None, TypeError, "indices must be an array of integer slot ids, got a scalar None; wrap it in a list", id="none"
+        None,
+        TypeError,
+        "free_index must be an array of integer slot ids, got a scalar None; wrap it in a list",
+        id="none",
     ),
 ]
 
@@ -523,6 +540,14 @@ EXTEND_CASES = [
     pytest.param(
         ([0], [2**70], [-1], 1), HostPoolError, "seq_lens holds a value beyond the int64 range", id="beyond-int64"
     ),
+    # An element whose __index__ raises is not an integer, whatever it raises.
+    pytest.param(([_RaisingIndex()], [1], [-1], 1), TypeError, _must_hold("prefix_lens", "object"), id="index-raises"),
+    pytest.param(
+        ([0, 0], [1, _RaisingIndex()], [-1, -1], 2), TypeError, _must_hold("seq_lens", "object"), id="index-raises-2nd"
+    ),
+    pytest.param(
+        ([0], (1,), (_RaisingIndex(),), 1), TypeError, _must_hold("last_loc", "object"), id="tuple-index-raises"
+    ),
 ]
 
 
@@ -572,6 +597,8 @@ DECODE_CASES = [
     pytest.param((None, [-1]), TypeError, "seq_lens must be 1-D, got NoneType of shape ()", id="none"),
     pytest.param(([1], np.array([[-1]])), TypeError, "last_loc must be 1-D, got ndarray of shape (1, 1)", id="2d"),
     pytest.param((7, [9]), TypeError, "seq_lens must be 1-D, got int of shape ()", id="scalar"),
+    pytest.param(([_RaisingIndex()], [-1]), TypeError, _must_hold("seq_lens", "object"), id="index-raises"),
+    pytest.param(([1], [3, _RaisingIndex()]), TypeError, _must_hold("last_loc", "object"), id="index-raises-2nd"),
 ]
 
 
@@ -621,12 +648,25 @@ def test_debug_mode_violations(group: bool, call: Callable[[Any], Any], message:
 # -- restore_state ------------------------------------------------------------------
 
 
-def _tampered(a: PagedTokenToKVPoolAllocator, change: Callable[[np.ndarray], None]) -> PagedState:
-    """A backup of ``a`` whose rank 0 words went through ``change``."""
+def _tampered(a: PagedTokenToKVPoolAllocator, change: Callable[[np.ndarray], None], rank: int = 0) -> PagedState:
+    """A backup of ``a`` whose words of ``rank`` went through ``change``."""
     state = a.backup_state()
     words = [np.array(w) for w in state._ranks]
-    change(words[0])
+    change(words[rank])
     return PagedState(*SHAPE, tuple(words))
+
+
+_FULL = "counters beyond 4611686018427387904 (2**62), which later calls would overflow: "
+
+
+def _saturated(word: int, name: str, rank: int = 0) -> Any:
+    """A RESTORE_CASES row: a counter word of ``rank`` at the int64 maximum, where its next step would wrap."""
+    return pytest.param(
+        lambda a: _tampered(a, lambda w: w.__setitem__(word, 2**63 - 1), rank),
+        HostPoolError,
+        f"the state of rank {rank} fails the invariants: " + _FULL + f"{name}={2**63 - 1}",
+        id=f"saturated-{name}-rank-{rank}",
+    )
 
 
 def _ring(words: np.ndarray) -> np.ndarray:
@@ -746,6 +786,52 @@ RESTORE_CASES = [
         HostPoolError,
         _INVARIANTS + "header says (pages, page_size, shift) = (9, 1, 0), pool has (9, 4, 2)",
         id="relabelled-token-state",
+    ),
+    # Another kind's state of exactly this shape.
+    pytest.param(
+        lambda a: dataclasses.replace(a.backup_state(), kind="token"),
+        HostPoolError,
+        f"the state is from ('token', {SIZE}, 4, 2) (kind, size, page_size, dp_size); this is {SHAPE}",
+        id="same-shape-other-kind",
+    ),
+    # Rank counts other than dp_size: none restored, not some.
+    pytest.param(
+        lambda a: PagedState(*SHAPE, a.backup_state()._ranks[:1]),
+        HostPoolError,
+        "the state holds 1 ranks; this allocator has dp_size=2",
+        id="one-rank-of-two",
+    ),
+    pytest.param(
+        lambda a: PagedState(*SHAPE, a.backup_state()._ranks * 2),
+        HostPoolError,
+        "the state holds 4 ranks; this allocator has dp_size=2",
+        id="four-ranks-of-two",
+    ),
+    # Only rank 1 tampered: every rank is checked, not just the first.
+    pytest.param(
+        lambda a: _tampered(a, lambda w: _owner(w).__setitem__(1, K.OWNER_FREE), rank=1),
+        HostPoolError,
+        "the state of rank 1 fails the invariants: page 1 has owner flag 0 but is listed 0 times",
+        id="rank-1-tampered",
+    ),
+    # Counters that the next call would wrap, on either rank; a spare header word.
+    _saturated(K.H_ALLOC_CALLS, "alloc_calls"),
+    _saturated(K.H_MERGES, "merges"),
+    _saturated(K.H_FREE_CALLS, "free_calls"),
+    _saturated(K.H_CLEARS, "clears", rank=1),
+    _saturated(K.H_PEAK, "peak_allocated_pages", rank=1),
+    pytest.param(
+        lambda a: _tampered(a, lambda w: w.__setitem__(K.HEADER - 1, 7)),
+        HostPoolError,
+        _INVARIANTS + f"spare header word {K.HEADER - 1} is not zero",
+        id="spare-header-word",
+    ),
+    # A group depth with nothing pending: the core's groups are unused in a rank.
+    pytest.param(
+        lambda a: _tampered(a, lambda w: w.__setitem__(K.H_GROUP_DEPTH, 1)),
+        HostPoolError,
+        _INVARIANTS + "a rank's core pending list and group depth must stay empty",
+        id="group-depth-1",
     ),
 ]
 
