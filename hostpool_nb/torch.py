@@ -86,6 +86,11 @@ def _tensor_as_numpy(tensor: torch.Tensor, name: str = "indices") -> NDArray[Any
     (resolved), a sparse or meta tensor or a dtype numpy lacks
     (``TypeError`` naming ``name``). A plain CPU tensor never gets here.
     """
+    if tensor.is_nested:
+        raise TypeError(
+            f"{name} must be a dense tensor, got a nested tensor; concatenate its components "
+            "(torch.cat(list(t.unbind()))) first"
+        )
     if tensor.layout is not _strided:
         raise TypeError(f"{name} must be a dense tensor, got layout {tensor.layout}; call .to_dense() first")
     if tensor.device.type == "meta":
@@ -100,7 +105,7 @@ def _tensor_as_numpy(tensor: torch.Tensor, name: str = "indices") -> NDArray[Any
     tensor = tensor.resolve_conj().resolve_neg()
     try:
         return tensor.numpy()
-    except (TypeError, NotImplementedError):  # quantized and other dtypes numpy lacks
+    except (TypeError, NotImplementedError, RuntimeError):  # quantized and other tensors numpy cannot view
         raise TypeError(
             f"{name} must hold integers, got dtype {tensor.dtype}; "
             f"convert with .long() (or .to(torch.int64)) if the values are whole {_UNITS[name]}"

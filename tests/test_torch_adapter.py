@@ -13,6 +13,7 @@ this machine has no GPU.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -468,6 +469,13 @@ def test_free_accepts_numpy_lists_and_subclasses() -> None:
 # -- errors --------------------------------------------------------------
 
 
+def _nested(t: Any, layout: Any) -> Any:
+    """``t``'s two halves as a nested tensor (a prototype feature: torch warns on making one)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.nested.nested_tensor([t[: t.shape[0] // 2], t[t.shape[0] // 2 :]], layout=layout)
+
+
 @pytest.mark.parametrize(
     "make",
     [
@@ -480,8 +488,22 @@ def test_free_accepts_numpy_lists_and_subclasses() -> None:
         lambda t: t.to(torch.complex64).conj(),  # a conjugate view
         lambda t: t[0],  # 0-d: a scalar
         lambda t: t.to_sparse(),
+        lambda t: _nested(t, torch.strided),  # .numpy() raises torch's RuntimeError
+        lambda t: _nested(t, torch.jagged),
     ],
-    ids=["float32", "float64-grad", "bool", "float16", "bfloat16", "complex", "conj", "0-d", "sparse"],
+    ids=[
+        "float32",
+        "float64-grad",
+        "bool",
+        "float16",
+        "bfloat16",
+        "complex",
+        "conj",
+        "0-d",
+        "sparse",
+        "nested",
+        "nested-jagged",
+    ],
 )
 def test_free_wrong_kind_of_tensor_is_a_type_error(make: Any) -> None:
     pool = LogicalHostPool(64, 16)
