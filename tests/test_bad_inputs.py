@@ -804,3 +804,56 @@ def test_alloc_errors_at_every_page_size(ps: int, snapshot: Any, unchanged: Any,
     refused(pool, before)
     # FIFO: the free page 5, then the released page 2.
     assert pool.alloc(2 * ps).tolist() == _pg(5, ps) + _pg(2, ps)
+
+
+# -- tags of a tracking pool -------------------------------------------------------
+
+
+class _ReprRaises:
+    def __hash__(self) -> int:
+        return 3
+
+    def __repr__(self) -> str:
+        raise ZeroDivisionError("no repr")
+
+
+class _HashRaises:
+    def __hash__(self) -> int:
+        raise ZeroDivisionError("no hash")
+
+
+BAD_TAGS = [
+    pytest.param(lambda: [1], "tag must be hashable, got list [1]", id="list"),
+    pytest.param(lambda: {"a": 1}, "tag must be hashable, got dict {'a': 1}", id="dict"),
+    pytest.param(
+        lambda: memoryview(bytearray(b"ab")),
+        "tag must be hashable, got memoryview <memory at",
+        id="writable-memoryview",
+    ),
+    pytest.param(_HashRaises, "tag must be hashable, got _HashRaises <", id="hash-raises"),
+    pytest.param(
+        _ReprRaises,
+        "tag must have a repr, got a _ReprRaises whose repr raised ZeroDivisionError('no repr')",
+        id="repr-raises",
+    ),
+]
+
+
+@pytest.mark.parametrize(("make_tag", "message"), BAD_TAGS)
+@pytest.mark.parametrize("call", ["alloc", "alloc_many"])
+def test_an_unusable_tag_is_a_type_error_before_anything_changes(
+    make_tag: Any, message: str, call: str, snapshot: Any, unchanged: Any
+) -> None:
+    pool = LogicalHostPool(4 * PS, PS, track=True)
+    held = pool.alloc(PS)
+    assert held is not None
+    before = snapshot(pool)
+    table = pool._tracker.table()
+    tag = make_tag()
+    method = (lambda: pool.alloc(PS, tag=tag)) if call == "alloc" else (lambda: pool.alloc_many([PS, PS], tag=tag))
+    with pytest.raises(TypeError) as info:
+        method()
+    assert type(info.value) is TypeError
+    assert str(info.value).startswith(message)
+    unchanged(pool, before)
+    assert pool._tracker.table() == table
