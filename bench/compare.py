@@ -9,11 +9,12 @@ the same round-trip cells as ``python -m bench``: the ratio REV time / this
 time is what a change is judged by (above 1: this checkout is faster).
 
 ``--only-cells 64:64`` times the single-page headline cell alone (page
-size 64, 64 slots, 1M-slot pool); by default all ten cells run: one page
+size 64, 64 slots, 1M-slot pool); by default all eleven cells run: one page
 and 65,536 slots at page sizes 64, 16 and 1; ``1:65536s``, 65,536 slots
 of page size 1 from a free list shuffled page by page (no runs of
 consecutive pages: the case a run-based shortcut must not make slower);
-and ``1:trace``, ``16:trace`` and ``64:trace``, the KV-cache trace of
+and ``64:64t``, the single page on a pool made with ``track=True``; and
+``1:trace``, ``16:trace`` and ``64:trace``, the KV-cache trace of
 ``python -m bench`` (requests of about 1,300 slots arriving and finishing
 out of order in a 1M-slot pool kept near full, whose free lists fragment
 into runs of a few pages to a few hundred), timed per call.
@@ -42,6 +43,7 @@ from .workloads import MIB_SLOTS, make_trace, measure_roundtrip, measure_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = 0  # k of a KV-cache trace cell
+TRACKED = 1 << 40  # k of the tracked single-page cell (its k is the page size)
 # (page_size, k, pool slots): the single-page headline cell and the
 # 65,536-slot cells of every page size, the two ends the issues track.
 DEFAULT_CELLS = [
@@ -55,6 +57,7 @@ DEFAULT_CELLS = [
     (1, TRACE, MIB_SLOTS),
     (16, TRACE, MIB_SLOTS),
     (64, TRACE, MIB_SLOTS),
+    (64, TRACKED, MIB_SLOTS),  # the single page on a pool made with track=True
 ]
 SHUFFLE_SEED = 0
 TRACE_OPS = 30_000  # python -m bench's default trace length
@@ -80,7 +83,13 @@ def revision_before(path: str) -> str | None:
 def cell_name(page_size: int, k: int) -> str:
     if k == TRACE:
         return f"{page_size}:trace"
+    if k == TRACKED:
+        return f"{page_size}:{page_size}t"
     return f"{page_size}:{k}" if k > 0 else f"{page_size}:{-k}s"
+
+
+def _tracking(cls: Callable[..., Any]) -> Callable[[int, int], Any]:
+    return lambda size, page_size: cls(size, page_size, track=True)
 
 
 def load_revision(rev: str) -> tuple[str, Callable[[int, int], Any]]:
@@ -143,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     for ps, k, pool in cells:
         if k == TRACE:
             cell = measure_trace(impls, make_trace(pool, ps, TRACE_OPS), args.repeats)
+        elif k == TRACKED:
+            tracked = {name: _tracking(cls) for name, cls in impls.items()}
+            cell = measure_roundtrip(tracked, ps, ps, pool, args.repeats, min_loop_s=args.min_loop, max_loop_s=1.0)
         else:
             seed = None if k > 0 else SHUFFLE_SEED
             cell = measure_roundtrip(
