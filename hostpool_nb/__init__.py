@@ -12,24 +12,40 @@ from ._errors import (
     DoubleFreeError,
     HostPoolError,
     KernelCacheWarning,
+    LockRefUnderflowError,
+    PageDoubleFreeError,
+    PageNotAllocatedError,
+    PageStateError,
     PartialPageError,
+    PinnedPageError,
     SlotRangeError,
+    StaleFreeError,
 )
+from ._host import HostPagePool, HostPageState
 from ._pool import LogicalHostPool
 from ._snapshot import PoolState
-from ._stats import PoolStats
+from ._stats import HostPageStats, PoolStats
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AlignmentError",
     "DoubleFreeError",
+    "HostPagePool",
+    "HostPageState",
+    "HostPageStats",
     "HostPoolError",
     "KernelCacheWarning",
+    "LockRefUnderflowError",
     "LogicalHostPool",
+    "PageDoubleFreeError",
+    "PageNotAllocatedError",
+    "PageStateError",
     "PartialPageError",
+    "PinnedPageError",
     "PoolState",
     "PoolStats",
     "SlotRangeError",
+    "StaleFreeError",
     "__version__",
 ]

@@ -8,15 +8,24 @@ accept.
 from __future__ import annotations
 
 import operator
+import struct
 import sys
+from array import array
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._errors import SlotRangeError
+from ._errors import HostPoolError, SlotRangeError
 
-_INT64 = np.dtype(np.int64)
+# The hot paths' test for an array the kernels take as it is: ``type(a) is
+# ndarray and a.dtype is INT64 and a.strides == STRIDES_1D`` (builtin dtypes
+# are singletons; strides of (8,) mean 1-D and contiguous in one compare).
+INT64 = np.dtype(np.int64)
+STRIDES_1D = (8,)
+_INT64 = INT64
+_STRIDES_1D = STRIDES_1D
+_min = np.minimum.reduce
 _INT64_MAX = int(np.iinfo(np.int64).max)
 _EMPTY_SLOTS = np.empty(0, dtype=np.int64)
 _EMPTY_SLOTS.flags.writeable = False
@@ -206,3 +215,146 @@ def as_sizes(sizes: Any) -> NDArray[np.int64] | list[int]:
     if arr.dtype.kind == "u" and arr.size and int(arr.max()) > _INT64_MAX:
         return [int(v) for v in arr.tolist()]
     return np.array(arr, dtype=np.int64, copy=True)
+
+
+def pack_ints(values: list[Any] | tuple[Any, ...], name: str, beyond_ok: bool = False) -> NDArray[np.int64] | None:
+    """A list or tuple of ints as a fresh int64 array; None when numpy must say what is wrong.
+
+    An int beyond int64 is a ``HostPoolError``, or with ``beyond_ok`` a
+    ``None`` for the caller to handle.
+
+    sglang-jax passes Python lists. struct packs them into the fresh array
+    in C, 2.5 us for 256 ints where numpy's type inference takes 6 (and
+    array('q') 4), and refuses floats, strings and ints beyond int64
+    itself. A bool is an int to struct and numpy alike (packed as 0 or 1),
+    so the elements' types are looked at only when some value is 0 or 1: a
+    full scan cost 5 us per list of 256.
+    """
+    fresh = np.empty(len(values), dtype=np.int64)
+    try:
+        struct.pack_into(f"{len(values)}q", fresh, 0, *values)  # type: ignore[arg-type]  # ndarray is a buffer; its stubs say so only on 3.12+
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 - struct.error, or whatever an element's __index__ raises
+        packed = False
+    else:
+        packed = True
+        if not fresh.shape[0] or _min(fresh) > 1:
+            return fresh
+    if holds_bool(values):
+        raise TypeError(f"{name} must hold integers, got dtype bool (a bool among the integers)")
+    if packed:
+        return fresh
+    try:
+        array("q", values)  # why struct refused: a non-integer, or an int beyond int64?
+    except OverflowError:
+        if beyond_ok:
+            return None
+        raise HostPoolError(f"{name} holds a value beyond the int64 range") from None
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 - a non-integer element (or a raising __index__): numpy's conversion names it
+        return None
+    return None
+
+
+def as_int_vector(values: Any, name: str) -> NDArray[np.int64]:
+    """A batch argument (list, tuple or 1-D integer array) as a fresh int64 array.
+
+    A copy the allocator owns, so a caller's thread cannot change it between
+    its checks and its use. numpy reads a list of ints straight into int64;
+    a float or string element makes numpy pick another dtype, which is a
+    ``TypeError`` naming ``name``, and so is a bool (numpy would read it as
+    0 or 1).
+    """
+    if type(values) is np.ndarray and values.dtype is _INT64 and values.strides == _STRIDES_1D:
+        fresh: NDArray[np.int64] = values.copy()
+        return fresh
+    if type(values) is list or type(values) is tuple:
+        packed = pack_ints(values, name)
+        if packed is not None:
+            return packed
+    if isinstance(values, (str, bytes, bytearray)):
+        raise TypeError(f"{name} must be a 1-D sequence or array of integers, got {type(values).__name__}")
+    try:
+        # np.array makes the one copy; for a list of ints it is already
+        # int64 (converting twice cost a list of 256 about 8 us more).
+        arr = np.array(values)
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to convert is the argument's fault
+        raise TypeError(f"{name} must be a 1-D sequence or array of integers: {exc}") from None
+    if arr.ndim != 1:
+        raise TypeError(f"{name} must be 1-D, got {type(values).__name__} of shape {arr.shape}")
+    if arr.dtype is _INT64:
+        return arr
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > _INT64_MAX:
+        raise HostPoolError(f"{name} holds {int(arr.max())}, beyond the int64 range")
+    return arr.astype(np.int64)
+
+
+def as_page_ids(values: Any, name: str) -> tuple[NDArray[np.int64], dict[int, int]]:
+    """A 1-D sequence of page ids as an int64 array the kernels read once; ``(array, beyond)``.
+
+    Takes a list, a tuple, a 1-D integer array of any width (or array-like),
+    or any other iterable of integers. A C-contiguous int64 array is
+    returned as it is; anything else becomes a fresh array. Integers beyond
+    int64 cannot be held: each is stored as -1 (out of range, in its place
+    in the order of checks) and ``beyond`` maps its position to the value,
+    for the error message. A bool, a float or any other non-integer is a
+    ``TypeError`` naming ``name``.
+    """
+    if type(values) is np.ndarray and values.dtype is INT64 and values.strides == STRIDES_1D:
+        return values, {}
+    if isinstance(values, (str, bytes, bytearray, int, np.integer)):
+        raise TypeError(
+            f"{name} must be a sequence or 1-D array of page ids, got {type(values).__name__} {values!r}"
+            + ("; wrap a single page in a list" if isinstance(values, (int, np.integer)) else "")
+        )
+    if not isinstance(values, (list, tuple)) and not is_array_like(values):
+        try:
+            values = list(values)
+        except TypeError:
+            raise TypeError(
+                f"{name} must be a sequence or 1-D array of page ids, got {type(values).__name__}"
+            ) from None
+    if isinstance(values, (list, tuple)):
+        found = _page_list(values, name)
+        if found is not None:
+            return found
+    return _page_array(values, name)
+
+
+def _page_list(values: list[Any] | tuple[Any, ...], name: str) -> tuple[NDArray[np.int64], dict[int, int]] | None:
+    """A list of ints as page ids (ints beyond int64 as -1); ``None`` if it holds a non-integer."""
+    packed = pack_ints(values, name, beyond_ok=True)
+    if packed is not None:
+        return packed, {}
+    if not values or not all(type(v) is int or isinstance(v, np.integer) for v in values):
+        return None
+    beyond = {i: int(v) for i, v in enumerate(values) if not -_INT64_MAX - 1 <= int(v) <= _INT64_MAX}
+    return np.array([-1 if i in beyond else int(v) for i, v in enumerate(values)], dtype=np.int64), beyond
+
+
+def _page_array(values: Any, name: str) -> tuple[NDArray[np.int64], dict[int, int]]:
+    """An array or array-like as page ids; numpy says what is wrong with anything else."""
+    _reject_masked(values, name)
+    try:
+        arr = np.asarray(values)
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to convert is the argument's fault
+        raise TypeError(f"{name} must be a sequence or 1-D array of page ids: {exc}") from None
+    if arr.ndim != 1:
+        raise TypeError(f"{name} must be 1-D, got {type(values).__name__} of shape {arr.shape}")
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int64), {}
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and int(arr.max()) > _INT64_MAX:
+        over = arr > _INT64_MAX
+        beyond = {int(i): int(arr[i]) for i in np.flatnonzero(over)}
+        return np.where(over, -1, arr).astype(np.int64), beyond
+    return np.array(arr, dtype=np.int64), {}

@@ -4,7 +4,10 @@ Every caller mistake is a :class:`HostPoolError`, which is a ``ValueError``:
 code written for sglang's pool (``except ValueError``) keeps working, and new
 code can catch this package's errors specifically. Wrong argument types are
 plain ``TypeError``. A ``RuntimeError`` means the pool's own state is broken,
-which no sequence of public calls should be able to cause.
+which no sequence of public calls should be able to cause; the one
+exception is :class:`PageStateError`, which keeps the ``RuntimeError`` that
+sglang-jax's host pools raise for a double free, a pinned page and an
+underflow.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ class PartialPageError(HostPoolError):
 
 
 class SlotRangeError(HostPoolError):
-    """A freed slot lies outside ``[0, size)``."""
+    """A freed slot (or a host page id) lies outside the pool."""
 
 
 class DoubleFreeError(HostPoolError):
@@ -42,6 +45,42 @@ class DoubleFreeError(HostPoolError):
     """
 
 
+class PageStateError(HostPoolError, RuntimeError):
+    """A host page is not in the state a call needs (``HostPagePool``).
+
+    Both a :class:`HostPoolError` and a ``RuntimeError``: sglang-jax's host
+    pools raise ``RuntimeError`` for these caller mistakes, so code written
+    against them (``except RuntimeError``) keeps working, while new code can
+    catch this package's errors as for every other pool.
+    """
+
+
+class PageDoubleFreeError(DoubleFreeError, PageStateError):
+    """A host page freed or released while it is free (twice, or never handed out)."""
+
+
+class StaleFreeError(PageDoubleFreeError):
+    """A host page freed through a stale copy: it has been handed out again since.
+
+    Raised when the caller passes the generations it got at allocation
+    (``free(pages, generations=g)``, ``release(page, generation=g)``) and a
+    page's generation has moved on: freeing it would release the page
+    under its new owner.
+    """
+
+
+class PinnedPageError(PageStateError):
+    """A pinned host page (``lock_ref > 0``) freed or released."""
+
+
+class PageNotAllocatedError(PageStateError):
+    """A pin count changed on a host page that is free."""
+
+
+class LockRefUnderflowError(PageStateError):
+    """``dec_lock_ref`` of a host page that is not pinned."""
+
+
 class KernelCacheWarning(UserWarning):
     """The kernels could not use numba's on-disk cache and were compiled in memory.
 
@@ -56,6 +95,12 @@ __all__ = [
     "DoubleFreeError",
     "HostPoolError",
     "KernelCacheWarning",
+    "LockRefUnderflowError",
+    "PageDoubleFreeError",
+    "PageNotAllocatedError",
+    "PageStateError",
     "PartialPageError",
+    "PinnedPageError",
     "SlotRangeError",
+    "StaleFreeError",
 ]

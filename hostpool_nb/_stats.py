@@ -80,3 +80,39 @@ class PoolStats:
             free_calls=h[K.H_FREE_CALLS],
             peak_allocated_pages=h[K.H_PEAK],
         )
+
+
+@dataclass(frozen=True)
+class HostPageStats:
+    """What a :class:`~hostpool_nb.HostPagePool` holds now, and what it has done since it was built.
+
+    Attributes
+    ----------
+    pool_size, free_pages, allocated_pages, pinned_pages : int
+        Pages in all, free, held, and held with a pin count above 0.
+    peak_allocated_pages : int
+        The most pages held at once (the original's ``_peak_used``).
+    alloc_calls : int
+        ``reserve`` and ``alloc`` calls answered, with pages or ``None``.
+    exhausted_calls : int
+        Of those, the ones answered ``None`` (the original's ``_exhaust_count``).
+    free_calls : int
+        ``release`` and ``free`` calls that freed at least one page.
+    clears : int
+        ``clear()`` calls.
+    """
+
+    pool_size: int
+    free_pages: int
+    allocated_pages: int
+    pinned_pages: int
+    peak_allocated_pages: int
+    alloc_calls: int
+    exhausted_calls: int
+    free_calls: int
+    clears: int
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the pages held now."""
+        return self.allocated_pages / self.pool_size

@@ -1,0 +1,595 @@
+"""``HostPagePool``: the host KV tier's page bookkeeping (sglang-jax's HiCache L2 and PD staging) on kernels.
+
+All state changes happen in the kernels of ``_host_kernels.py``; this class
+checks arguments, holds the lock around the kernels and turns their status
+codes into the exceptions, with the texts, of sglang-jax's host pools.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from . import _host_kernels as H
+from . import _kernels as K
+from ._convert import INT64, STRIDES_1D, as_count, as_page_ids, is_array_like
+from ._errors import (
+    HostPoolError,
+    LockRefUnderflowError,
+    PageDoubleFreeError,
+    PageNotAllocatedError,
+    PinnedPageError,
+    SlotRangeError,
+    StaleFreeError,
+)
+from ._fork import register as register_fork_lock
+from ._invariants import COUNTER_LIMIT
+from ._stats import HostPageStats
+
+log = logging.getLogger("hostpool_nb")
+
+_reserve = K.entry_point(H.host_reserve)
+_alloc = K.entry_point(H.host_alloc)
+_free = K.entry_point(H.host_free)
+_release = K.entry_point(H.host_release)
+_pin = K.entry_point(H.host_pin)
+_pin1 = K.entry_point(H.host_pin1)
+_reset = K.entry_point(H.host_reset)
+_load = K.entry_point(K.load_state)
+
+_NO_GENS = np.empty(0, dtype=np.int64)
+_STATUS_SHORT = -1 - K.E_SHORT
+_empty = np.empty
+_ndarray = np.ndarray
+FORMAT = 1  # the layout of a host pool's state array; a pickle of another is refused
+
+
+@dataclass(frozen=True, eq=False)
+class HostPageState:
+    """An immutable snapshot of a :class:`HostPagePool`, from ``backup_state()``.
+
+    ``restore_state`` of it, on that pool or any of the same ``pool_size``,
+    makes every later call behave as it would have at the backup: the free
+    list's order, the allocated pages, their generations and pin counts.
+    """
+
+    pool_size: int
+    _words: NDArray[np.int64] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        words = np.array(self._words, dtype=np.int64, copy=True)
+        words.flags.writeable = False
+        object.__setattr__(self, "_words", words)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_load_snapshot, (FORMAT, self.pool_size, self._words))
+
+
+def _load_snapshot(version: Any, pool_size: Any, words: Any) -> HostPageState:
+    if version != FORMAT:
+        raise HostPoolError(f"this HostPageState was pickled in format {version!r}; this hostpool_nb reads {FORMAT}")
+    return HostPageState(pool_size, words)
+
+
+class HostPagePool:
+    """Page ids of a host KV tier: allocated, freed, pinned and numbered by generation, in kernels.
+
+    Behaves as sglang-jax's ``LRUHostKVPool`` and ``QueueHostKVPool`` keep
+    their books, for every correct call: the same ids in the same order and
+    the same results. Pages are ``0 .. pool_size - 1`` on one FIFO free list,
+    ascending at first; allocation takes from the front, a freed page goes
+    to the back; there is no release list and no merge. Each page carries an
+    allocated flag, a generation (incremented each time it is handed out)
+    and a pin count (a pinned page cannot be freed).
+
+    Unlike the originals, every call checks all of its input before it
+    changes anything: a ``free`` that raises has freed nothing (the
+    originals free the pages before the bad one). The exceptions keep the
+    originals' texts and types: an out-of-range page is a
+    :class:`~hostpool_nb.SlotRangeError` (a ``ValueError``); a double free, a
+    pinned page and an underflow are :class:`~hostpool_nb.PageStateError`
+    subclasses, which are ``RuntimeError`` too. ``generations=`` (and
+    ``generation=``) catch what no original can: a page freed through a
+    stale copy after it was handed out again (:class:`~hostpool_nb.StaleFreeError`).
+
+    Cost: ``reserve``, ``release``, ``alloc(k)``, ``free`` of ``k`` pages and
+    the pin calls are O(1) or O(k), whatever the pool's size and however
+    many pages are free (the originals' are O(free pages) per page).
+    Metadata is about 22 bytes per page, in one int64 array.
+
+    Thread safety: :attr:`lock` (a ``threading.RLock``) guards every change;
+    the array kernels release the GIL while they run. The read-only views
+    :attr:`allocated`, :attr:`generation` and :attr:`lock_ref` are meant to
+    be read under :attr:`lock`, as transfers do.
+
+    Parameters
+    ----------
+    pool_size : int
+        Number of pages, at least 1.
+    """
+
+    def __init__(self, pool_size: int) -> None:
+        pool_size = as_count(pool_size, "pool_size")
+        if pool_size <= 0:
+            raise HostPoolError(f"pool_size must be positive, got {pool_size}")
+        if pool_size > K.MAX_PAGES:
+            raise HostPoolError(f"pool_size must be at most {K.MAX_PAGES} (2**31 - 1), got {pool_size}")
+        st = np.zeros(H.state_length(pool_size), dtype=np.int64)
+        st[H.H_NPAGES] = pool_size
+        self._setup(st)
+        _reset(st)
+        st[H.H_CLEARS] = 0  # the construction is not a clear() call
+
+    def _setup(self, st: NDArray[np.int64]) -> None:
+        n = int(st[H.H_NPAGES])
+        self.pool_size = n
+        self.lock = threading.RLock()
+        register_fork_lock(self)
+        self._st = st
+        ring, gen, ref, flags, _ = H._offsets(n)
+        self._ring = st[ring : ring + K.ring_words(n)].view(np.int32)[:n]
+        self.allocated = _read_only(st[flags:].view(np.bool_)[:n])
+        self.generation = _read_only(st[gen : gen + n])
+        self.lock_ref = _read_only(st[ref : ref + n])
+        self._last_exhaust_log = -1.0
+
+    # -- allocation -----------------------------------------------------------
+
+    def reserve(self) -> int | None:
+        """Take the first free page; ``None`` when none is free (an exhausted call).
+
+        Returns
+        -------
+        int or None
+            The page id; it is allocated and its generation incremented.
+        """
+        lock = self.lock
+        lock.acquire()
+        try:
+            page = _reserve(self._st)
+        finally:
+            lock.release()
+        if page >= 0:
+            return page
+        if page == _STATUS_SHORT:
+            self._exhausted(1)
+            return None
+        raise self._corrupt("reserve", page)
+
+    def alloc(self, need_pages: int) -> NDArray[np.int64] | None:
+        """Take the first ``need_pages`` free pages, in free-list order; ``None`` when fewer are free.
+
+        Parameters
+        ----------
+        need_pages : int
+            At least 1.
+
+        Returns
+        -------
+        numpy.ndarray or None
+            A new int64 array of page ids, owned by the caller; each page is
+            allocated and its generation incremented. ``None`` (nothing
+            taken, an exhausted call) when fewer pages are free.
+
+        Raises
+        ------
+        TypeError
+            If ``need_pages`` is not an integer.
+        HostPoolError
+            If ``need_pages < 1`` (the original's text).
+        """
+        if type(need_pages) is not int:
+            need_pages = as_count(need_pages, "need_pages")
+        if need_pages <= 0:
+            raise HostPoolError(f"need_pages must be positive, got {need_pages}")
+        out = _empty(min(need_pages, self.pool_size + 1), INT64)  # more than the pool: refused, unallocated
+        lock = self.lock
+        lock.acquire()
+        try:
+            status = _alloc(self._st, out)
+        finally:
+            lock.release()
+        if status >= 0:
+            return out
+        if status == _STATUS_SHORT:
+            self._exhausted(need_pages)
+            return None
+        raise self._corrupt("alloc", status)
+
+    # -- freeing --------------------------------------------------------------------
+
+    def release(self, buffer_id: int, *, generation: int | None = None) -> None:
+        """Give back one page (``QueueHostKVPool.release`` / ``LRUHostKVPool.release``).
+
+        Parameters
+        ----------
+        buffer_id : int
+            The page.
+        generation : int, optional, keyword-only
+            The page's generation when the caller got it
+            (``pool.generation[page]`` then): refused if it has moved on.
+
+        Raises
+        ------
+        SlotRangeError
+            ``buffer_id`` outside ``[0, pool_size)``.
+        PageDoubleFreeError, StaleFreeError, PinnedPageError
+            The page is free, was handed out again since ``generation``, or
+            is pinned; nothing changes.
+        """
+        if type(buffer_id) is not int:
+            buffer_id = as_count(buffer_id, "buffer_id")
+        check = 0
+        given = 0
+        if generation is not None:
+            given = as_count(generation, "generation")
+            check = 1
+        if not -(2**63) <= buffer_id < 2**63:
+            raise SlotRangeError(f"buffer_id={buffer_id} outside pool range [0, {self.pool_size})")
+        lock = self.lock
+        lock.acquire()
+        try:
+            status = _release(self._st, buffer_id, given, check)
+            if status < 0:
+                raise self._free_error(status, "buffer_id", "release", {})
+        finally:
+            lock.release()
+
+    def free(self, host_page_ids: Any, *, generations: Any = None) -> int:
+        """Give back pages, all or none; a page named twice is freed once.
+
+        Parameters
+        ----------
+        host_page_ids : sequence or 1-D array of int
+            Page ids: a list, a tuple, a 1-D array of any integer dtype, or
+            any iterable of integers. A C-contiguous int64 array is read
+            without a copy, each entry once.
+        generations : sequence or 1-D array of int, optional, keyword-only
+            One per entry of ``host_page_ids``: the generations the caller
+            got with the pages (``pool.generation[pages]`` at allocation).
+            A page whose generation has moved on is refused.
+
+        Returns
+        -------
+        int
+            The number of pages freed (the original returns ``None``).
+
+        Raises
+        ------
+        TypeError
+            If ``host_page_ids`` or ``generations`` is not a sequence of integers.
+        HostPoolError
+            If ``generations`` has not one entry per page.
+        SlotRangeError, PageDoubleFreeError, StaleFreeError, PinnedPageError
+            For the first entry, in order, that is out of range, free,
+            handed out again since its generation, or pinned; the originals'
+            texts. Nothing is freed.
+        """
+        if type(host_page_ids) is _ndarray and host_page_ids.dtype is INT64 and host_page_ids.strides == STRIDES_1D:
+            pages: NDArray[np.int64] = host_page_ids
+            beyond: dict[int, int] = {}
+        else:
+            pages, beyond = as_page_ids(host_page_ids, "host_page_ids")
+        gens, check = self._generations(generations, pages.shape[0])
+        lock = self.lock
+        lock.acquire()
+        try:
+            status = _free(self._st, pages, gens, check)
+            if status < 0:  # built under the same hold, from the values the kernel checked
+                raise self._free_error(status, "page id", "free", beyond)
+        finally:
+            lock.release()
+        return status
+
+    def free_listed(self, host_page_ids: Any, *, generations: Any = None) -> NDArray[np.int64]:
+        """:meth:`free`, returning the pages it freed, in the order first named (a new int64 array).
+
+        For code that must act on each freed page under :attr:`lock`
+        (``HostKVPoolMixin`` drops the page's pending transfers and payload).
+        """
+        with self.lock:
+            st = self._st
+            tail = int(st[H.H_HEAD] + st[H.H_NFREE]) % self.pool_size
+            count = self.free(host_page_ids, generations=generations)
+            ring = self._ring
+            if tail + count <= self.pool_size:
+                return ring[tail : tail + count].astype(np.int64)
+            return np.concatenate([ring[tail:], ring[: tail + count - self.pool_size]]).astype(np.int64)
+
+    # -- pins -------------------------------------------------------------------------
+
+    def inc_lock_ref(self, buffer_id: Any) -> None:
+        """Pin a page (or each page of a 1-D array, all or none): it cannot be freed until unpinned.
+
+        Raises
+        ------
+        SlotRangeError, PageNotAllocatedError
+            A page outside the pool, or free (the originals' texts).
+        """
+        self._pin(buffer_id, 1)
+
+    def dec_lock_ref(self, buffer_id: Any) -> None:
+        """Unpin a page (or each page of a 1-D array, all or none; a repeat counts each time).
+
+        Raises
+        ------
+        SlotRangeError, PageNotAllocatedError, LockRefUnderflowError
+            A page outside the pool, free, or not pinned (the originals' texts).
+        """
+        self._pin(buffer_id, -1)
+
+    def _pin(self, buffer_id: Any, delta: int) -> None:
+        if not isinstance(buffer_id, (list, tuple)) and not is_array_like(buffer_id):  # one page
+            page = buffer_id if type(buffer_id) is int else as_count(buffer_id, "buffer_id")
+            if not -(2**63) <= page < 2**63:
+                raise SlotRangeError(f"buffer_id={page} outside pool range [0, {self.pool_size})")
+            with self.lock:
+                status = _pin1(self._st, page, delta)
+                if status < 0:
+                    raise self._pin_error(status, {})
+            return
+        pages, beyond = as_page_ids(buffer_id, "buffer_id")
+        if pages is buffer_id:
+            pages = pages.copy()  # host_pin reads its input twice to undo a failure: our own copy
+        with self.lock:
+            status = _pin(self._st, pages, delta)
+            if status < 0:
+                raise self._pin_error(status, beyond)
+
+    def require_allocated(self, buffer_id: int) -> None:
+        """Raise the originals' errors unless ``buffer_id`` is an allocated page (``_require_allocated``).
+
+        Raises
+        ------
+        SlotRangeError, PageNotAllocatedError
+            The page is outside the pool, or free.
+        """
+        page = as_count(buffer_id, "buffer_id")
+        with self.lock:
+            if not 0 <= page < self.pool_size:
+                raise SlotRangeError(f"buffer_id={page} outside pool range [0, {self.pool_size})")
+            if not self.allocated[page]:
+                raise PageNotAllocatedError(f"buffer_id={page} is not allocated (in free-list)")
+
+    # -- state ---------------------------------------------------------------------
+
+    def available_size(self) -> int:
+        """Number of free pages."""
+        with self.lock:
+            return int(self._st[H.H_NFREE])
+
+    def total_size(self) -> int:
+        """``pool_size``."""
+        return self.pool_size
+
+    def clear(self) -> None:
+        """Make every page free, in ascending order, and unpinned; generations and counters are kept.
+
+        A page held before the clear is free afterwards; its generation
+        still says which allocation it was, so a stale free of it is caught.
+        """
+        with self.lock:
+            _reset(self._st)
+
+    def stats(self) -> HostPageStats:
+        """Usage and counters now, in O(1)."""
+        with self.lock:
+            h = [int(x) for x in self._st[: H.HEADER]]
+        n = h[H.H_NPAGES]
+        return HostPageStats(
+            pool_size=n,
+            free_pages=h[H.H_NFREE],
+            allocated_pages=n - h[H.H_NFREE],
+            pinned_pages=h[H.H_PINNED],
+            peak_allocated_pages=h[H.H_PEAK],
+            alloc_calls=h[H.H_ALLOC_CALLS],
+            exhausted_calls=h[H.H_EXHAUSTED],
+            free_calls=h[H.H_FREE_CALLS],
+            clears=h[H.H_CLEARS],
+        )
+
+    def check_invariants(self) -> None:
+        """Verify the state, independently of the kernels; ``RuntimeError`` if it is broken. O(pages)."""
+        with self.lock:
+            found = host_problems(self._st, self.pool_size)
+        if found:
+            raise RuntimeError("HostPagePool state is corrupted: " + "; ".join(found))
+
+    def backup_state(self) -> HostPageState:
+        """An immutable snapshot: the free list's order, allocated pages, generations and pins."""
+        with self.lock:
+            return HostPageState(self.pool_size, self._st)
+
+    def restore_state(self, state: HostPageState) -> None:
+        """Put the pool back as it was at ``backup_state()``.
+
+        Raises
+        ------
+        TypeError
+            If ``state`` is not a :class:`HostPageState`.
+        HostPoolError
+            If it is from a pool of another size or fails the invariants;
+            the pool is then unchanged.
+        """
+        if not isinstance(state, HostPageState):
+            raise TypeError(f"state must be a HostPageState from backup_state(), got {type(state).__name__}")
+        if state.pool_size != self.pool_size:
+            raise HostPoolError(f"the state is from a pool of {state.pool_size} pages; this one has {self.pool_size}")
+        words = _checked(state._words, self.pool_size, "the state")
+        with self.lock:
+            _load(self._st, words)
+
+    def __getstate__(self) -> dict[str, Any]:
+        with self.lock:
+            return {"format": FORMAT, "pool_size": self.pool_size, "state": self._st.copy()}
+
+    def __setstate__(self, saved: Any) -> None:
+        """Rebuild a pickled pool, with a lock of its own; a damaged pickle is a ``HostPoolError``."""
+        what = "the pickled HostPagePool"
+        if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+            raise HostPoolError(f"{what} is not in format {FORMAT}")
+        pool_size = saved.get("pool_size")
+        if type(pool_size) is not int or not 0 < pool_size <= K.MAX_PAGES:
+            raise HostPoolError(f"{what} has pool_size={pool_size!r}")
+        self._setup(_checked(saved.get("state"), pool_size, what))
+        self._last_exhaust_log = -1.0
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (
+            f"HostPagePool(pool_size={s.pool_size}: {s.allocated_pages} pages allocated ({s.usage:.1%}), "
+            f"{s.pinned_pages} pinned, {s.free_pages} free)"
+        )
+
+    # -- internals ------------------------------------------------------------------
+
+    def _generations(self, generations: Any, count: int) -> tuple[NDArray[np.int64], int]:
+        if generations is None:
+            return _NO_GENS, 0
+        gens, beyond = as_page_ids(generations, "generations")
+        if beyond:
+            raise HostPoolError(f"generations holds {next(iter(beyond.values()))}, beyond the int64 range")
+        if gens.shape[0] != count:
+            raise HostPoolError(f"generations must have one entry per page: got {gens.shape[0]} for {count} pages")
+        return gens, 1
+
+    def _exhausted(self, need: int) -> None:
+        """Log an exhausted call at INFO, at most once a second (as the originals do)."""
+        now = time.monotonic()
+        if now - self._last_exhaust_log >= 1.0:
+            self._last_exhaust_log = now
+            log.info("HostPagePool exhausted: %d pages asked for, %d free", need, self.available_size())
+
+    def _fault(self, beyond: dict[int, int], position: int) -> tuple[int, int]:
+        """The page a failed kernel stopped at (as it read it) and the generation it was given."""
+        st = self._st
+        return beyond.get(position, int(st[H.H_FAULT])), int(st[H.H_FAULT_GEN])
+
+    def _free_error(self, status: int, what: str, op: str, beyond: dict[int, int]) -> Exception:
+        code, pos = K.decode_status(status)
+        page, given = self._fault(beyond, pos)
+        if code == K.E_RANGE:
+            return SlotRangeError(f"{what}={page} outside pool range [0, {self.pool_size})")
+        if code == K.E_NOT_ALLOCATED:
+            return PageDoubleFreeError(f"double free of {what}={page}")
+        if code == H.E_STALE:
+            return StaleFreeError(
+                f"stale {op} of {what}={page}: it was handed out again since generation {given} "
+                f"(its generation is {int(self.generation[page])})"
+            )
+        if code == H.E_PINNED:
+            verb = "release" if op == "release" else "free"
+            return PinnedPageError(f"{verb} of locked {what}={page} (lock_ref={int(self.lock_ref[page])})")
+        return self._corrupt(op, status)
+
+    def _pin_error(self, status: int, beyond: dict[int, int]) -> Exception:
+        code, pos = K.decode_status(status)
+        page, _ = self._fault(beyond, pos)
+        if code == K.E_RANGE:
+            return SlotRangeError(f"buffer_id={page} outside pool range [0, {self.pool_size})")
+        if code == K.E_NOT_ALLOCATED:
+            return PageNotAllocatedError(f"buffer_id={page} is not allocated (in free-list)")
+        if code == H.E_UNDERFLOW:
+            return LockRefUnderflowError(f"dec_lock_ref underflow on buffer_id={page}")
+        return self._corrupt("lock_ref", status)
+
+    def _corrupt(self, op: str, status: int) -> RuntimeError:
+        code, pos = K.decode_status(status)
+        return RuntimeError(
+            f"HostPagePool state is corrupted: {op} kernel failed with code {code} at {pos}; "
+            "please report this with the calls that led to it"
+        )
+
+
+def _read_only(view: NDArray[Any]) -> NDArray[Any]:
+    view.flags.writeable = False
+    return view
+
+
+def host_problems(st: NDArray[np.int64], n: int) -> list[str]:
+    """Every way ``st`` breaks a host pool's invariants; empty if none. O(pages).
+
+    The header matches the pool and its counters are in range and agree;
+    every page on the free list is in range, listed once and flagged free,
+    every other page flagged allocated; no page is marked; generations and
+    pin counts are in ``[0, 2**62]``, free pages are unpinned and the
+    header counts the pinned ones. The scratch words and the ring's
+    entries after the free list may hold anything.
+    """
+    if st.ndim != 1 or st.dtype != np.int64 or st.shape[0] != H.state_length(n):
+        return [f"state must be a 1-D int64 array of length {H.state_length(n)}, got {st.dtype} {st.shape}"]
+    head, nfree = int(st[H.H_HEAD]), int(st[H.H_NFREE])
+    if int(st[H.H_NPAGES]) != n or not (0 <= nfree <= n and 0 <= head < n):
+        return [f"header out of range: pages={int(st[H.H_NPAGES])} head={head} nfree={nfree}, pool has {n} pages"]
+    return _host_header_problems(st, n, nfree) + _host_page_problems(st, n, head, nfree)
+
+
+_HOST_COUNTERS = (
+    ("alloc_calls", H.H_ALLOC_CALLS),
+    ("exhausted_calls", H.H_EXHAUSTED),
+    ("free_calls", H.H_FREE_CALLS),
+    ("peak_allocated_pages", H.H_PEAK),
+    ("clears", H.H_CLEARS),
+)
+
+
+def _host_header_problems(st: NDArray[np.int64], n: int, nfree: int) -> list[str]:
+    found = []
+    counters = {name: int(st[h]) for name, h in _HOST_COUNTERS}
+    if min(counters.values()) < 0 or max(counters.values()) > COUNTER_LIMIT:
+        found.append(f"counters out of range: {counters}")
+    if counters["exhausted_calls"] > counters["alloc_calls"] or not n - nfree <= counters["peak_allocated_pages"] <= n:
+        found.append(f"statistics disagree: {counters} with {n - nfree} pages held")
+    spare = [w for w in range(H.H_FAULT_GEN + 1, H.HEADER) if st[w] != 0]
+    if spare:
+        found.append(f"spare header word {spare[0]} is not zero")
+    return found
+
+
+def _host_page_problems(st: NDArray[np.int64], n: int, head: int, nfree: int) -> list[str]:
+    ring_at, gen_at, ref_at, flags_at, marks_at = H._offsets(n)
+    ids = st[ring_at : ring_at + K.ring_words(n)].view(np.int32)[:n]
+    listed = ids[(head + np.arange(nfree)) % n]
+    if listed.size and (listed.min() < 0 or listed.max() >= n):
+        return ["a listed page id is out of range"]
+    found = []
+    times = np.bincount(listed, minlength=n)
+    if times.max(initial=0) > 1:
+        found.append(f"page {int(np.argmax(times))} is listed {int(times.max())} times")
+    flags = st[flags_at:].view(np.uint8)[:n]
+    expected = np.ones(n, dtype=np.uint8)
+    expected[listed] = 0
+    if not np.array_equal(flags, expected):
+        p = int(np.argmax(flags != expected))
+        found.append(f"page {p} has allocated flag {int(flags[p])} but is listed {int(times[p])} times")
+    if st[marks_at:].view(np.uint8)[:n].any():
+        found.append("a page is marked outside a call")
+    gen = st[gen_at : gen_at + n]
+    ref = st[ref_at : ref_at + n]
+    if gen.min() < 0 or gen.max() > COUNTER_LIMIT:
+        found.append("a generation is out of range")
+    if ref.min() < 0 or ref.max() > COUNTER_LIMIT:
+        found.append("a pin count is out of range")
+    elif (ref[flags == 0] != 0).any():
+        found.append(f"free page {int(np.flatnonzero((ref != 0) & (flags == 0))[0])} is pinned")
+    if int(np.count_nonzero(ref)) != int(st[H.H_PINNED]):
+        found.append(f"{int(np.count_nonzero(ref))} pages are pinned, the header says {int(st[H.H_PINNED])}")
+    return found
+
+
+def _checked(words: Any, n: int, what: str) -> NDArray[np.int64]:
+    if not isinstance(words, np.ndarray):
+        raise HostPoolError(f"{what} holds a {type(words).__name__}, not a host pool's state")
+    arr = np.ascontiguousarray(words)
+    if arr.dtype != np.int64 or arr.ndim != 1:
+        raise HostPoolError(f"{what} holds a {arr.dtype} array of shape {arr.shape}, not a host pool's state")
+    found = host_problems(arr, n)
+    if found:
+        raise HostPoolError(f"{what} fails the pool's invariants: " + "; ".join(found))
+    return np.array(arr, dtype=np.int64, copy=True)
