@@ -1,7 +1,7 @@
 """The data-plane hooks of sglang's host pools, as no-ops: a logical pool holds no KV data.
 
-sglang calls these on any host pool (SPEC section 1), so the pool must have
-them; they live here, apart from the allocator they have nothing to do with.
+sglang calls these on any host pool, so the pool must have them; they live
+here, apart from the allocator they have nothing to do with.
 """
 
 from __future__ import annotations
@@ -12,7 +12,16 @@ import numpy as np
 
 
 class DataPlaneHooks:
-    """The hooks of SPEC section 1, each doing nothing and returning what sglang's does."""
+    """The hooks sglang calls on every host pool, each doing nothing and returning what sglang's does.
+
+    The class attributes and the ``*_physical`` / ``prepare_transfer_indices``
+    / ``get_page_buffer_element_size`` hooks are those that later sglang
+    revisions' ``HostPoolGroup`` reads on every host pool.
+    """
+
+    shared_allocation_domain = None
+    stores_page_envelope = False
+    storage_format_tag = None
 
     def destroy(self) -> None:
         """Release resources; the pool owns no buffers, so nothing happens."""
@@ -35,6 +44,33 @@ class DataPlaneHooks:
         is_draft: bool = False,
     ) -> None:
         """No-op: a logical pool stores no KV data."""
+        return None
+
+    def backup_from_device_all_layer_physical(
+        self, device_pool: Any, host_indices: Any, device_indices: Any, io_backend: Any
+    ) -> None:
+        """No-op: a logical pool stores no KV data."""
+        return None
+
+    def load_to_device_per_layer_physical(  # noqa: PLR0913 - sglang's hook signature, kept for drop-in use
+        self,
+        device_pool: Any,
+        host_indices: Any,
+        device_indices: Any,
+        layer_id: int,
+        io_backend: Any,
+        *,
+        is_draft: bool = False,
+    ) -> None:
+        """No-op: a logical pool stores no KV data."""
+        return None
+
+    def prepare_transfer_indices(self, host_indices: Any, device_indices: Any, io_backend: Any) -> tuple[Any, Any]:
+        """Return ``(host_indices, device_indices)`` unchanged: a logical pool needs no remapping."""
+        return host_indices, device_indices
+
+    def get_page_buffer_element_size(self, split_factor: int = 1) -> None:
+        """Return ``None``: a logical pool has no page buffers."""
         return None
 
     def get_data_page(self, index: int, flat: bool = True) -> Any:

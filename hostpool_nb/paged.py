@@ -46,9 +46,7 @@ Where SPEC-paged leaves a choice, this module takes the one below (and
 
 from __future__ import annotations
 
-import struct
 import threading
-from array import array
 from typing import Any
 
 import numpy as np
@@ -56,89 +54,16 @@ from numpy.typing import NDArray
 
 from . import _kernels as K
 from . import _paged_kernels as P
-from ._convert import _INT64_MAX, as_count, as_slots, holds_bool
+from ._convert import _INT64_MAX, as_count, as_int_vector, as_slots
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, SlotRangeError
 from ._fork import register as register_fork_lock
+from ._host import HostPagePool
 from ._invariants import ring_ids
 from ._paged_state import PagedState, group_problems, rank_problems
 
 _INT64 = np.dtype(np.int64)
 _INT32_MAX = 2**31 - 1
 _STRIDES_1D = (8,)
-_min = np.minimum.reduce
-
-
-def _packed(values: list[Any] | tuple[Any, ...], name: str) -> NDArray[np.int64] | None:
-    """A list or tuple of ints as a fresh int64 array; None when numpy must say what is wrong.
-
-    sglang-jax passes Python lists. struct packs them into the fresh array
-    in C, 2.5 us for 256 ints where numpy's type inference takes 6 (and
-    array('q') 4), and refuses floats, strings and ints beyond int64
-    itself. A bool is an int to struct and numpy alike (packed as 0 or 1),
-    so the elements' types are looked at only when some value is 0 or 1: a
-    full scan cost 5 us per list of 256.
-    """
-    fresh = np.empty(len(values), dtype=np.int64)
-    try:
-        struct.pack_into(f"{len(values)}q", fresh, 0, *values)  # type: ignore[arg-type]  # ndarray is a buffer; its stubs say so only on 3.12+
-    except MemoryError:
-        raise
-    except Exception:  # noqa: BLE001 - struct.error, or whatever an element's __index__ raises
-        packed = False
-    else:
-        packed = True
-        if not fresh.shape[0] or _min(fresh) > 1:
-            return fresh
-    if holds_bool(values):
-        raise TypeError(f"{name} must hold integers, got dtype bool (a bool among the integers)")
-    if packed:
-        return fresh
-    try:
-        array("q", values)  # why struct refused: a non-integer, or an int beyond int64?
-    except OverflowError:
-        raise HostPoolError(f"{name} holds a value beyond the int64 range") from None
-    except MemoryError:
-        raise
-    except Exception:  # noqa: BLE001 - a non-integer element (or a raising __index__): numpy's conversion names it
-        return None
-    return None
-
-
-def _as_lengths(values: Any, name: str) -> NDArray[np.int64]:
-    """A batch argument (list, tuple or 1-D integer array) as a fresh int64 array.
-
-    A copy the allocator owns, so a caller's thread cannot change it between
-    its checks and its use. numpy reads a list of ints straight into int64;
-    a float or string element makes numpy pick another dtype, which is a
-    ``TypeError`` naming ``name``, and so is a bool (numpy would read it as
-    0 or 1).
-    """
-    if type(values) is np.ndarray and values.dtype is _INT64 and values.strides == _STRIDES_1D:
-        fresh: NDArray[np.int64] = values.copy()
-        return fresh
-    if type(values) is list or type(values) is tuple:
-        packed = _packed(values, name)
-        if packed is not None:
-            return packed
-    if isinstance(values, (str, bytes, bytearray)):
-        raise TypeError(f"{name} must be a 1-D sequence or array of integers, got {type(values).__name__}")
-    try:
-        # np.array makes the one copy; for a list of ints it is already
-        # int64 (converting twice cost a list of 256 about 8 us more).
-        arr = np.array(values)
-    except MemoryError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any failure to convert is the argument's fault
-        raise TypeError(f"{name} must be a 1-D sequence or array of integers: {exc}") from None
-    if arr.ndim != 1:
-        raise TypeError(f"{name} must be 1-D, got {type(values).__name__} of shape {arr.shape}")
-    if arr.dtype is _INT64:
-        return arr
-    if arr.size and arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
-    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > _INT64_MAX:
-        raise HostPoolError(f"{name} holds {int(arr.max())}, beyond the int64 range")
-    return arr.astype(np.int64)
 
 
 class _RankedAllocator:
@@ -164,6 +89,8 @@ class _RankedAllocator:
         self.lock = threading.RLock()
         register_fork_lock(self)
         self._in_group = False
+        # Per rank, the slots of each free made inside the open group, as validated (free_group).
+        self._group_frees: list[list[NDArray[np.int64]]] = [[] for _ in range(dp_size)]
         self._st: list[NDArray[np.int64]] = []
         self._gp: list[NDArray[np.int64]] = []
         for _ in range(dp_size):
@@ -205,6 +132,18 @@ class _RankedAllocator:
         """``True`` outside a free group, as the original's attribute."""
         return not self._in_group
 
+    @property
+    def free_group(self) -> list[list[NDArray[np.int64]]]:
+        """Per rank, the slots of each ``free`` made in the open group, in order, as read-only int64 arrays.
+
+        The original's ``free_group[r]``: ``[]`` on every rank outside a
+        group (but for the frees still pending on other ranks after a
+        ``clear(r)``, as in the original). A new list each time; the arrays
+        hold the slots as ``free`` read and checked them, flattened.
+        """
+        with self.lock:
+            return [list(frees) for frees in self._group_frees]
+
     def free_group_begin(self) -> None:
         """Defer frees until ``free_group_end()``; each is still checked when made.
 
@@ -224,6 +163,8 @@ class _RankedAllocator:
             for st, gp in zip(self._st, self._gp, strict=True):
                 if gp[P.GP_COUNT]:
                     P.end_group(st, gp)
+            for frees in self._group_frees:
+                frees.clear()
 
     def clear(self, dp_rank: Any = None) -> None:
         """Reset the given rank (or every rank) to its initial state, and leave any free group.
@@ -236,6 +177,7 @@ class _RankedAllocator:
         with self.lock:
             for r in ranks:
                 P.reset_rank(self._st[r], self._gp[r])
+                self._group_frees[r].clear()
             self._in_group = False
 
     def available_size(self, dp_rank: Any = 0) -> int:
@@ -318,9 +260,15 @@ class _RankedAllocator:
         if slots.shape[0] == 0:
             return 0
         with self.lock:
-            status = P.free_slots(self._st[r], self._gp[r], slots, self.page_size, mode, int(self._in_group))
+            in_group = self._in_group
+            if in_group:  # free_group keeps the slots: the kernel reads this copy, so they are what it checked
+                slots = slots.copy()
+            status = P.free_slots(self._st[r], self._gp[r], slots, self.page_size, mode, int(in_group))
             if status < 0:  # built under the same hold, from the value the kernel checked
                 raise self._free_error(status, r)
+            if in_group:
+                slots.flags.writeable = False
+                self._group_frees[r].append(slots)
         return status
 
     def _free_error(self, status: int, r: int) -> Exception:  # noqa: PLR0911 - one per code
@@ -480,9 +428,9 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         ``debug_mode`` a ``last_loc`` that does not continue its request;
         ``TypeError`` for non-integer arguments.
         """
-        prefix = _as_lengths(prefix_lens, "prefix_lens")
-        seq = _as_lengths(seq_lens, "seq_lens")
-        last = _as_lengths(last_loc, "last_loc")
+        prefix = as_int_vector(prefix_lens, "prefix_lens")
+        seq = as_int_vector(seq_lens, "seq_lens")
+        last = as_int_vector(last_loc, "last_loc")
         total = as_count(extend_num_tokens, "extend_num_tokens")
         r = self._rank(dp_rank)
         if not prefix.shape[0] == seq.shape[0] == last.shape[0]:
@@ -519,8 +467,8 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         for arguments of different lengths, ``seq_lens < 1``, and with
         ``debug_mode`` a ``last_loc`` that does not end its request.
         """
-        seq = _as_lengths(seq_lens, "seq_lens")
-        last = _as_lengths(last_loc, "last_loc")
+        seq = as_int_vector(seq_lens, "seq_lens")
+        last = as_int_vector(last_loc, "last_loc")
         r = self._rank(dp_rank)
         if seq.shape[0] != last.shape[0]:
             raise HostPoolError(
@@ -647,4 +595,120 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         return self._free(free_index, dp_rank, P.FREE_TOKENS)
 
 
-__all__ = ["PagedState", "PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator"]
+class HostKVPoolMixin:
+    """Put sglang-jax's host KV pools' bookkeeping on a :class:`~hostpool_nb.HostPagePool`, in one class line.
+
+    ::
+
+        class FastLRU(HostKVPoolMixin, LRUHostKVPool): ...
+        class FastQueue(HostKVPoolMixin, QueueHostKVPool): ...
+
+    The host class's own ``__init__`` runs first (it allocates the data
+    plane and its ``_pool_size``); then ``reserve``, ``release``, ``alloc``,
+    ``free``, ``available_size``, ``inc_lock_ref``, ``dec_lock_ref`` and
+    ``_require_allocated`` go to a ``HostPagePool`` of that size, kept in
+    ``_host_pages``. ``_allocated``, ``_generation`` and ``_lock_ref``
+    become its read-only arrays, and ``_lock`` its lock, so the host class's
+    transfer methods, which read ``_allocated[id]`` and ``_generation[id]``
+    under ``_lock``, keep working unchanged. For each page freed or
+    released, the host class's ``_drop_pending(page)`` is called and
+    ``_slots[page]`` cleared (where the class has them), under the lock.
+    ``_peak_used`` and ``_exhaust_count`` read the pool's counters. The
+    host class's own free list is left as its ``__init__`` made it, unused.
+
+    What differs from the host class is ``HostPagePool``'s: every call is
+    checked whole before anything changes (the original frees the pages
+    before a bad one), errors are its subclasses of the originals'
+    ``ValueError`` / ``RuntimeError``, and ``free`` and ``release`` take
+    ``generations=`` / ``generation=`` to refuse stale frees.
+    """
+
+    _host_pages: HostPagePool
+    _pool_size: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        pages = HostPagePool(self._pool_size)
+        self._host_pages = pages
+        self._lock = pages.lock
+        self._allocated = pages.allocated
+        self._generation = pages.generation
+        self._lock_ref = pages.lock_ref
+
+    def reserve(self) -> int | None:
+        """``HostPagePool.reserve``: the first free page, or ``None``."""
+        return self._host_pages.reserve()
+
+    def alloc(self, need_pages: int) -> NDArray[np.int64] | None:
+        """``HostPagePool.alloc``: the first ``need_pages`` free pages (int64), or ``None``."""
+        return self._host_pages.alloc(need_pages)
+
+    def release(self, buffer_id: int, *, generation: int | None = None) -> None:
+        """``HostPagePool.release``, then the page's pending transfers and payload dropped, under the lock."""
+        pages = self._host_pages
+        with pages.lock:
+            pages.release(buffer_id, generation=generation)
+            self._forget([int(buffer_id)])
+
+    def free(self, host_page_ids: Any, *, generations: Any = None) -> int:
+        """``HostPagePool.free``, then each freed page's pending transfers and payload dropped, under the lock.
+
+        Returns the number of pages freed (the original returns ``None``).
+        """
+        pages = self._host_pages
+        with pages.lock:
+            freed = pages.free_listed(host_page_ids, generations=generations)
+            self._forget(freed.tolist())
+        return int(freed.shape[0])
+
+    def available_size(self) -> int:
+        """The number of free pages."""
+        return self._host_pages.available_size()
+
+    def inc_lock_ref(self, buffer_id: Any) -> None:
+        """``HostPagePool.inc_lock_ref``: pin a page, or each page of a 1-D array."""
+        self._host_pages.inc_lock_ref(buffer_id)
+
+    def dec_lock_ref(self, buffer_id: Any) -> None:
+        """``HostPagePool.dec_lock_ref``: unpin a page, or each page of a 1-D array."""
+        self._host_pages.dec_lock_ref(buffer_id)
+
+    def _require_allocated(self, buffer_id: int) -> None:
+        self._host_pages.require_allocated(buffer_id)
+
+    def _forget(self, freed: list[int]) -> None:
+        """What the host class does for each page it frees: drop its staged transfers and its payload."""
+        drop = getattr(self, "_drop_pending", None)
+        slots = getattr(self, "_slots", None)
+        for page in freed:
+            if drop is not None:
+                drop(page)
+            if slots is not None:
+                slots[page] = None
+
+    @property
+    def _peak_used(self) -> int:
+        pages = self.__dict__.get("_host_pages")
+        return 0 if pages is None else pages.stats().peak_allocated_pages
+
+    @_peak_used.setter
+    def _peak_used(self, value: int) -> None:
+        """The host class's ``__init__`` sets it; the pool keeps the count."""
+
+    @property
+    def _exhaust_count(self) -> int:
+        pages = self.__dict__.get("_host_pages")
+        return 0 if pages is None else pages.stats().exhausted_calls
+
+    @_exhaust_count.setter
+    def _exhaust_count(self, value: int) -> None:
+        """The host class's ``__init__`` sets it; the pool keeps the count."""
+
+
+__all__ = [
+    "HostKVPoolMixin",
+    "HostPagePool",
+    "PagedState",
+    "PagedTokenToKVPoolAllocator",
+    "TokenToKVPoolAllocator",
+]

@@ -86,6 +86,13 @@ def compare(alloc: Any, oracle: Any) -> None:
     """The allocator's lists, dtypes and sizes equal the oracle's on every rank; its invariants hold."""
     alloc.check_invariants()
     assert alloc.is_not_in_free_group == oracle.is_not_in_free_group
+    groups = alloc.free_group
+    assert len(groups) == len(oracle.free_group) == oracle.dp_size
+    for r in range(oracle.dp_size):
+        got_frees = [a.tolist() for a in groups[r]]
+        want_frees = [np.asarray(a).reshape(-1).astype(np.int64).tolist() for a in oracle.free_group[r]]
+        assert got_frees == want_frees, f"rank {r} free_group {got_frees}, oracle {want_frees}"
+        assert all(a.dtype == np.int64 and not a.flags.writeable for a in groups[r])
     if hasattr(oracle, "free_pages"):
         free, released = alloc.free_pages, alloc.release_pages
         assert len(free) == len(released) == oracle.dp_size
