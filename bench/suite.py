@@ -11,6 +11,10 @@ from typing import Any
 from . import recorded as rec
 from . import report
 from .compare import revision_before
+from .host import HOST_WORKLOAD, HostConfig, measure_host
+from .host import cases as host_cases
+from .host import params_text as host_params
+from .host import target as host_target
 from .impls import HOSTPOOL, NUMPY, TORCH, implementations, torch_available
 from .memory import MEMORY_PAGE_SIZE, MEMORY_POOL_SLOTS, measure_memory
 from .paged_workloads import (
@@ -47,7 +51,7 @@ from .workloads import (
     roundtrip_pool_size,
 )
 
-WORKLOADS = ("roundtrip", "batch", "trace", "tracking", "memory", "startup", "paged")
+WORKLOADS = ("roundtrip", "batch", "trace", "tracking", "memory", "startup", "paged", "host")
 
 # The headline cell: single-page round trip, page size 64, 1M-slot pool.
 TARGET_CELL = (64, 64, MIB_SLOTS)
@@ -94,6 +98,8 @@ class Config:
     notes: list[str] = field(default_factory=list)
     # hostpool_nb.paged against its numpy oracle (bench/paged_workloads.py).
     paged: PagedConfig = field(default_factory=PagedConfig)
+    # HostPagePool against the host tier's original bookkeeping (bench/host.py).
+    host: HostConfig = field(default_factory=HostConfig)
 
 
 def _grid(page_size: int, full: bool) -> list[int]:
@@ -137,6 +143,7 @@ def quick_config() -> Config:
         startup_references=("python",),
         floor_repeats=3,
         paged=PagedConfig(repeats=3, min_iters=1, min_loop_s=0.02, max_loop_s=0.25),
+        host=HostConfig(alloc_sizes=(8192, 32768, 131072), repeats=3, min_loop_s=0.02),
     )
 
 
@@ -167,10 +174,13 @@ def full_config() -> Config:
         startup_references=("python", "numba"),
         floor_repeats=9,
         paged=PagedConfig(repeats=7, min_iters=1, min_loop_s=0.1, max_loop_s=1.0),
+        host=HostConfig(repeats=7, min_loop_s=0.1),
     )
 
 
-def tiny_config(workloads: tuple[str, ...] = ("roundtrip", "batch", "trace", "tracking", "memory", "paged")) -> Config:
+def tiny_config(
+    workloads: tuple[str, ...] = ("roundtrip", "batch", "trace", "tracking", "memory", "paged", "host"),
+) -> Config:
     """Seconds-long sizes for the smoke test (works under NUMBA_DISABLE_JIT=1)."""
     return Config(
         mode="tiny",
@@ -217,6 +227,7 @@ def tiny_config(workloads: tuple[str, ...] = ("roundtrip", "batch", "trace", "tr
             min_loop_s=0.0,
             max_loop_s=0.0,
         ),
+        host=HostConfig(alloc_sizes=(64, 256), reserve_sizes=(64,), mixin_size=64, repeats=1, min_loop_s=0.0),
     )
 
 
@@ -240,6 +251,8 @@ def _steps(cfg: Config, nimpl: int, recorded: Any = None) -> int:
         n += cfg.startup_repeats * (2 + (nimpl > 2) + len(cfg.startup_references))
     if "paged" in cfg.workloads:  # no torch baseline: always two implementations
         n += paged_steps(cfg.paged)
+    if "host" in cfg.workloads:
+        n += len(host_cases(cfg.host)) * cfg.host.repeats * 2
     return n
 
 
@@ -855,6 +868,9 @@ def run_suite(
     if "paged" in cfg.workloads:
         _run_paged(cfg, progress, tick, rows, notes, raw)
 
+    if "host" in cfg.workloads:
+        _run_host(cfg, progress, tick, rows, notes, raw)
+
     if with_torch:
         import torch
 
@@ -872,6 +888,45 @@ def run_suite(
         "raw": raw,
         "elapsed_s": time.perf_counter() - t_start,
     }
+
+
+def _run_host(
+    cfg: Config,
+    progress: Progress,
+    tick: Callable[[], None],
+    rows: list[dict[str, Any]],
+    notes: list[str],
+    raw: dict[str, Any],
+) -> None:
+    """The host tier's rows: HostPagePool (and the mixin) against the original bookkeeping; no torch."""
+    hc = cfg.host
+    progress.label("host tier")
+    cells = measure_host(hc, tick)
+    for c in cells:
+        ratio = report.row("", "", "s/call", c.per_op)["ratios"].get(NUMPY)
+        target, met = host_target(c.params, ratio)
+        rows.append(
+            report.row(
+                HOST_WORKLOAD,
+                host_params(c.params),
+                "s/call",
+                c.per_op,
+                target,
+                met,
+                samples=c.samples,
+                columns=(HOSTPOOL, NUMPY),
+                case=c.params,
+            )
+        )
+    notes.append(
+        "host tier: hostpool_nb.HostPagePool against bench/host_baselines.py, the bookkeeping of sglang-jax's "
+        "LRUHostKVPool as SPEC-host describes it (x numpy is against that Python-list original; no torch). "
+        f"Each pool has half its pages held; a call pair is alloc({hc.pages}) then free of those pages, or "
+        "reserve() then release; both sides keep allocated flags, generations and pin counts. mixin: the same "
+        "calls through HostKVPoolMixin on the original's class, which also drop each freed page's transfers "
+        f"and payload. Medians of {hc.repeats} interleaved samples"
+    )
+    raw["host"] = {"cells": [asdict(c) for c in cells]}
 
 
 def _run_paged(

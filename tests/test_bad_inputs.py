@@ -657,6 +657,26 @@ def test_data_plane_hooks(pool: LogicalHostPool, snapshot: Any, unchanged: Any) 
     unchanged(pool, before)
 
 
+def test_the_hooks_of_later_sglang_revisions(pool: LogicalHostPool, snapshot: Any, unchanged: Any) -> None:
+    """What a newer sglang's HostPoolGroup reads on every host pool, on the class and the instance."""
+    before = snapshot(pool)
+    for owner in (LogicalHostPool, pool):
+        assert owner.shared_allocation_domain is None
+        assert owner.stores_page_envelope is False
+        assert owner.storage_format_tag is None
+    host, device = np.array(page(0)), np.arange(PS, dtype=np.int32)
+    pair = pool.prepare_transfer_indices(host, device, "kernel")
+    assert type(pair) is tuple
+    assert pair[0] is host
+    assert pair[1] is device
+    assert pool.backup_from_device_all_layer_physical(object(), host, device, "kernel") is None
+    assert pool.load_to_device_per_layer_physical(object(), host, device, 2, "direct") is None
+    assert pool.load_to_device_per_layer_physical(object(), host, device, 2, "direct", is_draft=True) is None
+    assert pool.get_page_buffer_element_size() is None
+    assert pool.get_page_buffer_element_size(split_factor=4) is None
+    unchanged(pool, before)
+
+
 # -- every error family at several page sizes, exact messages ---------------------
 
 

@@ -1546,3 +1546,61 @@ def test_compare_rejects_unknown_cells(capsys: pytest.CaptureFixture[str]) -> No
     err = capsys.readouterr().err
     assert "unknown cell(s) 2:trace" in err
     assert "1:65536s,1:trace,16:trace,64:trace" in err
+
+
+# -- the host tier ------------------------------------------------------------------------
+
+
+def test_the_host_tier_times_every_cell_on_both_sides() -> None:
+    from bench import host
+
+    cfg = host.HostConfig(alloc_sizes=(64, 256), reserve_sizes=(64,), mixin_size=64, repeats=2, min_loop_s=0.0)
+    cells = host.measure_host(cfg)
+    assert [(c.params["through"], c.params["call"], c.params["pool_pages"]) for c in cells] == [
+        ("pool", "alloc+free", 64),
+        ("pool", "alloc+free", 256),
+        ("pool", "reserve+release", 64),
+        ("mixin", "alloc+free", 64),
+        ("mixin", "reserve+release", 64),
+    ]
+    for c in cells:
+        assert set(c.per_op) == {"hostpool_nb", "numpy"}
+        assert all(len(s) == 2 and min(s) > 0 for s in c.samples.values())
+    assert [host.params_text(c.params) for c in cells][-2:] == [
+        "mixin alloc+free 32 of 64",
+        "mixin reserve+release of 64",
+    ]
+    assert host.target({"through": "pool", "pool_pages": 32768, "call": "alloc+free"}, 999.0) == (
+        ">=1000x numpy",
+        False,
+    )
+    assert host.target({"through": "pool", "pool_pages": 32768, "call": "reserve+release"}, 50.0) == (
+        ">=50x numpy",
+        True,
+    )
+    assert host.target({"through": "mixin", "pool_pages": 32768, "call": "alloc+free"}, 1.0) == ("", None)
+
+
+def test_the_host_tier_refuses_implementations_that_disagree(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import host
+    from bench.host_baselines import LRUHostKVPool
+
+    class Reversed(LRUHostKVPool):
+        def alloc(self, need_pages: int) -> Any:
+            got = super().alloc(need_pages)
+            return None if got is None else got[::-1].copy()
+
+    impls = {**host.implementations(), "numpy": Reversed}
+    cfg = host.HostConfig(repeats=1, min_loop_s=0.0)
+    with pytest.raises(RuntimeError, match="the implementations disagree"):
+        host.measure_cell(impls, "alloc+free", 128, cfg, None)
+
+
+def test_half_full_pools_agree_whichever_way_they_are_filled() -> None:
+    from bench import host
+
+    mine, theirs = (host.half_full(make, 10) for make in host.implementations().values())
+    assert mine.available_size() == theirs.available_size() == 5
+    assert mine.allocated.tolist() == theirs._allocated
+    assert mine.generation.tolist() == theirs._generation
+    assert mine.alloc(5).tolist() == theirs.alloc(5).tolist() == [5, 6, 7, 8, 9]

@@ -144,6 +144,15 @@ def test_attributes_and_data_plane_hooks() -> None:
     assert pool.get_ksize_per_token() == 0
     assert pool.get_page_buffer_meta(torch.arange(16)) is None
     assert pool.destroy() is None
+    # A later sglang's HostPoolGroup reads these too.
+    assert (pool.shared_allocation_domain, pool.stores_page_envelope, pool.storage_format_tag) == (None, False, None)
+    host, device = torch.arange(16), torch.arange(16, 32)
+    pair = pool.prepare_transfer_indices(host, device, "kernel")
+    assert pair[0] is host
+    assert pair[1] is device
+    assert pool.backup_from_device_all_layer_physical(object(), host, device, "kernel") is None
+    assert pool.load_to_device_per_layer_physical(object(), host, device, 0, "direct", is_draft=True) is None
+    assert pool.get_page_buffer_element_size(split_factor=2) is None
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
