@@ -21,9 +21,9 @@ from ._errors import (
     SlotRangeError,
     StaleFreeError,
 )
-from ._host import HostPagePool, HostPageState
+from ._host import HostPagePool
 from ._pool import LogicalHostPool
-from ._snapshot import PoolState
+from ._snapshot import HostPageState, PoolState
 from ._stats import HostPageStats, PoolStats
 
 __version__ = "0.1.0"

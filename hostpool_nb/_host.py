@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,6 +17,7 @@ from numpy.typing import NDArray
 
 from . import _host_kernels as H
 from . import _kernels as K
+from . import _layout as L
 from ._convert import INT64, STRIDES_1D, as_count, as_page_ids, is_array_like
 from ._errors import (
     HostPoolError,
@@ -29,52 +29,26 @@ from ._errors import (
     StaleFreeError,
 )
 from ._fork import register as register_fork_lock
-from ._invariants import COUNTER_LIMIT
+from ._invariants import host_problems
+from ._jit import entry_point
+from ._snapshot import FORMATS, HostPageState, check_format, checked_host_words
 from ._stats import HostPageStats
 
 log = logging.getLogger("hostpool_nb")
 
-_reserve = K.entry_point(H.host_reserve)
-_alloc = K.entry_point(H.host_alloc)
-_free = K.entry_point(H.host_free)
-_release = K.entry_point(H.host_release)
-_pin = K.entry_point(H.host_pin)
-_pin1 = K.entry_point(H.host_pin1)
-_reset = K.entry_point(H.host_reset)
-_load = K.entry_point(K.load_state)
+_reserve = entry_point(H.host_reserve)
+_alloc = entry_point(H.host_alloc)
+_free = entry_point(H.host_free)
+_release = entry_point(H.host_release)
+_pin = entry_point(H.host_pin)
+_pin1 = entry_point(H.host_pin1)
+_reset = entry_point(H.host_reset)
+_load = entry_point(K.load_state)
 
 _NO_GENS = np.empty(0, dtype=np.int64)
-_STATUS_SHORT = -1 - K.E_SHORT
+_STATUS_SHORT = L.status_of(L.E_SHORT)
 _empty = np.empty
 _ndarray = np.ndarray
-FORMAT = 1  # the layout of a host pool's state array; a pickle of another is refused
-
-
-@dataclass(frozen=True, eq=False)
-class HostPageState:
-    """An immutable snapshot of a :class:`HostPagePool`, from ``backup_state()``.
-
-    ``restore_state`` of it, on that pool or any of the same ``pool_size``,
-    makes every later call behave as it would have at the backup: the free
-    list's order, the allocated pages, their generations and pin counts.
-    """
-
-    pool_size: int
-    _words: NDArray[np.int64] = field(repr=False)
-
-    def __post_init__(self) -> None:
-        words = np.array(self._words, dtype=np.int64, copy=True)
-        words.flags.writeable = False
-        object.__setattr__(self, "_words", words)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_load_snapshot, (FORMAT, self.pool_size, self._words))
-
-
-def _load_snapshot(version: Any, pool_size: Any, words: Any) -> HostPageState:
-    if version != FORMAT:
-        raise HostPoolError(f"this HostPageState was pickled in format {version!r}; this hostpool_nb reads {FORMAT}")
-    return HostPageState(pool_size, words)
 
 
 class HostPagePool:
@@ -118,22 +92,22 @@ class HostPagePool:
         pool_size = as_count(pool_size, "pool_size")
         if pool_size <= 0:
             raise HostPoolError(f"pool_size must be positive, got {pool_size}")
-        if pool_size > K.MAX_PAGES:
-            raise HostPoolError(f"pool_size must be at most {K.MAX_PAGES} (2**31 - 1), got {pool_size}")
-        st = np.zeros(H.state_length(pool_size), dtype=np.int64)
-        st[H.H_NPAGES] = pool_size
+        if pool_size > L.MAX_PAGES:
+            raise HostPoolError(f"pool_size must be at most {L.MAX_PAGES} (2**31 - 1), got {pool_size}")
+        st = np.zeros(L.host_state_length(pool_size), dtype=np.int64)
+        st[L.HP_NPAGES] = pool_size
         self._setup(st)
         _reset(st)
-        st[H.H_CLEARS] = 0  # the construction is not a clear() call
+        st[L.HP_CLEARS] = 0  # the construction is not a clear() call
 
     def _setup(self, st: NDArray[np.int64]) -> None:
-        n = int(st[H.H_NPAGES])
+        n = int(st[L.HP_NPAGES])
         self.pool_size = n
         self.lock = threading.RLock()
         register_fork_lock(self)
         self._st = st
-        ring, gen, ref, flags, _ = H._offsets(n)
-        self._ring = st[ring : ring + K.ring_words(n)].view(np.int32)[:n]
+        ring, gen, ref, flags, _ = L.host_offsets(n)
+        self._ring = st[ring : ring + L.ring_words(n)].view(np.int32)[:n]
         self.allocated = _read_only(st[flags:].view(np.bool_)[:n])
         self.generation = _read_only(st[gen : gen + n])
         self.lock_ref = _read_only(st[ref : ref + n])
@@ -295,7 +269,7 @@ class HostPagePool:
         """
         with self.lock:
             st = self._st
-            tail = int(st[H.H_HEAD] + st[H.H_NFREE]) % self.pool_size
+            tail = int(st[L.HP_HEAD] + st[L.HP_NFREE]) % self.pool_size
             count = self.free(host_page_ids, generations=generations)
             ring = self._ring
             if tail + count <= self.pool_size:
@@ -362,7 +336,7 @@ class HostPagePool:
     def available_size(self) -> int:
         """Number of free pages."""
         with self.lock:
-            return int(self._st[H.H_NFREE])
+            return int(self._st[L.HP_NFREE])
 
     def total_size(self) -> int:
         """``pool_size``."""
@@ -380,18 +354,18 @@ class HostPagePool:
     def stats(self) -> HostPageStats:
         """Usage and counters now, in O(1)."""
         with self.lock:
-            h = [int(x) for x in self._st[: H.HEADER]]
-        n = h[H.H_NPAGES]
+            h = [int(x) for x in self._st[: L.HP_HEADER]]
+        n = h[L.HP_NPAGES]
         return HostPageStats(
             pool_size=n,
-            free_pages=h[H.H_NFREE],
-            allocated_pages=n - h[H.H_NFREE],
-            pinned_pages=h[H.H_PINNED],
-            peak_allocated_pages=h[H.H_PEAK],
-            alloc_calls=h[H.H_ALLOC_CALLS],
-            exhausted_calls=h[H.H_EXHAUSTED],
-            free_calls=h[H.H_FREE_CALLS],
-            clears=h[H.H_CLEARS],
+            free_pages=h[L.HP_NFREE],
+            allocated_pages=n - h[L.HP_NFREE],
+            pinned_pages=h[L.HP_PINNED],
+            peak_allocated_pages=h[L.HP_PEAK],
+            alloc_calls=h[L.HP_ALLOC_CALLS],
+            exhausted_calls=h[L.HP_EXHAUSTED],
+            free_calls=h[L.HP_FREE_CALLS],
+            clears=h[L.HP_CLEARS],
         )
 
     def check_invariants(self) -> None:
@@ -421,23 +395,24 @@ class HostPagePool:
             raise TypeError(f"state must be a HostPageState from backup_state(), got {type(state).__name__}")
         if state.pool_size != self.pool_size:
             raise HostPoolError(f"the state is from a pool of {state.pool_size} pages; this one has {self.pool_size}")
-        words = _checked(state._words, self.pool_size, "the state")
+        words = checked_host_words(state._words, self.pool_size, "the state")
         with self.lock:
             _load(self._st, words)
 
     def __getstate__(self) -> dict[str, Any]:
         with self.lock:
-            return {"format": FORMAT, "pool_size": self.pool_size, "state": self._st.copy()}
+            return {"format": FORMATS["HostPagePool"], "pool_size": self.pool_size, "state": self._st.copy()}
 
     def __setstate__(self, saved: Any) -> None:
         """Rebuild a pickled pool, with a lock of its own; a damaged pickle is a ``HostPoolError``."""
         what = "the pickled HostPagePool"
-        if not isinstance(saved, dict) or saved.get("format") != FORMAT:
-            raise HostPoolError(f"{what} is not in format {FORMAT}")
+        if not isinstance(saved, dict):
+            raise HostPoolError(f"{what} holds a {type(saved).__name__}, not a pool's state")
+        check_format(saved.get("format"), "HostPagePool")
         pool_size = saved.get("pool_size")
-        if type(pool_size) is not int or not 0 < pool_size <= K.MAX_PAGES:
+        if type(pool_size) is not int or not 0 < pool_size <= L.MAX_PAGES:
             raise HostPoolError(f"{what} has pool_size={pool_size!r}")
-        self._setup(_checked(saved.get("state"), pool_size, what))
+        self._setup(checked_host_words(saved.get("state"), pool_size, what))
         self._last_exhaust_log = -1.0
 
     def __repr__(self) -> str:
@@ -469,127 +444,154 @@ class HostPagePool:
     def _fault(self, beyond: dict[int, int], position: int) -> tuple[int, int]:
         """The page a failed kernel stopped at (as it read it) and the generation it was given."""
         st = self._st
-        return beyond.get(position, int(st[H.H_FAULT])), int(st[H.H_FAULT_GEN])
+        return beyond.get(position, int(st[L.HP_FAULT])), int(st[L.HP_FAULT_GEN])
 
     def _free_error(self, status: int, what: str, op: str, beyond: dict[int, int]) -> Exception:
-        code, pos = K.decode_status(status)
+        code, pos = L.decode_status(status)
         page, given = self._fault(beyond, pos)
-        if code == K.E_RANGE:
+        if code == L.E_RANGE:
             return SlotRangeError(f"{what}={page} outside pool range [0, {self.pool_size})")
-        if code == K.E_NOT_ALLOCATED:
+        if code == L.E_NOT_ALLOCATED:
             return PageDoubleFreeError(f"double free of {what}={page}")
-        if code == H.E_STALE:
+        if code == L.E_STALE:
             return StaleFreeError(
                 f"stale {op} of {what}={page}: it was handed out again since generation {given} "
                 f"(its generation is {int(self.generation[page])})"
             )
-        if code == H.E_PINNED:
+        if code == L.E_PINNED:
             verb = "release" if op == "release" else "free"
             return PinnedPageError(f"{verb} of locked {what}={page} (lock_ref={int(self.lock_ref[page])})")
         return self._corrupt(op, status)
 
     def _pin_error(self, status: int, beyond: dict[int, int]) -> Exception:
-        code, pos = K.decode_status(status)
+        code, pos = L.decode_status(status)
         page, _ = self._fault(beyond, pos)
-        if code == K.E_RANGE:
+        if code == L.E_RANGE:
             return SlotRangeError(f"buffer_id={page} outside pool range [0, {self.pool_size})")
-        if code == K.E_NOT_ALLOCATED:
+        if code == L.E_NOT_ALLOCATED:
             return PageNotAllocatedError(f"buffer_id={page} is not allocated (in free-list)")
-        if code == H.E_UNDERFLOW:
+        if code == L.E_UNDERFLOW:
             return LockRefUnderflowError(f"dec_lock_ref underflow on buffer_id={page}")
         return self._corrupt("lock_ref", status)
 
     def _corrupt(self, op: str, status: int) -> RuntimeError:
-        code, pos = K.decode_status(status)
+        code, pos = L.decode_status(status)
         return RuntimeError(
             f"HostPagePool state is corrupted: {op} kernel failed with code {code} at {pos}; "
             "please report this with the calls that led to it"
         )
 
 
+class HostKVPoolMixin:
+    """Put sglang-jax's host KV pools' bookkeeping on a :class:`~hostpool_nb.HostPagePool`, in one class line.
+
+    ::
+
+        class FastLRU(HostKVPoolMixin, LRUHostKVPool): ...
+        class FastQueue(HostKVPoolMixin, QueueHostKVPool): ...
+
+    The host class's own ``__init__`` runs first (it allocates the data
+    plane and its ``_pool_size``); then ``reserve``, ``release``, ``alloc``,
+    ``free``, ``available_size``, ``inc_lock_ref``, ``dec_lock_ref`` and
+    ``_require_allocated`` go to a ``HostPagePool`` of that size, kept in
+    ``_host_pages``. ``_allocated``, ``_generation`` and ``_lock_ref``
+    become its read-only arrays, and ``_lock`` its lock, so the host class's
+    transfer methods, which read ``_allocated[id]`` and ``_generation[id]``
+    under ``_lock``, keep working unchanged. For each page freed or
+    released, the host class's ``_drop_pending(page)`` is called and
+    ``_slots[page]`` cleared (where the class has them), under the lock.
+    ``_peak_used`` and ``_exhaust_count`` read the pool's counters. The
+    host class's own free list is left as its ``__init__`` made it, unused.
+
+    What differs from the host class is ``HostPagePool``'s: every call is
+    checked whole before anything changes (the original frees the pages
+    before a bad one), errors are its subclasses of the originals'
+    ``ValueError`` / ``RuntimeError``, and ``free`` and ``release`` take
+    ``generations=`` / ``generation=`` to refuse stale frees.
+    """
+
+    _host_pages: HostPagePool
+    _pool_size: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        pages = HostPagePool(self._pool_size)
+        self._host_pages = pages
+        self._lock = pages.lock
+        self._allocated = pages.allocated
+        self._generation = pages.generation
+        self._lock_ref = pages.lock_ref
+
+    def reserve(self) -> int | None:
+        """``HostPagePool.reserve``: the first free page, or ``None``."""
+        return self._host_pages.reserve()
+
+    def alloc(self, need_pages: int) -> NDArray[np.int64] | None:
+        """``HostPagePool.alloc``: the first ``need_pages`` free pages (int64), or ``None``."""
+        return self._host_pages.alloc(need_pages)
+
+    def release(self, buffer_id: int, *, generation: int | None = None) -> None:
+        """``HostPagePool.release``, then the page's pending transfers and payload dropped, under the lock."""
+        pages = self._host_pages
+        with pages.lock:
+            pages.release(buffer_id, generation=generation)
+            self._forget([int(buffer_id)])
+
+    def free(self, host_page_ids: Any, *, generations: Any = None) -> int:
+        """``HostPagePool.free``, then each freed page's pending transfers and payload dropped, under the lock.
+
+        Returns the number of pages freed (the original returns ``None``).
+        """
+        pages = self._host_pages
+        with pages.lock:
+            freed = pages.free_listed(host_page_ids, generations=generations)
+            self._forget(freed.tolist())
+        return int(freed.shape[0])
+
+    def available_size(self) -> int:
+        """The number of free pages."""
+        return self._host_pages.available_size()
+
+    def inc_lock_ref(self, buffer_id: Any) -> None:
+        """``HostPagePool.inc_lock_ref``: pin a page, or each page of a 1-D array."""
+        self._host_pages.inc_lock_ref(buffer_id)
+
+    def dec_lock_ref(self, buffer_id: Any) -> None:
+        """``HostPagePool.dec_lock_ref``: unpin a page, or each page of a 1-D array."""
+        self._host_pages.dec_lock_ref(buffer_id)
+
+    def _require_allocated(self, buffer_id: int) -> None:
+        self._host_pages.require_allocated(buffer_id)
+
+    def _forget(self, freed: list[int]) -> None:
+        """What the host class does for each page it frees: drop its staged transfers and its payload."""
+        drop = getattr(self, "_drop_pending", None)
+        slots = getattr(self, "_slots", None)
+        for page in freed:
+            if drop is not None:
+                drop(page)
+            if slots is not None:
+                slots[page] = None
+
+    @property
+    def _peak_used(self) -> int:
+        pages = self.__dict__.get("_host_pages")
+        return 0 if pages is None else pages.stats().peak_allocated_pages
+
+    @_peak_used.setter
+    def _peak_used(self, value: int) -> None:
+        """The host class's ``__init__`` sets it; the pool keeps the count."""
+
+    @property
+    def _exhaust_count(self) -> int:
+        pages = self.__dict__.get("_host_pages")
+        return 0 if pages is None else pages.stats().exhausted_calls
+
+    @_exhaust_count.setter
+    def _exhaust_count(self, value: int) -> None:
+        """The host class's ``__init__`` sets it; the pool keeps the count."""
+
+
 def _read_only(view: NDArray[Any]) -> NDArray[Any]:
     view.flags.writeable = False
     return view
-
-
-def host_problems(st: NDArray[np.int64], n: int) -> list[str]:
-    """Every way ``st`` breaks a host pool's invariants; empty if none. O(pages).
-
-    The header matches the pool and its counters are in range and agree;
-    every page on the free list is in range, listed once and flagged free,
-    every other page flagged allocated; no page is marked; generations and
-    pin counts are in ``[0, 2**62]``, free pages are unpinned and the
-    header counts the pinned ones. The scratch words and the ring's
-    entries after the free list may hold anything.
-    """
-    if st.ndim != 1 or st.dtype != np.int64 or st.shape[0] != H.state_length(n):
-        return [f"state must be a 1-D int64 array of length {H.state_length(n)}, got {st.dtype} {st.shape}"]
-    head, nfree = int(st[H.H_HEAD]), int(st[H.H_NFREE])
-    if int(st[H.H_NPAGES]) != n or not (0 <= nfree <= n and 0 <= head < n):
-        return [f"header out of range: pages={int(st[H.H_NPAGES])} head={head} nfree={nfree}, pool has {n} pages"]
-    return _host_header_problems(st, n, nfree) + _host_page_problems(st, n, head, nfree)
-
-
-_HOST_COUNTERS = (
-    ("alloc_calls", H.H_ALLOC_CALLS),
-    ("exhausted_calls", H.H_EXHAUSTED),
-    ("free_calls", H.H_FREE_CALLS),
-    ("peak_allocated_pages", H.H_PEAK),
-    ("clears", H.H_CLEARS),
-)
-
-
-def _host_header_problems(st: NDArray[np.int64], n: int, nfree: int) -> list[str]:
-    found = []
-    counters = {name: int(st[h]) for name, h in _HOST_COUNTERS}
-    if min(counters.values()) < 0 or max(counters.values()) > COUNTER_LIMIT:
-        found.append(f"counters out of range: {counters}")
-    if counters["exhausted_calls"] > counters["alloc_calls"] or not n - nfree <= counters["peak_allocated_pages"] <= n:
-        found.append(f"statistics disagree: {counters} with {n - nfree} pages held")
-    spare = [w for w in range(H.H_FAULT_GEN + 1, H.HEADER) if st[w] != 0]
-    if spare:
-        found.append(f"spare header word {spare[0]} is not zero")
-    return found
-
-
-def _host_page_problems(st: NDArray[np.int64], n: int, head: int, nfree: int) -> list[str]:
-    ring_at, gen_at, ref_at, flags_at, marks_at = H._offsets(n)
-    ids = st[ring_at : ring_at + K.ring_words(n)].view(np.int32)[:n]
-    listed = ids[(head + np.arange(nfree)) % n]
-    if listed.size and (listed.min() < 0 or listed.max() >= n):
-        return ["a listed page id is out of range"]
-    found = []
-    times = np.bincount(listed, minlength=n)
-    if times.max(initial=0) > 1:
-        found.append(f"page {int(np.argmax(times))} is listed {int(times.max())} times")
-    flags = st[flags_at:].view(np.uint8)[:n]
-    expected = np.ones(n, dtype=np.uint8)
-    expected[listed] = 0
-    if not np.array_equal(flags, expected):
-        p = int(np.argmax(flags != expected))
-        found.append(f"page {p} has allocated flag {int(flags[p])} but is listed {int(times[p])} times")
-    if st[marks_at:].view(np.uint8)[:n].any():
-        found.append("a page is marked outside a call")
-    gen = st[gen_at : gen_at + n]
-    ref = st[ref_at : ref_at + n]
-    if gen.min() < 0 or gen.max() > COUNTER_LIMIT:
-        found.append("a generation is out of range")
-    if ref.min() < 0 or ref.max() > COUNTER_LIMIT:
-        found.append("a pin count is out of range")
-    elif (ref[flags == 0] != 0).any():
-        found.append(f"free page {int(np.flatnonzero((ref != 0) & (flags == 0))[0])} is pinned")
-    if int(np.count_nonzero(ref)) != int(st[H.H_PINNED]):
-        found.append(f"{int(np.count_nonzero(ref))} pages are pinned, the header says {int(st[H.H_PINNED])}")
-    return found
-
-
-def _checked(words: Any, n: int, what: str) -> NDArray[np.int64]:
-    if not isinstance(words, np.ndarray):
-        raise HostPoolError(f"{what} holds a {type(words).__name__}, not a host pool's state")
-    arr = np.ascontiguousarray(words)
-    if arr.dtype != np.int64 or arr.ndim != 1:
-        raise HostPoolError(f"{what} holds a {arr.dtype} array of shape {arr.shape}, not a host pool's state")
-    found = host_problems(arr, n)
-    if found:
-        raise HostPoolError(f"{what} fails the pool's invariants: " + "; ".join(found))
-    return np.array(arr, dtype=np.int64, copy=True)

@@ -1,9 +1,10 @@
-"""The pool's invariants, recomputed with plain numpy, independently of the kernels.
+"""Every pool's invariants, recomputed with plain numpy, independently of the kernels.
 
-:meth:`LogicalHostPool.check_invariants` reports the problems this finds as
-a ``RuntimeError`` (the pool's own state is broken); ``restore_state`` and
-unpickling run the same check on a candidate state before accepting it
-(the caller's snapshot is not one this pool could have made).
+``check_invariants()`` reports the problems found here as a ``RuntimeError``
+(the pool's own state is broken); ``restore_state`` and unpickling run the
+same checks on a candidate state first, and refuse it with a
+``HostPoolError`` (it is not a state this pool could have made). Each
+function returns a list of problems, empty when there are none.
 """
 
 from __future__ import annotations
@@ -13,23 +14,14 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _kernels as K
+from . import _layout as L
+from ._layout import owner_flags, ring_ids
 from ._tracking import Site, site_id_problems
 
 # A counter word above this is refused: at a call per nanosecond, 2**62
 # calls take 146 years, so a real pool never reaches it, and one that
 # starts below it can never overflow int64.
 COUNTER_LIMIT = 2**62
-
-
-def ring_ids(st: NDArray[np.int64], num_pages: int) -> NDArray[np.int32]:
-    """The ring of int32 page ids inside a state array, as the kernels see it."""
-    return st[K.HEADER : K.HEADER + K.ring_words(num_pages)].view(np.int32)[:num_pages]
-
-
-def owner_flags(st: NDArray[np.int64], num_pages: int) -> NDArray[np.uint8]:
-    """The owner flags inside a state array, as the kernels see them."""
-    return st[K.HEADER + K.ring_words(num_pages) :].view(np.uint8)[:num_pages]
 
 
 def problems(
@@ -59,18 +51,18 @@ def problems(
     if layout:
         return layout
     found: list[str] = []
-    header = (int(st[K.H_NPAGES]), int(st[K.H_PAGE_SIZE]), int(st[K.H_PAGE_SHIFT]))
-    if header != (n, page_size, K.page_shift(page_size)):
+    header = (int(st[L.H_NPAGES]), int(st[L.H_PAGE_SIZE]), int(st[L.H_PAGE_SHIFT]))
+    if header != (n, page_size, L.page_shift(page_size)):
         found.append(
-            f"header says (pages, page_size, shift) = {header}, pool has {(n, page_size, K.page_shift(page_size))}"
+            f"header says (pages, page_size, shift) = {header}, pool has {(n, page_size, L.page_shift(page_size))}"
         )
-    head, nfree, nrel, npend = (int(st[h]) for h in (K.H_HEAD, K.H_NFREE, K.H_NREL, K.H_NPEND))
+    head, nfree, nrel, npend = (int(st[h]) for h in (L.H_HEAD, L.H_NFREE, L.H_NREL, L.H_NPEND))
     if not (nfree >= 0 and nrel >= 0 and npend >= 0 and nfree + nrel + npend <= n and (n == 0 or 0 <= head < n)):
         found.append(f"counters out of range: head={head} nfree={nfree} nrel={nrel} npend={npend} pages={n}")
         return found
     found += _word_problems(st, npend)
-    sorted_flag = int(st[K.H_SORTED])
-    track = int(st[K.H_TRACK])
+    sorted_flag = int(st[L.H_SORTED])
+    track = int(st[L.H_TRACK])
     counters = {name: int(st[h]) for name, h in _COUNTERS}
     ring = ring_ids(st, n)
     listed = ring[(head + np.arange(nfree + nrel + npend)) % max(n, 1)]
@@ -81,9 +73,9 @@ def problems(
     times = np.bincount(listed, minlength=n)
     if times.max(initial=0) > 1:
         found.append(f"page {int(np.argmax(times))} is listed {int(times.max())} times")
-    expected = np.full(n, K.OWNER_ALLOCATED, dtype=np.uint8)
-    expected[listed[: nfree + nrel]] = K.OWNER_FREE
-    expected[listed[nfree + nrel :]] = K.OWNER_PENDING
+    expected = np.full(n, L.OWNER_ALLOCATED, dtype=np.uint8)
+    expected[listed[: nfree + nrel]] = L.OWNER_FREE
+    expected[listed[nfree + nrel :]] = L.OWNER_PENDING
     bad_owner = owner != expected
     if bad_owner.any():
         p = int(np.argmax(bad_owner))
@@ -107,18 +99,18 @@ def _layout_problems(st: NDArray[np.int64], n: int) -> list[str]:
     """The array itself: 1-D int64, of the length its layout (tracking or not) needs."""
     if st.ndim != 1 or st.dtype != np.int64:
         return [f"state must be a 1-D int64 array, got {st.dtype} with shape {st.shape}"]
-    track = int(st[K.H_TRACK]) if st.shape[0] > K.H_TRACK else 0
-    if track not in (0, K.track_offset(n)):
-        return [f"tracking words said to start at {track}, expected 0 or {K.track_offset(n)}"]
-    if st.shape[0] != K.state_length(n, track != 0):
-        return [f"state array has length {st.shape[0]}, expected {K.state_length(n, track != 0)}"]
+    track = int(st[L.H_TRACK]) if st.shape[0] > L.H_TRACK else 0
+    if track not in (0, L.track_offset(n)):
+        return [f"tracking words said to start at {track}, expected 0 or {L.track_offset(n)}"]
+    if st.shape[0] != L.state_length(n, track != 0):
+        return [f"state array has length {st.shape[0]}, expected {L.state_length(n, track != 0)}"]
     return []
 
 
 def _word_problems(st: NDArray[np.int64], npend: int) -> list[str]:
     """Free groups, the merge order word and the statistics, each in its range."""
     found = []
-    depth, sorted_flag = int(st[K.H_GROUP_DEPTH]), int(st[K.H_SORTED])
+    depth, sorted_flag = int(st[L.H_GROUP_DEPTH]), int(st[L.H_SORTED])
     if depth < 0 or (npend > 0 and depth == 0):
         found.append(f"free groups out of range: depth={depth} with {npend} pending pages")
     if sorted_flag not in (0, 1):
@@ -127,23 +119,23 @@ def _word_problems(st: NDArray[np.int64], npend: int) -> list[str]:
     if min(counters.values()) < 0 or counters["failed_allocs"] > counters["alloc_calls"]:
         found.append(f"statistics out of range: {counters}")
     grow = {
-        name: int(st[h]) for name, h in (*_COUNTERS, ("group depth", K.H_GROUP_DEPTH), ("allocation number", K.H_SEQ))
+        name: int(st[h]) for name, h in (*_COUNTERS, ("group depth", L.H_GROUP_DEPTH), ("allocation number", L.H_SEQ))
     }
     full = [f"{name}={value}" for name, value in grow.items() if value > COUNTER_LIMIT]
     if full:
         found.append(f"counters beyond {COUNTER_LIMIT} (2**62), which later calls would overflow: {', '.join(full)}")
-    spare = st[K.H_SEQ + 1 : K.HEADER]
+    spare = st[L.H_SEQ + 1 : L.HEADER]
     if spare.any():
-        found.append(f"spare header word {K.H_SEQ + 1 + int(np.argmax(spare != 0))} is not zero")
+        found.append(f"spare header word {L.H_SEQ + 1 + int(np.argmax(spare != 0))} is not zero")
     return found
 
 
 def _tracking_problems(st: NDArray[np.int64], n: int, track: int, owner: NDArray[np.uint8]) -> list[str]:
     """A tracking pool's words: every page's allocation number (0: never allocated) below the next one."""
-    seq = int(st[K.H_SEQ])
+    seq = int(st[L.H_SEQ])
     numbers = st[track : track + n]
     bad = (numbers < 0) | (numbers >= seq)
-    if seq < 1 or bad[owner == K.OWNER_ALLOCATED].any():
+    if seq < 1 or bad[owner == L.OWNER_ALLOCATED].any():
         return [f"allocation numbers of held pages are not below the next one, {seq}"]
     if bad.any():
         return [f"page {int(np.argmax(bad))}'s last allocation number is not below the next one, {seq}"]
@@ -151,10 +143,120 @@ def _tracking_problems(st: NDArray[np.int64], n: int, track: int, owner: NDArray
 
 
 _COUNTERS = (
-    ("merges", K.H_MERGES),
-    ("alloc_calls", K.H_ALLOC_CALLS),
-    ("failed_allocs", K.H_FAILED_ALLOCS),
-    ("free_calls", K.H_FREE_CALLS),
-    ("peak_allocated_pages", K.H_PEAK),
-    ("clears", K.H_CLEARS),
+    ("merges", L.H_MERGES),
+    ("alloc_calls", L.H_ALLOC_CALLS),
+    ("failed_allocs", L.H_FAILED_ALLOCS),
+    ("free_calls", L.H_FREE_CALLS),
+    ("peak_allocated_pages", L.H_PEAK),
+    ("clears", L.H_CLEARS),
 )
+
+
+# -- a paged rank --------------------------------------------------------------------
+
+
+def rank_problems(st: NDArray[np.int64], pages: int, page_size: int, sorted_order: bool) -> list[str]:
+    """Every way ``st`` breaks a rank's invariants; empty if none. O(pages)."""
+    found = problems(st, pages + 1, page_size)
+    if found:
+        return found
+    owner = owner_flags(st, pages + 1)
+    if owner[0] != L.OWNER_ALLOCATED:
+        found.append(f"the padding page 0 has owner flag {int(owner[0])}, expected {L.OWNER_ALLOCATED}")
+    if int(st[L.H_NPEND]) or int(st[L.H_GROUP_DEPTH]):
+        found.append("a rank's core pending list and group depth must stay empty")
+    if bool(int(st[L.H_SORTED])) != sorted_order:
+        found.append(f"merge order word is {int(st[L.H_SORTED])}, expected {int(sorted_order)}")
+    return found
+
+
+def group_problems(gp: NDArray[np.int64], st: NDArray[np.int64], pages: int) -> list[str]:
+    """Every way a rank's group buffer breaks its invariants; empty if none."""
+    count, cap = int(gp[L.GP_COUNT]), int(gp[L.GP_CAP])
+    if cap != pages + 1 or gp.shape[0] != L.group_length(pages):
+        return [f"group buffer of capacity {cap} and length {gp.shape[0]} for {pages} pages"]
+    if not 0 <= count <= cap:
+        return [f"group buffer holds {count} pages"]
+    ids = gp[L.GP_HEADER : L.GP_HEADER + count]
+    marks = gp[L.GP_HEADER + cap :].view(np.uint8)[:cap]
+    if count and (ids.min() < 1 or ids.max() > pages):
+        return ["a pending page id is out of range"]
+    expected = np.zeros(cap, dtype=np.uint8)
+    expected[ids] = L.MARK_PENDING
+    if len(np.unique(ids)) != count or not np.array_equal(marks, expected):
+        return ["the pending pages and their marks disagree"]
+    return []
+
+
+# -- a host page pool -----------------------------------------------------------------
+
+
+def host_problems(st: NDArray[np.int64], n: int) -> list[str]:
+    """Every way ``st`` breaks a host pool's invariants; empty if none. O(pages).
+
+    The header matches the pool and its counters are in range and agree;
+    every page on the free list is in range, listed once and flagged free,
+    every other page flagged allocated; no page is marked; generations and
+    pin counts are in ``[0, 2**62]``, free pages are unpinned and the
+    header counts the pinned ones. The scratch words and the ring's
+    entries after the free list may hold anything.
+    """
+    if st.ndim != 1 or st.dtype != np.int64 or st.shape[0] != L.host_state_length(n):
+        return [f"state must be a 1-D int64 array of length {L.host_state_length(n)}, got {st.dtype} {st.shape}"]
+    head, nfree = int(st[L.HP_HEAD]), int(st[L.HP_NFREE])
+    if int(st[L.HP_NPAGES]) != n or not (0 <= nfree <= n and 0 <= head < n):
+        return [f"header out of range: pages={int(st[L.HP_NPAGES])} head={head} nfree={nfree}, pool has {n} pages"]
+    return _host_header_problems(st, n, nfree) + _host_page_problems(st, n, head, nfree)
+
+
+_HOST_COUNTERS = (
+    ("alloc_calls", L.HP_ALLOC_CALLS),
+    ("exhausted_calls", L.HP_EXHAUSTED),
+    ("free_calls", L.HP_FREE_CALLS),
+    ("peak_allocated_pages", L.HP_PEAK),
+    ("clears", L.HP_CLEARS),
+)
+
+
+def _host_header_problems(st: NDArray[np.int64], n: int, nfree: int) -> list[str]:
+    found = []
+    counters = {name: int(st[h]) for name, h in _HOST_COUNTERS}
+    if min(counters.values()) < 0 or max(counters.values()) > COUNTER_LIMIT:
+        found.append(f"counters out of range: {counters}")
+    if counters["exhausted_calls"] > counters["alloc_calls"] or not n - nfree <= counters["peak_allocated_pages"] <= n:
+        found.append(f"statistics disagree: {counters} with {n - nfree} pages held")
+    spare = [w for w in range(L.HP_FAULT_GEN + 1, L.HP_HEADER) if st[w] != 0]
+    if spare:
+        found.append(f"spare header word {spare[0]} is not zero")
+    return found
+
+
+def _host_page_problems(st: NDArray[np.int64], n: int, head: int, nfree: int) -> list[str]:
+    ring_at, gen_at, ref_at, flags_at, marks_at = L.host_offsets(n)
+    ids = st[ring_at : ring_at + L.ring_words(n)].view(np.int32)[:n]
+    listed = ids[(head + np.arange(nfree)) % n]
+    if listed.size and (listed.min() < 0 or listed.max() >= n):
+        return ["a listed page id is out of range"]
+    found = []
+    times = np.bincount(listed, minlength=n)
+    if times.max(initial=0) > 1:
+        found.append(f"page {int(np.argmax(times))} is listed {int(times.max())} times")
+    flags = st[flags_at:].view(np.uint8)[:n]
+    expected = np.ones(n, dtype=np.uint8)
+    expected[listed] = 0
+    if not np.array_equal(flags, expected):
+        p = int(np.argmax(flags != expected))
+        found.append(f"page {p} has allocated flag {int(flags[p])} but is listed {int(times[p])} times")
+    if st[marks_at:].view(np.uint8)[:n].any():
+        found.append("a page is marked outside a call")
+    gen = st[gen_at : gen_at + n]
+    ref = st[ref_at : ref_at + n]
+    if gen.min() < 0 or gen.max() > COUNTER_LIMIT:
+        found.append("a generation is out of range")
+    if ref.min() < 0 or ref.max() > COUNTER_LIMIT:
+        found.append("a pin count is out of range")
+    elif (ref[flags == 0] != 0).any():
+        found.append(f"free page {int(np.flatnonzero((ref != 0) & (flags == 0))[0])} is pinned")
+    if int(np.count_nonzero(ref)) != int(st[L.HP_PINNED]):
+        found.append(f"{int(np.count_nonzero(ref))} pages are pinned, the header says {int(st[L.HP_PINNED])}")
+    return found

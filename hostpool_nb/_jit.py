@@ -6,7 +6,7 @@ the cache); a helper that only kernels call compiles with them instead
 other threads run while a kernel works (the pool's lock already serialises
 state changes), but for the twins compiled with ``nogil=False`` for calls
 too short to be worth handing the GIL over (see ``_kernels.py``).
-``cache`` turns the ~10 s of compiling on every start into a cache load.
+``cache`` turns the seconds of compiling on every start into a cache load.
 No ``fastmath``: the kernels are integer code. No reference counting of
 arrays (numba's NRT), but in the kernels that return a view: see
 :func:`_njit`.
@@ -24,7 +24,7 @@ The cache is a speed-up, never a requirement, so no cache problem may stop
   kept.
 
 numba keys a kernel's cache entry to its own source file only, and freezes
-the globals it reads (the layout constants of ``_kernels.py``, say) into
+the globals it reads (the layout constants of ``_layout.py``, say) into
 the compiled code. A kernel module that reads another's constants would
 then load stale code after the other file changed. So every kernel's cache
 index is also stamped with the size and time of every kernel module of
@@ -41,12 +41,14 @@ numba change degrades to compiling in memory, not to a failed import.
 
 from __future__ import annotations
 
+import functools
 import types
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+import numpy as np
 from numba import njit
 
 from ._errors import KernelCacheWarning
@@ -64,11 +66,15 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _warned = False
 
 
+# Every module whose code or constants kernels compile in.
+KERNEL_MODULES = ("_jit.py", "_layout.py", "_kernels.py", "_paged_kernels.py", "_host_kernels.py")
+
+
 def _package_stamp() -> tuple[tuple[str, int, int], ...]:
     """Name, size and modification time of every module that defines or feeds kernels."""
     here = Path(__file__).resolve().parent
     stamp = []
-    for name in ("_jit.py", "_kernels.py", "_paged_kernels.py"):
+    for name in KERNEL_MODULES:
         try:
             st = (here / name).stat()
         except OSError:
@@ -113,11 +119,9 @@ def callee(*, views: bool = False) -> Callable[[_F], _F]:
     A kernel's cached code contains the functions it calls, so a callee
     needs code of its own only while a kernel that calls it compiles (a
     cache miss). It is therefore compiled then, in memory, for the
-    argument types that kernel passes, and never loaded from the cache at
-    import: loading the 21 callees of ``_kernels.py`` on their own cost
-    about 60 ms of every start-up (``import hostpool_nb`` and one
-    ``alloc`` in a fresh process, median of 15 interleaved runs: 0.583 s
-    -> 0.521 s). The Python annotations document the types. Where they say
+    argument types that kernel passes, and never loaded from the cache on
+    its own, which would cost every start. The Python annotations document
+    the types. Where they say
     ``int``, a caller may pass an int32 page id read from the ring; numba
     does integer arithmetic in int64 at least, so the results are the
     same. ``views=True`` as for :func:`kernel`. Returns numba's dispatcher,
@@ -144,7 +148,7 @@ def twin(func: _F, signature: str, *, name: str, nogil: bool) -> _F:
     For a kernel wanted both with and without ``nogil``. A twin is compiled
     from the same source, not as a kernel calling the other: such a call
     passes its arrays across a function boundary, whose reference counting
-    cost a one-page alloc about 23 ns (137 ns against 114 ns). numba names
+    costs more than a one-page alloc's work. numba names
     a kernel's cache files after its qualified name, so the twin gets its
     own (the index key, the bytecode's hash, cannot tell the two apart).
     ``func`` is the kernel's dispatcher, or the plain function under
@@ -296,14 +300,10 @@ def _njit(
     Kernels compile without numba's reference counting of arrays (its NRT,
     off with the ``_nrt=False`` option that numba's own tests use): they
     never allocate an array, only read and write the caller's and views of
-    them, so there is nothing to count, and the counting cost each call
-    more than a one-page alloc's work. From Python, each array argument
-    was wrapped in a counted object (about 20 ns each); inside, each view
-    taken (the ring, the owner flags, a block of the input) cost an atomic
-    increment and decrement. Measured on an empty two-array kernel: 97 ns
-    a call with counting, 55 ns without; taking the ring and the owner
-    views, 131 ns against 51 ns. A kernel that allocated would fail to
-    compile, at import. Only a kernel that returns a view of its argument
+    them, so there is nothing to count, and the counting (an object per
+    array argument, an atomic increment and decrement per view taken) cost
+    each call more than a one-page alloc's work. A kernel that allocated
+    would fail to compile. Only a kernel that returns a view of its argument
     (``views=True``) keeps the counting: numba refuses to return one
     without it. It is safe to call from the others, whose arrays carry no
     count to change.
@@ -324,3 +324,37 @@ def _warn_once(reason: str, remedy: str) -> None:
         KernelCacheWarning,
         stacklevel=3,  # the kernel's definition
     )
+
+
+def _python_ints(func: _F) -> _F:
+    """``func`` with a numpy integer result returned as a Python int."""
+
+    @functools.wraps(func)
+    def call(*args: Any) -> Any:
+        result = func(*args)
+        return int(result) if isinstance(result, np.integer) else result
+
+    return cast("_F", call)
+
+
+def entry_point(kernel: _F) -> _F:
+    """Return the fastest callable for a kernel compiled from one signature.
+
+    numba's dispatcher resolves argument types on every call, which costs
+    more than a small kernel's work. The compiled entry point skips that, but
+    it trusts its arguments: callers must pass exactly the signature's types
+    (C-contiguous int64 arrays), which every pool class guarantees. This is
+    how every pool calls every kernel. Falls back to
+    the dispatcher itself when numba offers no single entry point. Under
+    ``NUMBA_DISABLE_JIT=1``, gives the plain function wrapped so that its
+    integer results are Python ints, as the compiled kernels' are (a plain
+    kernel computes them from array elements, numpy integers): so the
+    pool's hot paths need no ``int()`` of their own.
+    """
+    overloads = getattr(kernel, "overloads", None)
+    if overloads is None:  # NUMBA_DISABLE_JIT=1
+        return _python_ints(kernel)
+    if len(overloads) != 1:
+        return kernel
+    (compiled,) = overloads.values()
+    return cast("_F", getattr(compiled, "entry_point", kernel))

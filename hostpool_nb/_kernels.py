@@ -1,184 +1,63 @@
-"""Numba kernels that own every change to a pool's page state.
+"""Numba kernels of the core pool: every change to a ``LogicalHostPool``'s state.
 
-This module is the only place that touches the state array, and the only
-one with numba kernels (their numba options live in ``_jit.py``). Kernels
-move integers and return status codes; they
-never raise and never allocate Python objects, so the class in ``_pool.py``
-can validate, lock, and turn a status code into the right exception.
-
-State layout
-------------
-A pool of ``n`` pages of ``page_size`` slots keeps one int64 array ``st`` of
-length :func:`state_length` ``(n)`` (one array, so each kernel call unboxes
-as few arguments as possible):
-
-``st[:HEADER]``
-    Scalars, at the ``H_*`` offsets below.
-``st[HEADER:HEADER + ring_words(n)]``, viewed as int32 (:func:`ring_view`), the ring
-    ``n`` page ids, two to a word: a pool has at most :data:`MAX_PAGES`
-    pages, so an id fits in 32 bits, and half the bytes are half the
-    memory traffic. At page size 1, 65,536 slots from a 1M-slot pool, the
-    kernels took 13.3 us to allocate and 10.4 us to free, against 18.0 and
-    14.3 us with int64 ids. Starting at ring position ``st[H_HEAD]``, the next
-    ``st[H_NFREE]`` entries are the free list, the ``st[H_NREL]`` entries
-    after them the release list (pages given back by ``free`` and not yet
-    merged), and the ``st[H_NPEND]`` after those the pending list (pages
-    freed inside a free group, released when the outermost group ends).
-    Free list then release list is the FIFO order that allocation follows,
-    as in the original pool, where merging appends released chunks after
-    the remaining free slots; with ``H_SORTED`` set, a merge rewrites both
-    as one ascending list instead. Ring entries outside that live window
-    are scratch: ``free`` stages the page ids it has validated there, right
-    behind the window, and takes them in by moving the window's end.
-``st[HEADER + ring_words(n):]``, viewed as uint8 (:func:`owner_view`)
-    One flag per page: ``OWNER_ALLOCATED`` for a page a caller holds,
-    ``OWNER_FREE`` for a page on the free or release list,
-    ``OWNER_PENDING`` for a page on the pending list.
-``st[st[H_TRACK]:]``, only in a pool made with ``track=True``
-    Two words per page: the number of the allocation that handed it out
-    (``H_SEQ`` counts them), then the id of that allocation's call site
-    and tag (high 32 bits) with the id of the site that last freed it (low
-    32 bits); ``_tracking.py`` keeps the table the ids index.
-
-Because ``free`` stages a page on the ring only after its flag said it was
-allocated, the ring never holds a page twice and never overflows: the spare
-part always has room for every page a caller holds. Metadata costs 5 bytes
-per page (rounded up to whole words), and no operation allocates more.
-
-Status codes
-------------
-A kernel returns a value ``>= 0`` on success. A failure is encoded as
-``-1 - (position << 4 | code)``, where ``code`` is one of the ``E_*``
-constants and ``position`` is the offending index into the kernel's input
-(0 when there is none); see :func:`decode_status`. On failure the pool's
-state is as it was before the call: the header, the live window and the
-owner flags byte for byte; only the scratch outside the window may differ.
+The layout of ``st`` and the status codes are in ``_layout.py``. Kernels
+move integers and return status codes; they never raise and never allocate
+Python objects, so ``_pool.py`` can validate, lock, and turn a status into
+the right exception. On failure the header, the live window and the owner
+flags are as they were; only the scratch behind the window may differ.
+Measured trade-offs behind the choices here are in ``docs/architecture.md``.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Any, TypeVar, cast
-
 import numpy as np
 from numpy.typing import NDArray
 
-# _jit compiles a kernel from an explicit signature (nogil, on-disk cache
-# with a fallback to compiling in memory); _callee marks a function only
-# kernels call, compiled into them; _twin compiles a kernel again with other
-# options. numba's options live in _jit.py.
 from ._jit import callee as _callee
 from ._jit import kernel as _jit
 from ._jit import twin as _twin
+from ._layout import (
+    E_CORRUPT,
+    E_DUPLICATE,
+    E_LENGTH,
+    E_MISALIGNED,
+    E_NEGATIVE,
+    E_NO_GROUP,
+    E_NOT_ALLOCATED,
+    E_PARTIAL,
+    E_RANGE,
+    E_SHORT,
+    H_ALLOC_CALLS,
+    H_CLEARS,
+    H_FAILED_ALLOCS,
+    H_FREE_CALLS,
+    H_GROUP_DEPTH,
+    H_HEAD,
+    H_MERGES,
+    H_NFREE,
+    H_NPAGES,
+    H_NPEND,
+    H_NREL,
+    H_PAGE_SHIFT,
+    H_PAGE_SIZE,
+    H_PEAK,
+    H_SEQ,
+    H_SORTED,
+    H_TRACK,
+    OWNER_ALLOCATED,
+    OWNER_FREE,
+    OWNER_PENDING,
+    fail,
+    owner_view,
+    ring_tail,
+    ring_view,
+)
 
 # The kernels' Python annotations are for type checkers only: numba compiles
-# each kernel from its signature string (a callee for the types its callers
-# pass) and never reads them. A local
-# annotated ``int`` holds an array element or a shape entry, which numpy's
-# stubs type as Any; local annotations compile to no bytecode at all.
-_F = TypeVar("_F", bound=Callable[..., Any])
+# each kernel from its signature string, a callee for its callers' types.
+# A local annotated ``int`` holds an array element or a shape entry.
 
-# Header offsets into ``st``: the pool's layout, its lists, and counters
-# that only ever grow (kept across ``clear()``; ``stats()`` reads them).
-H_HEAD = 0  # ring position of the first free page
-H_NFREE = 1  # pages on the free list
-H_NREL = 2  # pages on the release list (freed, not merged yet)
-H_NPAGES = 3  # ring capacity: size // page_size
-H_PAGE_SIZE = 4
-H_PAGE_SHIFT = 5  # log2(page_size) if a power of two, else -1
-H_MERGES = 6  # merges performed since construction
-H_NPEND = 7  # pages on the pending list (freed inside a free group)
-H_GROUP_DEPTH = 8  # free groups begun and not ended
-H_SORTED = 9  # merge order: 0 FIFO (sglang's), 1 ascending page ids
-H_ALLOC_CALLS = 10  # alloc and alloc_many calls answered (slots or None)
-H_FAILED_ALLOCS = 11  # of those, answered None
-H_FREE_CALLS = 12  # free calls that freed at least one page
-H_PEAK = 13  # most pages allocated at once
-H_CLEARS = 14  # clear() calls: a free_group() block tells it was ended by one
-H_TRACK = 15  # where the tracking words start (0: the pool does not track)
-H_SEQ = 16  # allocations recorded by a tracking pool: the next one's number
-HEADER = 24  # header length; the spare words keep room for later counters
-
-OWNER_FREE = 0
-OWNER_ALLOCATED = 1
-OWNER_PENDING = 2
-
-E_SHORT = 1  # fewer available pages than requested
-E_RANGE = 2  # slot outside [0, size)
-E_MISALIGNED = 3  # a page's first slot (or a batch size) is not a multiple of page_size
-E_PARTIAL = 4  # the slots after a page's first are not that page's, in order
-E_NOT_ALLOCATED = 5  # page is free, released or pending: double free / never allocated
-E_DUPLICATE = 6  # page appears twice in one free call
-E_CORRUPT = 7  # internal state is inconsistent (never through the public API)
-E_NEGATIVE = 8  # a batch size is negative
-E_NO_GROUP = 9  # free_group_end without a group
-E_LENGTH = 15  # free's input is not a whole number of pages long (10..14 are _paged_kernels')
-
-# The most pages a pool may have: ring entries are int32 page ids.
-MAX_PAGES = 2**31 - 1
-
-_LOW32 = (1 << 32) - 1  # a tracking word's low half: the id of the site that last freed the page
-
-
-@_jit("i8(i8)")
-def ring_words(num_pages: int) -> int:
-    """int64 words holding the ring's ``num_pages`` int32 page ids: the one place the layout says so."""
-    words: int = (num_pages + 1) // 2
-    return words
-
-
-def state_length(num_pages: int, tracked: bool = False) -> int:
-    """Length of the int64 state array of a pool of ``num_pages`` pages.
-
-    A tracking pool has two more words per page after the owner flags
-    (:func:`track_offset`): each page's allocation number, then its
-    allocation site's id (high 32 bits) and its last freeing site's id.
-    """
-    return track_offset(num_pages) + (2 * num_pages if tracked else 0)
-
-
-def track_offset(num_pages: int) -> int:
-    """Where a tracking pool's per-page words start: right after the owner flags."""
-    return HEADER + ring_words(num_pages) + (num_pages + 7) // 8
-
-
-def page_shift(page_size: int) -> int:
-    """``log2(page_size)`` if it is a power of two, else -1."""
-    return page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
-
-
-def decode_status(status: int) -> tuple[int, int]:
-    """Split a negative kernel status into ``(code, position)``."""
-    err = -1 - int(status)
-    return err & 15, err >> 4
-
-
-@_callee()
-def _fail(code: int, position: int) -> int:
-    return -1 - ((position << 4) | code)
-
-
-@_callee()
-def _ring_tail(st: NDArray[np.int64]) -> int:
-    """Ring position just past the live window: where ``free`` stages pages."""
-    n: int = st[H_NPAGES]
-    tail: int = st[H_HEAD] + st[H_NFREE] + st[H_NREL] + st[H_NPEND]
-    return tail - n if tail >= n else tail
-
-
-@_callee(views=True)
-def ring_view(st: NDArray[np.int64]) -> NDArray[np.int32]:
-    """The ring of page ids: an int32 view of ``st`` after the header."""
-    n = st[H_NPAGES]
-    return st[HEADER : HEADER + ring_words(n)].view(np.int32)[:n]
-
-
-@_callee(views=True)
-def owner_view(st: NDArray[np.int64]) -> NDArray[np.uint8]:
-    """The per-page owner flags: a uint8 view of ``st`` after the ring."""
-    n = st[H_NPAGES]
-    return st[HEADER + ring_words(n) :].view(np.uint8)[:n]
+_LOW32 = (1 << 32) - 1  # a tracking word's low half: the site that last freed the page
 
 
 @_jit("i8(i8[::1])")
@@ -212,10 +91,8 @@ def _list_free(owner: NDArray[np.uint8], into: NDArray[np.int32], start: int) ->
 
     Branch-free: every page's id is written and the position moves on only
     for a free page, so a mix of free and allocated pages costs no
-    mispredicted branch (the branch on each flag made a sorted merge of
-    100k released pages among 200k take 340 us against numpy's 320 us for
-    a sort on an AVX-512 machine). Every write stays in ``into``: the loop
-    ends when it is full, and the caller has counted the free pages.
+    mispredicted branch. Every write stays in ``into``: the loop ends when
+    it is full, and the caller has counted the free pages.
     """
     n = owner.shape[0]
     m = into.shape[0]
@@ -246,7 +123,7 @@ def _sort_window(st: NDArray[np.int64]) -> int:
     for p in range(n):  # a sum of comparisons: LLVM vectorises it
         found += owner[p] == OWNER_FREE
     if found != live:
-        return _fail(E_CORRUPT, 0)
+        return fail(E_CORRUPT, 0)
     head: int = st[H_HEAD]
     ring = ring_view(st)
     first = min(live, n - head)  # the window is ring[head:head + first], then ring[:live - first]
@@ -281,7 +158,7 @@ def merge(st: NDArray[np.int64]) -> int:
 
 
 @_callee()
-def _count_alloc(st: NDArray[np.int64], failed: int) -> None:
+def count_alloc(st: NDArray[np.int64], failed: int) -> None:
     """Count an answered allocation call, and the most pages ever held."""
     st[H_ALLOC_CALLS] += 1
     if failed != 0:
@@ -298,8 +175,8 @@ def refuse(st: NDArray[np.int64]) -> int:
     capacity check finds short before allocating its output, without
     calling :func:`alloc_pages`; the counters must still see it.
     """
-    _count_alloc(st, 1)
-    return _fail(E_SHORT, 0)
+    count_alloc(st, 1)
+    return fail(E_SHORT, 0)
 
 
 # -- runs ---------------------------------------------------------------------
@@ -313,9 +190,7 @@ def refuse(st: NDArray[np.int64]) -> int:
 
 # A run is followed entry by entry for its first ``_RUN_PROBE`` entries, then
 # ``_RUN_BLOCK`` entries at a time: one branch per block, in a loop LLVM
-# vectorises. Following 65,536 sorted ids took 36.7 us one by one, 16.8 us
-# in blocks of 16 and 5.7 us in blocks of 64 (the speed of one plain pass;
-# 128 and 256 gained nothing).
+# vectorises (64 is as fast as one plain pass; larger blocks gain nothing).
 _RUN_PROBE = 8
 _RUN_BLOCK = 64
 
@@ -353,10 +228,7 @@ def _run_length(ids: NDArray[np.int64] | NDArray[np.int32], start: int, limit: i
 # Eight owner flags in one word: a flag value repeated in every byte.
 _EVERY_BYTE = np.uint64(0x0101010101010101)
 # Runs shorter than this are tested and flagged a byte at a time: for them
-# the word view and the two edge loops cost more than they save. The
-# KV-cache trace's fragmented free lists give runs of a few pages, and
-# always taking words made its page-size-1 replay 2.1x slower (4.3 ->
-# 8.9 us per operation) and its page-size-16 one 1.2x slower.
+# the word view and the two edge loops cost more than they save.
 _WORDS_FROM = 64
 
 
@@ -365,8 +237,8 @@ def _flags_are_by_words(owner: NDArray[np.uint8], start: int, length: int, want:
     """:func:`_flags_are` for a long run: eight flags at a time.
 
     The bytes up to the first multiple of 8 one by one, then whole uint64
-    words, then the rest. Testing 65,536 flags took 3.0 us byte by byte
-    (LLVM widened each byte to a 64-bit lane) and 0.86 us a word at a time.
+    words (byte by byte, LLVM widens each byte to a 64-bit lane), then the
+    rest.
     """
     end = start + length
     lo = min(end, (start + 7) & ~7)
@@ -402,7 +274,7 @@ def _flags_are(owner: NDArray[np.uint8], start: int, length: int, want: int) -> 
 
 @_callee()
 def _set_flags_by_words(owner: NDArray[np.uint8], start: int, length: int, flag: int) -> None:
-    """:func:`_set_flags` for a long run, whole words where it can (65,536 flags: 1.27 us -> 0.99 us)."""
+    """:func:`_set_flags` for a long run, whole words where it can."""
     end = start + length
     lo = min(end, (start + 7) & ~7)
     hi = max(lo, end & ~7)
@@ -450,10 +322,9 @@ def _fill_run(out: NDArray[np.int64], start: int, length: int, first: int) -> No
     """Write ``first, first + 1, ...`` to ``out[start:start + length]``.
 
     Filling a slice view lets LLVM vectorise the loop (indexing ``out``
-    directly ran about 4x slower: it could not rule out aliasing). The view
-    lives in this helper, not in a caller's loop: numba counts references
-    to every array a loop creates, calls it could not remove, which made a
-    lone slot cost three times as much.
+    directly, it could not rule out aliasing). The view lives in this
+    helper, not in a caller's loop, where numba would count references to
+    it on every iteration.
     """
     dst = out[start : start + length]
     for j in range(length):
@@ -462,14 +333,8 @@ def _fill_run(out: NDArray[np.int64], start: int, length: int, first: int) -> No
 
 # A stretch of at least ``_LONG_SLOTS`` slots (and two pages) is taken as a
 # run; anything shorter goes a page at a time. Taking a run costs calls,
-# array views and three passes over it (measure, test, fill) where the
-# page-at-a-time loop makes one, so only long runs repay it. Kernel time per
-# call on the KV-cache trace (1M-slot pool), threshold 64 slots against
-# 1024: frees 3.3 against 3.0 us at page size 1, 1.33 against 1.18 us at
-# page size 16, 1.12 against 0.89 us at page size 64 (4096, or no runs at
-# all, gained nothing more). Taking every run of two pages or more, as the
-# previous design did, made the page-size-1 trace's frees 6.4 us per call
-# against 3.7 us for the plain loop.
+# views and three passes (measure, test, fill) where the page-at-a-time
+# loop makes one, so only long runs repay it.
 _LONG_SLOTS = 1024
 
 
@@ -491,11 +356,9 @@ def _claim(
     Slots go to ``out`` from page ``at`` of it on. Where the id ``long - 1``
     places ahead continues the current one, the stretch is measured
     (:func:`_run_length`) and, when its flags all say free, taken whole:
-    one flag test, one fill, one vectorised write of its slots (with
-    ``page_size == 1`` too the ring is read once and never copied: a block
-    copy of the ids, then following the runs in ``out``, cost 17 us
-    against 12 us for 65,536 sorted slots). Everything else goes a page at
-    a time. ``long`` larger than ``len(ids)`` takes no run at all, the
+    one flag test, one fill, one vectorised write of its slots (the ring
+    is read once and never copied). Everything else goes a page at a
+    time. ``long`` larger than ``len(ids)`` takes no run at all, the
     plain page-by-page claim the tests compare against.
 
     Returns ``len(ids)``; or, on an id that is not a page or a page that is
@@ -520,18 +383,12 @@ def _claim(
                     continue
                 skip = i + length  # page by page, to the first page that is not free
         end = min(count, i + long)
-        # A view indexed from 0, so LLVM drops the negative-index test:
-        # indexing ``ids`` from ``i`` made a shuffled page-1 allocation of
-        # 65,536 slots take 179 us instead of 80 us.
+        # A view indexed from 0, so LLVM drops the negative-index test.
         block = ids[i:end]
         stop = end
         if page_size == 1:
-            # Written through a view of ``out`` indexed from 0, like ``block``,
-            # and in a loop of its own instead of testing the page size per
-            # page: against ``out[at + i + k]`` in the shared loop, the
-            # shuffled page-1 round trip of 65,536 slots took 94 us instead of
-            # 109 us and the page-1 KV-cache trace 1.51 us per call instead
-            # of 1.60 us (python -m bench.compare 863b52c).
+            # Through a view of ``out`` indexed from 0, like ``block``, in a
+            # loop of its own rather than a page-size test per page.
             dst = out[at + i : at + end]
             for k in range(end - i):
                 p = block[k]
@@ -547,7 +404,7 @@ def _claim(
                     stop = i + k
                     break
                 owner[p] = OWNER_ALLOCATED
-                # A call per page, but a vectorised fill: an inline loop was 1.6x slower.
+                # A call per page, but a vectorised fill (faster than an inline loop).
                 _fill_run(out, (at + i + k) * page_size, page_size, p * page_size)
         i = stop
         if stop < end:
@@ -577,14 +434,14 @@ def alloc_pages(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     page_size: int = st[H_PAGE_SIZE]
     n = st[H_NPAGES]
     if out.shape[0] % page_size != 0:
-        return _fail(E_MISALIGNED, 0)  # not counted: no allocation was asked for
+        return fail(E_MISALIGNED, 0)  # not counted: no allocation was asked for
     need: int = out.shape[0] // page_size
     if need == 0:
-        _count_alloc(st, 0)
+        count_alloc(st, 0)
         return 0
     if need > st[H_NFREE] + st[H_NREL]:
-        _count_alloc(st, 1)
-        return _fail(E_SHORT, 0)
+        count_alloc(st, 1)
+        return fail(E_SHORT, 0)
     if need > st[H_NFREE] and st[H_SORTED] != 0:
         # A sorted merge reorders the pages, so it must come before reading
         # them; after it the free list alone holds them all.
@@ -601,8 +458,7 @@ def alloc_pages(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     first = min(need, n - head)
     rest = need - first
     if need == 1:
-        # The single-page round trip, without _claim's call and block view:
-        # bench.compare 15322c9 gave 1.00-1.01x here, 0.98x through _claim.
+        # The single-page round trip, without _claim's call and block view.
         p = ring[head]
         got = 0
         if 0 <= p < n and owner[p] == OWNER_FREE:
@@ -617,12 +473,12 @@ def alloc_pages(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
             for p in ring[head : head + first]:
                 owner[p] = OWNER_FREE
     if got < need:
-        return _fail(E_CORRUPT, got)
+        return fail(E_CORRUPT, got)
     if need > st[H_NFREE]:
         merge(st)  # FIFO here: a sorted pool merged before reading the ring
     st[H_HEAD] = head + need if head + need < n else rest
     st[H_NFREE] -= need
-    _count_alloc(st, 0)
+    count_alloc(st, 0)
     return need * page_size
 
 
@@ -639,9 +495,9 @@ def _staged_twice(ring: NDArray[np.int32], tail: int, done: int, page: int, posi
     pos = tail
     for _ in range(done):
         if ring[pos] == page:
-            return _fail(E_DUPLICATE, position)
+            return fail(E_DUPLICATE, position)
         pos = pos + 1 if pos + 1 < n else 0
-    return _fail(E_NOT_ALLOCATED, position)
+    return fail(E_NOT_ALLOCATED, position)
 
 
 @_callee()
@@ -689,9 +545,7 @@ def _stage_if_allocated(
     return _stage_run(ring, pos, p, length)
 
 
-# A kernel of its own, not a callee: compiled as a callee (into free_pages),
-# the shuffled page-1 round trip of 65,536 slots took 9% longer
-# (python -m bench.compare aa25076: 0.91x, 11 repeats; 1.01x like this).
+# A kernel of its own, not a callee: compiled into free_pages, it ran slower.
 @_jit("i8(i8[::1], i8[::1], i8)")
 def _free_slot_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int) -> int:
     """:func:`free_pages` for ``page_size == 1``, where a page id is a slot id.
@@ -700,11 +554,8 @@ def _free_slot_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int)
     continues its first starts a run: the run is measured (it may go on
     past the block) and, when every slot of it is allocated, released
     whole. Any other block goes through a plain loop that validates, flags
-    and stages one slot at a time (a general per-page loop's slice made a
-    shuffled page-1 round trip of 65,536 slots take 362 us instead of 211
-    us). Testing for runs only at block starts keeps that loop as tight as
-    a loop without runs: testing at every slot made the KV-cache trace's
-    frees 4.7 us per call instead of 4.1 us.
+    and stages one slot at a time. Testing for runs only at block starts
+    keeps that loop as tight as a loop without runs.
     """
     n = st[H_NPAGES]
     count: int = slots.shape[0]
@@ -712,8 +563,8 @@ def _free_slot_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int)
     ring = ring_view(st)
     mark = OWNER_PENDING if st[H_GROUP_DEPTH] > 0 else OWNER_FREE
     if n == 0 and count > 0:  # no slot is in range, and no ring to stage into
-        return _fail(E_RANGE, 0)
-    tail = _ring_tail(st)
+        return fail(E_RANGE, 0)
+    tail = ring_tail(st)
     pos = tail
     status = 0
     c = 0  # input slots staged
@@ -748,7 +599,7 @@ def _free_slot_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int)
             pos = 0
         c = stop  # the slots staged so far
         if stop < end:  # the fault, from the value read above
-            status = _fail(E_RANGE, c) if p < 0 or p >= n else _staged_twice(ring, tail, c, p, c)
+            status = fail(E_RANGE, c) if p < 0 or p >= n else _staged_twice(ring, tail, c, p, c)
             break
     if status != 0:
         _unstage(ring, owner, tail, c)
@@ -781,8 +632,8 @@ def _free_whole_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int
     # allocated page is off the live window, so the spare part of the ring
     # (from the tail on) always has room for the pages staged here.
     if n == 0 and count > 0:  # no slot is in range, and no ring to stage into
-        return _fail(E_RANGE, 0)
-    tail = _ring_tail(st)
+        return fail(E_RANGE, 0)
+    tail = ring_tail(st)
     pos = tail
     status = 0
     reach = (long - 1) * page_size
@@ -795,9 +646,7 @@ def _free_whole_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int
             if 0 <= first < size and first % page_size == 0 and slots[start + reach] == first + reach:
                 p = first // page_size
                 # Whole pages of a run are one run of slots: measured in one
-                # vectorised pass (a pass over each page's first slot, then
-                # one over every slot, made a page-16 free of 65,536 slots
-                # take 9.2 us instead of 5.6 us). A page cut short ends it.
+                # vectorised pass over every slot. A page cut short ends it.
                 length = _run_length(slots, start, min(count - c, n - p) * page_size, first) // page_size
                 if length > 0:
                     after = _stage_if_allocated(ring, owner, pos, p, length, mark)
@@ -816,7 +665,7 @@ def _free_whole_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int
             b = k * page_size
             first = block[b]  # the page's id derives from this one read
             if first < 0 or first >= size:
-                status = _fail(E_RANGE, start + b)
+                status = fail(E_RANGE, start + b)
                 stop = c + k
                 break
             # Shifts and masks for power-of-two pages: a division per page
@@ -828,7 +677,7 @@ def _free_whole_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int
                 misaligned = first % page_size
                 p = first // page_size
             if misaligned != 0:
-                status = _fail(E_MISALIGNED, start + b)
+                status = fail(E_MISALIGNED, start + b)
                 stop = c + k
                 break
             # One branch-free pass per page; the scan for the exact position
@@ -841,10 +690,10 @@ def _free_whole_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int
             if bad != 0:
                 # A writer may have restored the value by now: report the
                 # page at its second slot then, still a partial page.
-                status = _fail(E_PARTIAL, start + b + 1)
+                status = fail(E_PARTIAL, start + b + 1)
                 for j in range(page_size):
                     if block[b + j] != first + j:
-                        status = _fail(E_PARTIAL, start + b + j)
+                        status = fail(E_PARTIAL, start + b + j)
                         break
                 stop = c + k
                 break
@@ -892,24 +741,16 @@ def free_pages(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     """
     page_size: int = st[H_PAGE_SIZE]
     if slots.shape[0] % page_size != 0:
-        return _fail(E_LENGTH, 0)
+        return fail(E_LENGTH, 0)
     if page_size == 1:
         return _free_slot_pages(st, slots, long_run(1))
     return _free_whole_pages(st, slots, long_run(page_size))
 
 
-# Short calls keep the GIL. Handing it over and taking it back costs about
-# 40 ns per call (alloc_pages for 0 slots, from Python: 99 ns with nogil,
-# 59 ns without; python -m bench.profile), more than the work of a one-page
-# alloc or free, and a caller that has released it may then wait for
-# another thread's turn before it returns. The pool calls these twins (and
-# the tracking kernels' twins, further down) for alloc and free calls of
-# at most SHORT_SLOTS slots (see _pool.py): at most a few
-# microseconds of work even on a fragmented page-size-1 list, a thousandth
-# of the interpreter's 5 ms switch interval. numpy draws a similar line,
-# keeping the GIL for loops of at most 500 elements
-# (NPY_BEGIN_THREADS_THRESHOLDED). Same work, same results as the kernels
-# they copy (tests/test_short_kernels.py); only the GIL differs.
+# Calls of at most SHORT_SLOTS slots keep the GIL: handing it over and back
+# costs more than a one-page call's work, and such a call holds it for a few
+# microseconds at most (numpy draws a similar line). The pool calls these
+# twins for them; same work and results, only the GIL differs.
 SHORT_SLOTS = 4096
 
 
@@ -948,7 +789,7 @@ def free_pages_tracked(st: NDArray[np.int64], slots: NDArray[np.int64], site: in
     The pages are read back from where the free staged them on the ring (not
     from ``slots`` again). O(pages).
     """
-    tail = _ring_tail(st)
+    tail = ring_tail(st)
     status = free_pages(st, slots)
     if status <= 0:
         return status
@@ -992,7 +833,7 @@ def group_end(st: NDArray[np.int64]) -> int:
     """
     depth: int = st[H_GROUP_DEPTH]
     if depth <= 0:
-        return _fail(E_NO_GROUP, 0)
+        return fail(E_NO_GROUP, 0)
     st[H_GROUP_DEPTH] = depth - 1
     if depth > 1:
         return 0
@@ -1035,9 +876,9 @@ def plan_batch(sizes: NDArray[np.int64], offsets: NDArray[np.int64], page_size: 
         s: int = sizes[i]
         misaligned = (s & mask) if pow2 else (s % page_size)
         if misaligned != 0:
-            return _fail(E_MISALIGNED, i)
+            return fail(E_MISALIGNED, i)
         if s < 0:
-            return _fail(E_NEGATIVE, i)
+            return fail(E_NEGATIVE, i)
         if over or s > limit - total:
             over = True  # the batch cannot be served; later sizes are still checked
         else:
@@ -1058,36 +899,3 @@ def load_state(st: NDArray[np.int64], src: NDArray[np.int64]) -> int:
     for i in range(words):  # not ``st[:] = src``, which may copy ``src`` first
         st[i] = src[i]
     return words
-
-
-def _python_ints(func: _F) -> _F:
-    """``func`` with a numpy integer result returned as a Python int."""
-
-    @functools.wraps(func)
-    def call(*args: Any) -> Any:
-        result = func(*args)
-        return int(result) if isinstance(result, np.integer) else result
-
-    return cast("_F", call)
-
-
-def entry_point(kernel: _F) -> _F:
-    """Return the fastest callable for a kernel compiled from one signature.
-
-    numba's dispatcher resolves argument types on every call, which costs
-    more than a small kernel's work. The compiled entry point skips that, but
-    it trusts its arguments: callers must pass exactly the signature's types
-    (C-contiguous int64 arrays), which ``_pool.py`` guarantees. Falls back to
-    the dispatcher itself when numba offers no single entry point. Under
-    ``NUMBA_DISABLE_JIT=1``, gives the plain function wrapped so that its
-    integer results are Python ints, as the compiled kernels' are (a plain
-    kernel computes them from array elements, numpy integers): so the
-    pool's hot paths need no ``int()`` of their own.
-    """
-    overloads = getattr(kernel, "overloads", None)
-    if overloads is None:  # NUMBA_DISABLE_JIT=1
-        return _python_ints(kernel)
-    if len(overloads) != 1:
-        return kernel
-    (compiled,) = overloads.values()
-    return cast("_F", getattr(compiled, "entry_point", kernel))

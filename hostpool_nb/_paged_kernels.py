@@ -1,32 +1,15 @@
 """Numba kernels of ``hostpool_nb.paged``: every change to a rank's page state.
 
-Each data-parallel rank keeps two int64 arrays, changed only here:
+Each data-parallel rank keeps two int64 arrays (``_layout.py``): ``st``, in
+the core pool's layout for ``pages + 1`` pages, page 0 being the padding
+page, flagged allocated forever and never listed, so the core's merge, sort
+and invariants apply unchanged (the paged allocator merges sorted, the
+token allocator FIFO); and ``gp``, the rank's free group. A snapshot copies
+``st`` only: as in the original, free groups are not part of the state.
 
-``st``, the rank's lists, in the core pool's layout (``_kernels.py``)
-    A ring of page ids (free list, then release list) and one owner flag
-    per page, for ``pages + 1`` pages: page 0 is the padding page, flagged
-    ``OWNER_ALLOCATED`` forever and never listed, so the core's merge,
-    sort and invariants apply unchanged. The paged allocator merges in
-    sorted order (``H_SORTED``), which keeps its free list ascending, as
-    sglang-jax's ``merge_and_sort_free`` does; the token allocator is FIFO:
-    its free list followed by its release list is the one list its frees
-    are appended to.
-``gp``, the rank's free group (:func:`group_layout`)
-    ``gp[GP_COUNT]`` pending page ids from ``gp[GP_HEADER]`` on, in the
-    order freed, and one mark byte per page at the tail: ``MARK_PENDING``
-    for a page freed in an earlier call of the group, ``MARK_STAGED``
-    during the call that freed it. A snapshot (``backup_state``) copies
-    ``st`` only: like the original, free groups are not part of the state.
-
-The paged allocators have no ``stats()`` (sglang-jax's have none): the
-core's counter words are kept where the shared invariants check them (the
-peak of pages held) and where the shared helpers update them, and frees
-here count nothing.
-
-Kernels validate before they write, return status codes (``_kernels``'s
-encoding; the codes below extend its list) and never raise. Each input
-element is read once; what a kernel acts on is what it validated, staged in
-pool memory (the ring's spare part, or the group buffer).
+The allocators have no ``stats()``; the core's counter words are kept where
+the shared invariants and helpers read them. Each input element is read
+once; what a kernel acts on is what it validated, staged in pool memory.
 """
 
 from __future__ import annotations
@@ -34,58 +17,47 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _kernels as K
 from ._jit import callee as _callee
 from ._jit import kernel as _jit
-from ._kernels import (
+from ._kernels import count_alloc, merge
+from ._layout import (
+    E_CORRUPT,
+    E_DUPLICATE,
+    E_LAST_LOC,
+    E_NEGATIVE,
+    E_NOT_ALLOCATED,
+    E_PAGE0,
+    E_RANGE,
+    E_SEQ_BELOW_ONE,
+    E_SEQ_BELOW_PREFIX,
+    E_SHORT,
+    E_TOTAL,
+    GP_COUNT,
+    GP_FAULT,
+    GP_HEADER,
+    H_CLEARS,
     H_HEAD,
     H_NFREE,
     H_NPAGES,
     H_NREL,
+    H_PAGE_SHIFT,
+    H_PEAK,
+    MARK_NONE,
+    MARK_PENDING,
+    MARK_STAGED,
     OWNER_ALLOCATED,
     OWNER_FREE,
-    _fail,
-    merge,
+    OWNER_STAGED,
+    fail,
+    marks_view,
     owner_view,
     ring_view,
 )
-
-# Status codes beyond _kernels' (which use 1..9 and 15).
-E_PAGE0 = 10  # a slot of the padding page 0
-E_SEQ_BELOW_PREFIX = 11  # alloc_extend: seq_lens[i] < prefix_lens[i]
-E_TOTAL = 12  # alloc_extend: extend_num_tokens is not the sum of the extensions
-E_LAST_LOC = 13  # debug_mode: last_loc does not continue the request's tokens
-E_SEQ_BELOW_ONE = 14  # alloc_decode: seq_lens[i] < 1 (it counts the new token)
-
-# A page being freed by the current call: flagged apart from allocated and
-# free, so a repeat inside the call is told from a page freed before it.
-OWNER_STAGED = 3
 
 # free_slots modes.
 FREE_PAGED = 0  # a page already free is ignored (the original's meaning)
 FREE_PAGED_STRICT = 1  # a page free before the call is a double free
 FREE_TOKENS = 2  # page size 1: every slot allocated and named once
-
-GP_COUNT = 0
-GP_CAP = 1  # pages + 1: room for every page once
-GP_FAULT = 2  # scratch: the slot a failed free_slots stopped at, for its error message
-GP_HEADER = 3
-MARK_NONE = 0
-MARK_PENDING = 1
-MARK_STAGED = 2
-
-
-def group_layout(num_pages: int) -> int:
-    """Length of a rank's group buffer: header, a page id per page, a mark byte per page."""
-    cap = num_pages + 1
-    return GP_HEADER + cap + (cap + 7) // 8
-
-
-@_jit("u1[::1](i8[::1])", views=True)
-def marks_view(gp: NDArray[np.int64]) -> NDArray[np.uint8]:
-    """The mark bytes of a group buffer: one per page, after its page ids."""
-    cap = gp[GP_CAP]
-    return gp[GP_HEADER + cap :].view(np.uint8)[:cap]
 
 
 @_callee()
@@ -122,8 +94,8 @@ def reset_rank(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
     st[H_HEAD] = 0
     st[H_NFREE] = cap - 1
     st[H_NREL] = 0
-    st[K.H_CLEARS] += 1
-    st[K.H_PEAK] = max(st[K.H_PEAK], 1)  # the padding page counts as held (the shared invariants check it)
+    st[H_CLEARS] += 1
+    st[H_PEAK] = max(st[H_PEAK], 1)  # the padding page counts as held (the shared invariants check it)
     drop_group(gp)
     return cap - 1
 
@@ -142,7 +114,7 @@ def _take(st: NDArray[np.int64], k: int) -> int:
         if status < 0:
             return status
     if k > st[H_NFREE]:
-        return _fail(K.E_SHORT, 0)
+        return fail(E_SHORT, 0)
     cap: int = st[H_NPAGES]
     owner = owner_view(st)
     ring = ring_view(st)
@@ -155,12 +127,12 @@ def _take(st: NDArray[np.int64], k: int) -> int:
             for _ in range(i):
                 owner[ring[back]] = OWNER_FREE
                 back = back + 1 if back + 1 < cap else 0
-            return _fail(K.E_CORRUPT, i)
+            return fail(E_CORRUPT, i)
         owner[p] = OWNER_ALLOCATED
         pos = pos + 1 if pos + 1 < cap else 0
     st[H_HEAD] = pos
     st[H_NFREE] -= k
-    K._count_alloc(st, 0)
+    count_alloc(st, 0)
     return head
 
 
@@ -202,8 +174,8 @@ def alloc_tokens(st: NDArray[np.int64], out: NDArray[np.int32]) -> int:
     """
     k: int = out.shape[0]
     if k > st[H_NFREE] + st[H_NREL]:
-        K._count_alloc(st, 1)
-        return _fail(K.E_SHORT, 0)
+        count_alloc(st, 1)
+        return fail(E_SHORT, 0)
     if k == 0:
         return 0
     first = _take(st, k)
@@ -252,23 +224,23 @@ def alloc_extend(
         p = prefix[i]
         s = seq[i]
         if p < 0:
-            return _fail(K.E_NEGATIVE, i)
+            return fail(E_NEGATIVE, i)
         if s < p:
-            return _fail(E_SEQ_BELOW_PREFIX, i)
+            return fail(E_SEQ_BELOW_PREFIX, i)
         if debug != 0 and (last[i] + 1) % page_size != p % page_size:
-            return _fail(E_LAST_LOC, i)
+            return fail(E_LAST_LOC, i)
         if s - p > limit - total:  # more tokens than extend_num_tokens: stop before any overflow
-            return _fail(E_TOTAL, 0)
+            return fail(E_TOTAL, 0)
         total += s - p
         pages += _ceil_div(s, page_size) - _ceil_div(p, page_size)
     if total != limit:
-        return _fail(E_TOTAL, 0)
+        return fail(E_TOTAL, 0)
     if out.shape[0] < limit:
         if pages > st[H_NPAGES] - 1:
             # More pages than the rank lists (page 0 never is): _take merges
             # as the original would, then refuses, without writing anything.
             return _take(st, pages)
-        return _fail(K.E_CORRUPT, 0)  # the caller's bound is wrong: never write past ``out``
+        return fail(E_CORRUPT, 0)  # the caller's bound is wrong: never write past ``out``
     if pages == 0:
         first = 0
     else:
@@ -326,9 +298,9 @@ def alloc_decode(
     for i in range(n):
         s = seq[i]
         if s < 1:
-            return _fail(E_SEQ_BELOW_ONE, i)
+            return fail(E_SEQ_BELOW_ONE, i)
         if debug != 0 and (last[i] + 2) % page_size != s % page_size:
-            return _fail(E_LAST_LOC, i)
+            return fail(E_LAST_LOC, i)
         if (s - 1) % page_size == 0:
             pages += 1
     if pages == 0:
@@ -379,7 +351,7 @@ def free_slots(
     owner = owner_view(st)
     marks = marks_view(gp)
     ring = ring_view(st)
-    shift: int = st[K.H_PAGE_SHIFT]  # log2(page_size), or -1: a division per slot
+    shift: int = st[H_PAGE_SHIFT]  # log2(page_size), or -1: a division per slot
     tail: int = st[H_HEAD] + st[H_NFREE] + st[H_NREL]
     if tail >= cap:
         tail -= cap
@@ -392,26 +364,26 @@ def free_slots(
         slot = slots[c]  # the only read of this element
         p = slot >> shift if shift >= 0 else slot // page_size
         if p == 0:
-            status = _fail(E_PAGE0, c)
+            status = fail(E_PAGE0, c)
             break
         if p < 0 or p >= cap:
-            status = _fail(K.E_RANGE, c)
+            status = fail(E_RANGE, c)
             break
         if in_group != 0:
             mark = marks[p]
             if mark == MARK_STAGED:
                 if mode == FREE_TOKENS:
-                    status = _fail(K.E_DUPLICATE, c)
+                    status = fail(E_DUPLICATE, c)
                     break
                 continue
             if mark == MARK_PENDING:
                 if mode != FREE_PAGED:
-                    status = _fail(K.E_DUPLICATE, c)
+                    status = fail(E_DUPLICATE, c)
                     break
                 continue
             if owner[p] != OWNER_ALLOCATED:
                 if mode != FREE_PAGED:
-                    status = _fail(K.E_NOT_ALLOCATED, c)
+                    status = fail(E_NOT_ALLOCATED, c)
                     break
                 continue
             marks[p] = MARK_STAGED
@@ -421,19 +393,19 @@ def free_slots(
         flag = owner[p]
         if flag == OWNER_STAGED:
             if mode == FREE_TOKENS:
-                status = _fail(K.E_DUPLICATE, c)
+                status = fail(E_DUPLICATE, c)
                 break
             continue
         if flag != OWNER_ALLOCATED:
             if mode != FREE_PAGED:
-                status = _fail(K.E_NOT_ALLOCATED, c)
+                status = fail(E_NOT_ALLOCATED, c)
                 break
             continue
         if mode != FREE_PAGED and marks[p] == MARK_PENDING:
             # Freed in a group that clear() of another rank ended: still
             # allocated, but released at the next end_group. A second free
             # is a double free, as it would be inside the group.
-            status = _fail(K.E_NOT_ALLOCATED, c)
+            status = fail(E_NOT_ALLOCATED, c)
             break
         owner[p] = OWNER_STAGED
         ring[pos] = p

@@ -17,42 +17,42 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _kernels as K
-from ._convert import _INT64_MAX, as_count, as_sizes, as_slots
+from . import _layout as L
+from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_sizes, as_slots
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
 from ._fork import register as register_fork_lock
 from ._hooks import DataPlaneHooks
-from ._invariants import owner_flags, problems
-from ._snapshot import FORMAT, PoolState, check_format, checked_words
+from ._invariants import problems
+from ._jit import entry_point
+from ._snapshot import FORMATS, PoolState, check_format, checked_words
 from ._stats import PoolStats
-from ._tracking import HISTORY_MARK, Outstanding, Tracker, leak_report
+from ._tracking import HISTORY_MARK, Outstanding, SiteKey, Tracker, leak_report
 
-_alloc_pages = K.entry_point(K.alloc_pages)
-_free_pages = K.entry_point(K.free_pages)
-_alloc_short = K.entry_point(K.alloc_pages_short)  # keep the GIL: K.SHORT_SLOTS
-_free_short = K.entry_point(K.free_pages_short)
-_reset = K.entry_point(K.reset)
-_merge = K.entry_point(K.merge)
-_refuse = K.entry_point(K.refuse)
-_plan_batch = K.entry_point(K.plan_batch)
-_group_begin = K.entry_point(K.group_begin)
-_group_end = K.entry_point(K.group_end)
-_load_state = K.entry_point(K.load_state)
-_alloc_tracked = K.entry_point(K.alloc_pages_tracked)
-_free_tracked = K.entry_point(K.free_pages_tracked)
-_alloc_tracked_short = K.entry_point(K.alloc_pages_tracked_short)
-_free_tracked_short = K.entry_point(K.free_pages_tracked_short)
+_alloc_pages = entry_point(K.alloc_pages)
+_free_pages = entry_point(K.free_pages)
+_alloc_short = entry_point(K.alloc_pages_short)  # keep the GIL: K.SHORT_SLOTS
+_free_short = entry_point(K.free_pages_short)
+_reset = entry_point(K.reset)
+_merge = entry_point(K.merge)
+_refuse = entry_point(K.refuse)
+_plan_batch = entry_point(K.plan_batch)
+_group_begin = entry_point(K.group_begin)
+_group_end = entry_point(K.group_end)
+_load_state = entry_point(K.load_state)
+_alloc_tracked = entry_point(K.alloc_pages_tracked)
+_free_tracked = entry_point(K.free_pages_tracked)
+_alloc_tracked_short = entry_point(K.alloc_pages_tracked_short)
+_free_tracked_short = entry_point(K.free_pages_tracked_short)
 
 MERGE_ORDERS = ("fifo", "sorted")
 
 _UINT8 = np.dtype(np.uint8)
 _empty = np.empty  # one global load on the hot paths instead of two
 _ndarray = np.ndarray
-# Builtin dtypes are singletons, so ``arr.dtype is _INT64`` is an exact,
-# cheap test for native-endian int64.
-_INT64 = np.dtype(np.int64)
-_STATUS_SHORT = -1 - K.E_SHORT
-_STATUS_MISALIGNED = -1 - K.E_MISALIGNED  # at position 0: the length is not page-aligned
-_STRIDES_1D = (8,)
+_INT64 = INT64
+_STRIDES_1D = STRIDES_1D
+_STATUS_SHORT = L.status_of(L.E_SHORT)
+_STATUS_MISALIGNED = L.status_of(L.E_MISALIGNED)  # at position 0: the length is not page-aligned
 # Above this many slots, ``alloc`` checks capacity before allocating its
 # output: 256 KiB, past which np.empty maps fresh memory (microseconds, or a
 # MemoryError for absurd sizes) instead of reusing the allocator's free
@@ -60,21 +60,21 @@ _STRIDES_1D = (8,)
 _PRECHECK_SLOTS = 1 << 15
 
 
-def _new_state(size: int, page_size: int, num_pages: int, track: bool) -> NDArray[np.int64]:
-    """A zeroed state array, or a clear error for a pool too large to hold."""
-    if num_pages > K.MAX_PAGES:  # the ring holds int32 page ids
+def _new_state(size: int, page_size: int, num_pages: int, sorted_order: bool, track: bool) -> NDArray[np.int64]:
+    """A new state array, or a clear error for a pool too large to hold."""
+    if num_pages > L.MAX_PAGES:  # the ring holds int32 page ids
         raise HostPoolError(
             f"LogicalHostPool(size={size}, page_size={page_size}) is too large: it has {num_pages} pages, "
-            f"at most {K.MAX_PAGES} (2**31 - 1) are supported; use a larger page_size"
+            f"at most {L.MAX_PAGES} (2**31 - 1) are supported; use a larger page_size"
         )
-    words = K.state_length(num_pages, track)
+    words = L.state_length(num_pages, track)
     if words * 8 > sys.maxsize:  # 32-bit platforms; numpy's own error would be about "dimensions"
         raise HostPoolError(
             f"LogicalHostPool(size={size}, page_size={page_size}) is too large: its {num_pages} pages "
             f"need {words * 8} bytes of metadata (5 per page), more than this platform can address"
         )
     try:
-        return np.zeros(words, dtype=np.int64)
+        return L.new_state(num_pages, page_size, sorted_order, track)
     except MemoryError as exc:
         raise MemoryError(
             f"LogicalHostPool(size={size}, page_size={page_size}) needs {words * 8 / 2**30:.3g} GiB "
@@ -157,17 +157,10 @@ class LogicalHostPool(DataPlaneHooks):
         if type(track) is not bool:
             raise TypeError(f"track must be True or False, got {type(track).__name__} {track!r}")
         num_pages = size // page_size
-        st = _new_state(size, page_size, num_pages, track)
-        st[K.H_NPAGES] = num_pages
-        st[K.H_PAGE_SIZE] = page_size
-        st[K.H_PAGE_SHIFT] = K.page_shift(page_size)
-        st[K.H_SORTED] = merge == "sorted"
-        if track:
-            st[K.H_TRACK] = K.track_offset(num_pages)
-            st[K.H_SEQ] = 1  # allocations are numbered from 1
+        st = _new_state(size, page_size, num_pages, merge == "sorted", track)
         self._setup(size, page_size, layout, merge, st, Tracker() if track else None)
         self.clear()
-        self._st[K.H_CLEARS] = 0  # the construction is not a clear() call
+        self._st[L.H_CLEARS] = 0  # the construction is not a clear() call
 
     def _setup(  # noqa: PLR0913, PLR0917 - every attribute the pickle restores
         self, size: int, page_size: int, layout: Any, merge: str, st: NDArray[np.int64], tracker: Tracker | None
@@ -197,7 +190,7 @@ class LogicalHostPool(DataPlaneHooks):
         register_fork_lock(self)
         self._st = st
         # A view for Python-side checks; the kernels find it inside ``_st``.
-        self._owner = owner_flags(st, size // page_size)
+        self._owner = L.owner_flags(st, size // page_size)
 
     # -- allocation -----------------------------------------------------
 
@@ -233,7 +226,7 @@ class LogicalHostPool(DataPlaneHooks):
         """Number of slots an ``alloc`` can hand out now (free + released)."""
         st = self._st
         with self.lock:
-            return int(st[K.H_NFREE] + st[K.H_NREL]) * self.page_size
+            return int(st[L.H_NFREE] + st[L.H_NREL]) * self.page_size
 
     def alloc(self, need_size: int, *, tag: Any = None) -> NDArray[np.int64] | None:
         """Allocate ``need_size`` slots: whole pages, in FIFO order.
@@ -298,25 +291,30 @@ class LogicalHostPool(DataPlaneHooks):
         if need_size < 0:
             raise HostPoolError(f"need_size must be non-negative, got need_size={need_size}")
         tracker = self._tracker
-        where = None if tracker is None else tracker.where(tag, 2)  # an unhashable tag raises here
+        where = None if tracker is None else tracker.where(tag, 2)  # an unusable tag raises here
         if need_size > _PRECHECK_SLOTS and self._refused(need_size):
             return None
         out = _empty(need_size, _INT64)
-        tracked = _alloc_tracked_short if need_size <= K.SHORT_SLOTS else _alloc_tracked
-        lock = self.lock
-        lock.acquire()
-        try:
-            if tracker is None or where is None:  # a plain pool's long call
-                status = _alloc_pages(self._st, out)
-            else:  # the site's id is looked up under the lock, where a sweep cannot drop it
-                status = tracked(self._st, out, tracker.intern(where, tag, self._st))
-        finally:
-            lock.release()
+        status = self._take(out, where, tag)
         if status >= 0:
             return out
         if status == _STATUS_SHORT:
             return None
         raise self._alloc_error(status, need_size)
+
+    def _take(self, out: NDArray[np.int64], where: SiteKey | None, tag: Any) -> int:
+        """Allocate ``len(out)`` slots into ``out`` under the lock (recording ``where``, if tracked); the status."""
+        short = out.shape[0] <= K.SHORT_SLOTS
+        lock = self.lock
+        lock.acquire()
+        try:
+            if where is None:
+                return (_alloc_short if short else _alloc_pages)(self._st, out)
+            # The site's id is looked up under the lock, where a sweep cannot drop it.
+            site = self._tracker.intern(where, tag, self._st)  # type: ignore[union-attr]  # tracked: where is set
+            return (_alloc_tracked_short if short else _alloc_tracked)(self._st, out, site)
+        finally:
+            lock.release()
 
     def _alloc_error(self, status: int, need_size: int) -> Exception:
         """The error an allocation kernel reported: a misaligned size, or a corrupted pool."""
@@ -377,7 +375,7 @@ class LogicalHostPool(DataPlaneHooks):
         offsets = np.empty(arr.shape[0] + 1, dtype=_INT64)
         total = _plan_batch(arr, offsets, page_size, self.size)
         if total < 0:
-            _, pos = K.decode_status(total)
+            _, pos = L.decode_status(total)
             self._check_batch_size(pos, int(arr[pos]), page_size)
             raise self._corrupt("alloc_many", total)  # the kernel failed a size the check passes
         # A total beyond the pool (the kernel saturates at size + 1) or a large
@@ -385,15 +383,7 @@ class LogicalHostPool(DataPlaneHooks):
         if (total > self.size or total > _PRECHECK_SLOTS) and self._refused(total):
             return None
         out = np.empty(total, dtype=_INT64)
-        lock = self.lock
-        lock.acquire()
-        try:
-            if tracker is None or where is None:
-                status = _alloc_pages(self._st, out)
-            else:  # the site's id is looked up under the lock, where a sweep cannot drop it
-                status = _alloc_tracked(self._st, out, tracker.intern(where, tag, self._st))
-        finally:
-            lock.release()
+        status = self._take(out, where, tag)
         if status >= 0:
             return out, offsets
         if status == _STATUS_SHORT:
@@ -445,7 +435,7 @@ class LogicalHostPool(DataPlaneHooks):
             kernel = _free_pages
         # The kernel refuses a length that is not a multiple of page_size
         # (before any change) and returns the number of slots freed, a
-        # Python int (K.entry_point).
+        # Python int (_jit.entry_point).
         lock = self.lock
         lock.acquire()
         try:
@@ -463,14 +453,10 @@ class LogicalHostPool(DataPlaneHooks):
             raise RuntimeError("_free_tracked called on a pool that does not track")
         where = tracker.where(None, 2)
         kernel = _free_tracked_short if slots.size <= K.SHORT_SLOTS else _free_tracked
-        lock = self.lock
-        lock.acquire()
-        try:
+        with self.lock:
             status = kernel(self._st, slots, tracker.intern(where, None, self._st))
             if status < 0:  # the error's history is read under the same hold as the failed free
                 raise self._free_error(status, slots)
-        finally:
-            lock.release()
         return status
 
     # -- free groups --------------------------------------------------------
@@ -517,12 +503,12 @@ class LogicalHostPool(DataPlaneHooks):
         st = self._st
         with self.lock:  # the public calls, so a recording sees the group
             self.free_group_begin()
-            clears = int(st[K.H_CLEARS])
+            clears = int(st[L.H_CLEARS])
         try:
             yield
         finally:
             with self.lock:
-                if int(st[K.H_CLEARS]) == clears and int(st[K.H_GROUP_DEPTH]) > 0:
+                if int(st[L.H_CLEARS]) == clears and int(st[L.H_GROUP_DEPTH]) > 0:
                     self.free_group_end()
 
     # -- snapshots and pickling -----------------------------------------------
@@ -572,7 +558,7 @@ class LogicalHostPool(DataPlaneHooks):
             words = self._st.copy()
             sites = None if tracker is None else tracker.table()
         return {
-            "format": FORMAT,
+            "format": FORMATS["LogicalHostPool"],
             "size": self.size,
             "page_size": self.page_size,
             "layout": self.layout,
@@ -592,7 +578,7 @@ class LogicalHostPool(DataPlaneHooks):
         what = f"the pickled {type(self).__name__}"
         if not isinstance(saved, dict):
             raise HostPoolError(f"{what} holds a {type(saved).__name__}, not a pool's state")
-        check_format(saved.get("format"), type(self).__name__)
+        check_format(saved.get("format"), "LogicalHostPool", type(self).__name__)
         missing = sorted({"size", "page_size", "layout", "merge", "state"} - set(saved))
         if missing:
             raise HostPoolError(f"{what} lacks {', '.join(missing)}")
@@ -611,7 +597,7 @@ class LogicalHostPool(DataPlaneHooks):
     def stats(self) -> PoolStats:
         """Usage and counters now, read from the state's header in O(1)."""
         with self.lock:
-            header = self._st[: K.HEADER].copy()
+            header = self._st[: L.HEADER].copy()
         return PoolStats.from_header(header)
 
     # -- diagnostics ----------------------------------------------------------
@@ -648,7 +634,7 @@ class LogicalHostPool(DataPlaneHooks):
         and ``python -m bench --trace path`` times the workload against the
         original algorithm. Calls are serialised while recording.
         """
-        from .trace import recording  # noqa: PLC0415 - keeps the trace machinery out of `import hostpool_nb`
+        from ._recording import recording  # noqa: PLC0415 - keeps the trace machinery out of `import hostpool_nb`
 
         return recording(self, path)
 
@@ -709,7 +695,7 @@ class LogicalHostPool(DataPlaneHooks):
         """
         st = self._st
         with self.lock:
-            if need > (st[K.H_NFREE] + st[K.H_NREL]) * self.page_size:
+            if need > (st[L.H_NFREE] + st[L.H_NREL]) * self.page_size:
                 _refuse(st)
                 return True
         return False
@@ -728,34 +714,34 @@ class LogicalHostPool(DataPlaneHooks):
         return f"page {page} (slots {page * ps}..{page * ps + ps - 1})"
 
     def _free_error(self, status: int, slots: NDArray[np.int64]) -> Exception:  # noqa: PLR0911 - one per code
-        code, pos = K.decode_status(status)
+        code, pos = L.decode_status(status)
         ps = self.page_size
-        if code == K.E_LENGTH:
+        if code == L.E_LENGTH:
             return AlignmentError(
                 f"LogicalHostPool free must be page-aligned, got len(indices)={slots.shape[0]}, page_size={ps}"
             )
         start = pos - pos % ps
         slot = int(slots[pos])
-        if code == K.E_RANGE:
+        if code == L.E_RANGE:
             return SlotRangeError(f"free got slot {slot} at indices[{pos}] (flattened), outside [0, {self.size})")
-        if code == K.E_MISALIGNED:
+        if code == L.E_MISALIGNED:
             return PartialPageError(
                 f"free takes whole pages: indices[{pos}] (flattened) is slot {slot}, which is not "
                 f"the first slot of a page (a multiple of page_size={ps}); each run of {ps} "
                 "entries must be one page's slots in ascending order"
             )
-        if code == K.E_PARTIAL:
+        if code == L.E_PARTIAL:
             first = int(slots[start])
             return PartialPageError(
                 f"free takes whole pages: indices[{pos}] (flattened) is slot {slot}, expected "
                 f"{first + pos - start} to continue {self._page_text(first // ps)} in ascending order"
             )
-        if code == K.E_NOT_ALLOCATED:
+        if code == L.E_NOT_ALLOCATED:
             return DoubleFreeError(
                 f"{self._page_text(slot // ps)}, freed at indices[{pos}] (flattened), is not "
                 "allocated: it was freed already, freed by clear(), or never allocated" + self._history(slot // ps)
             )
-        if code == K.E_DUPLICATE:
+        if code == L.E_DUPLICATE:
             return DoubleFreeError(
                 f"{self._page_text(slot // ps)} is freed twice in one call (again at indices[{pos}], flattened)"
                 + self._history(slot // ps)
@@ -771,7 +757,7 @@ class LogicalHostPool(DataPlaneHooks):
             return HISTORY_MARK + tracker.history(self._st, page)
 
     def _corrupt(self, op: str, status: int) -> RuntimeError:
-        code, pos = K.decode_status(status)
+        code, pos = L.decode_status(status)
         return RuntimeError(
             f"LogicalHostPool state is corrupted: {op} kernel failed with code {code} at {pos}; "
             "please report this with the calls that led to it"

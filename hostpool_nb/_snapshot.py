@@ -1,10 +1,11 @@
-"""Snapshots of a pool's state: ``PoolState``, and the pool's pickled form.
+"""Snapshots of every pool's state, the format numbers of their pickles, and the checks before loading one.
 
-A pool's whole state is one int64 array (``_kernels.py``), so a snapshot is
-one copy of it plus the shape it belongs to. Both a snapshot and a pickled
-pool carry a format number; a state is accepted only for a pool of the same
-size, page size and merge order, and only if it passes the invariants, so
-neither a snapshot from another pool nor a tampered pickle can corrupt one.
+A pool's whole state is int64 arrays (``_layout.py``), so a snapshot is a
+copy of them plus the shape they belong to. Snapshots and pickled pools
+carry the format of their layout (:data:`FORMATS`, checked by
+:func:`check_format`); a state is taken only by a pool of the same shape,
+and only once it passes the invariants, so neither a snapshot from another
+pool nor a tampered pickle can corrupt one.
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _kernels as K
+from . import _layout as L
 from ._errors import HostPoolError
-from ._invariants import problems
+from ._invariants import host_problems, problems, rank_problems
 from ._tracking import site_id_problems, table_problem
 
-# The layout of the state array. A snapshot or pickle of another format was
-# made by a hostpool_nb whose kernels read the array differently (format 2:
-# int64 ring entries; 3: int32).
-FORMAT = 3
+# The layout each kind of state is in. A pickle in another format was made by
+# a hostpool_nb whose kernels read the arrays differently (the core's format
+# 2 had int64 ring entries, 3 has int32).
+FORMATS = {"LogicalHostPool": 3, "PoolState": 3, "PagedState": 1, "HostPagePool": 1, "HostPageState": 1}
+FORMAT = FORMATS["LogicalHostPool"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,14 +59,14 @@ class PoolState:
         object.__setattr__(self, "_words", words)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_load_state, (FORMAT, (self.size, self.page_size, self.merge, self._words, self.sites)))
+        return (_load_state, (FORMATS["PoolState"], (self.size, self.page_size, self.merge, self._words, self.sites)))
 
     def __repr__(self) -> str:
         h = self._words
         return (
             f"PoolState(size={self.size}, page_size={self.page_size}, merge={self.merge!r}, "
-            f"free_pages={int(h[K.H_NFREE])}, released_pages={int(h[K.H_NREL])}, "
-            f"pending_pages={int(h[K.H_NPEND])})"
+            f"free_pages={int(h[L.H_NFREE])}, released_pages={int(h[L.H_NREL])}, "
+            f"pending_pages={int(h[L.H_NPEND])})"
         )
 
 
@@ -75,10 +77,16 @@ def _load_state(version: int, fields: tuple[Any, ...]) -> PoolState:
     return PoolState(size, page_size, merge, words, sites)
 
 
-def check_format(version: Any, what: str) -> None:
-    if version != FORMAT:
+def check_format(version: Any, kind: str, what: str | None = None) -> None:
+    """Refuse a pickle of ``kind`` (a key of :data:`FORMATS`) in another format than this version reads.
+
+    ``what`` names it in the message (a subclass's name), ``kind`` by default.
+    """
+    expected = FORMATS[kind]
+    what = what or kind
+    if version != expected:
         raise HostPoolError(
-            f"this {what} was pickled in state format {version!r}; this hostpool_nb reads format {FORMAT} "
+            f"this {what} was pickled in state format {version!r}; this hostpool_nb reads format {expected} "
             "(pickle it again with the same hostpool_nb version that loads it)"
         )
 
@@ -108,10 +116,10 @@ def checked_words(
         raise HostPoolError(f"{what} holds a {arr.dtype} array of shape {arr.shape}, not a pool state")
     arr = np.ascontiguousarray(arr)
     found = problems(arr, size // page_size, page_size)
-    if not found and int(arr[K.H_SORTED]) != (merge == "sorted"):
-        found = [f"its merge order word is {int(arr[K.H_SORTED])}, but it says merge={merge!r}"]
-    if not found and bool(arr[K.H_TRACK]) != track:
-        raise HostPoolError(f"{what} is from a pool with track={bool(arr[K.H_TRACK])}; this pool has track={track}")
+    if not found and int(arr[L.H_SORTED]) != (merge == "sorted"):
+        found = [f"its merge order word is {int(arr[L.H_SORTED])}, but it says merge={merge!r}"]
+    if not found and bool(arr[L.H_TRACK]) != track:
+        raise HostPoolError(f"{what} is from a pool with track={bool(arr[L.H_TRACK])}; this pool has track={track}")
     if track and sites is None:
         raise HostPoolError(f"{what} has no site table, but this pool tracks: its site ids would index nothing")
     if not track and sites is not None:
@@ -125,3 +133,92 @@ def checked_words(
     if found:
         raise HostPoolError(f"{what} fails the pool's invariants: " + "; ".join(found))
     return np.array(arr, dtype=np.int64, copy=True)  # writable: a kernel argument is never read-only
+
+
+@dataclass(frozen=True, eq=False)
+class PagedState:
+    """An immutable snapshot of a paged allocator's lists, from ``backup_state()``.
+
+    Like the original's, it holds every rank's free and release lists and
+    not the free group: restoring it leaves an open group, and the frees
+    pending in it, as they are.
+    """
+
+    kind: str
+    size: int
+    page_size: int
+    dp_size: int
+    _ranks: tuple[NDArray[np.int64], ...] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        ranks = []
+        for words in self._ranks:
+            copy = np.array(words, dtype=np.int64, copy=True)
+            copy.flags.writeable = False
+            ranks.append(copy)
+        object.__setattr__(self, "_ranks", tuple(ranks))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_load_paged, (FORMATS["PagedState"], (self.kind, self.size, self.page_size, self.dp_size, self._ranks)))
+
+
+def _load_paged(version: int, fields: tuple[Any, ...]) -> PagedState:
+    """Unpickle a ``PagedState``, refusing another format."""
+    check_format(version, "PagedState")
+    kind, size, page_size, dp_size, ranks = fields
+    return PagedState(kind, size, page_size, dp_size, tuple(ranks))
+
+
+@dataclass(frozen=True, eq=False)
+class HostPageState:
+    """An immutable snapshot of a :class:`HostPagePool`, from ``backup_state()``.
+
+    ``restore_state`` of it, on that pool or any of the same ``pool_size``,
+    makes every later call behave as it would have at the backup: the free
+    list's order, the allocated pages, their generations and pin counts.
+    """
+
+    pool_size: int
+    _words: NDArray[np.int64] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        words = np.array(self._words, dtype=np.int64, copy=True)
+        words.flags.writeable = False
+        object.__setattr__(self, "_words", words)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_load_host, (FORMATS["HostPageState"], self.pool_size, self._words))
+
+
+def _load_host(version: Any, pool_size: Any, words: Any) -> HostPageState:
+    """Unpickle a ``HostPageState``, refusing another format."""
+    check_format(version, "HostPageState")
+    return HostPageState(pool_size, words)
+
+
+def checked_host_words(words: Any, n: int, what: str) -> NDArray[np.int64]:
+    if not isinstance(words, np.ndarray):
+        raise HostPoolError(f"{what} holds a {type(words).__name__}, not a host pool's state")
+    arr = np.ascontiguousarray(words)
+    if arr.dtype != np.int64 or arr.ndim != 1:
+        raise HostPoolError(f"{what} holds a {arr.dtype} array of shape {arr.shape}, not a host pool's state")
+    found = host_problems(arr, n)
+    if found:
+        raise HostPoolError(f"{what} fails the pool's invariants: " + "; ".join(found))
+    return np.array(arr, dtype=np.int64, copy=True)
+
+
+def checked_ranks(
+    ranks: tuple[NDArray[np.int64], ...], dp_size: int, pages: int, page_size: int, sorted_order: bool
+) -> list[NDArray[np.int64]]:
+    """A ``PagedState``'s rank words as fresh arrays for an allocator of that shape; ``HostPoolError`` if not."""
+    if len(ranks) != dp_size:
+        raise HostPoolError(f"the state holds {len(ranks)} ranks; this allocator has dp_size={dp_size}")
+    out = []
+    for r, words in enumerate(ranks):
+        arr = np.ascontiguousarray(words)
+        found = rank_problems(arr, pages, page_size, sorted_order)
+        if found:
+            raise HostPoolError(f"the state of rank {r} fails the invariants: " + "; ".join(found))
+        out.append(np.array(arr, dtype=np.int64, copy=True))
+    return out

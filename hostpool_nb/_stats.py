@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _kernels as K
+from . import _layout as L
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,9 @@ class PoolStats:
     @classmethod
     def from_header(cls, header: NDArray[np.int64]) -> PoolStats:
         """Read the statistics from a copy of a state array's header."""
-        h = [int(x) for x in header[: K.HEADER]]
-        n, ps = h[K.H_NPAGES], h[K.H_PAGE_SIZE]
-        free, released, pending = h[K.H_NFREE], h[K.H_NREL], h[K.H_NPEND]
+        h = [int(x) for x in header[: L.HEADER]]
+        n, ps = h[L.H_NPAGES], h[L.H_PAGE_SIZE]
+        free, released, pending = h[L.H_NFREE], h[L.H_NREL], h[L.H_NPEND]
         return cls(
             size=n * ps,
             page_size=ps,
@@ -74,11 +74,11 @@ class PoolStats:
             pending_pages=pending,
             allocated_pages=n - free - released - pending,
             available_size=(free + released) * ps,
-            merges=h[K.H_MERGES],
-            alloc_calls=h[K.H_ALLOC_CALLS],
-            failed_allocs=h[K.H_FAILED_ALLOCS],
-            free_calls=h[K.H_FREE_CALLS],
-            peak_allocated_pages=h[K.H_PEAK],
+            merges=h[L.H_MERGES],
+            alloc_calls=h[L.H_ALLOC_CALLS],
+            failed_allocs=h[L.H_FAILED_ALLOCS],
+            free_calls=h[L.H_FREE_CALLS],
+            peak_allocated_pages=h[L.H_PEAK],
         )
 
 

@@ -53,17 +53,27 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _kernels as K
+from . import _layout as L
 from . import _paged_kernels as P
-from ._convert import _INT64_MAX, as_count, as_int_vector, as_slots
+from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_int_vector, as_slots
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, SlotRangeError
 from ._fork import register as register_fork_lock
-from ._host import HostPagePool
-from ._invariants import ring_ids
-from ._paged_state import PagedState, group_problems, rank_problems
+from ._host import HostKVPoolMixin, HostPagePool
+from ._invariants import group_problems, rank_problems
+from ._jit import entry_point
+from ._snapshot import PagedState, checked_ranks
 
-_INT64 = np.dtype(np.int64)
+_merge = entry_point(K.merge)
+_load_state = entry_point(K.load_state)
+_reset_rank = entry_point(P.reset_rank)
+_end_group = entry_point(P.end_group)
+_free_slots = entry_point(P.free_slots)
+_alloc_slots = entry_point(P.alloc_slots)
+_alloc_tokens = entry_point(P.alloc_tokens)
+_alloc_extend = entry_point(P.alloc_extend)
+_alloc_decode = entry_point(P.alloc_decode)
+_STATUS_SHORT = L.status_of(L.E_SHORT)
 _INT32_MAX = 2**31 - 1
-_STRIDES_1D = (8,)
 
 
 class _RankedAllocator:
@@ -94,14 +104,9 @@ class _RankedAllocator:
         self._st: list[NDArray[np.int64]] = []
         self._gp: list[NDArray[np.int64]] = []
         for _ in range(dp_size):
-            st = np.zeros(K.state_length(pages_per_rank + 1), dtype=np.int64)
-            st[K.H_NPAGES] = pages_per_rank + 1
-            st[K.H_PAGE_SIZE] = page_size
-            st[K.H_PAGE_SHIFT] = K.page_shift(page_size)
-            st[K.H_SORTED] = self._sorted
-            gp = np.zeros(P.group_layout(pages_per_rank), dtype=np.int64)
-            gp[P.GP_CAP] = pages_per_rank + 1
-            self._st.append(st)
+            self._st.append(L.new_state(pages_per_rank + 1, page_size, self._sorted))
+            gp = np.zeros(L.group_length(pages_per_rank), dtype=np.int64)
+            gp[L.GP_CAP] = pages_per_rank + 1
             self._gp.append(gp)
         self.clear()
 
@@ -161,8 +166,8 @@ class _RankedAllocator:
         with self.lock:
             self._in_group = False
             for st, gp in zip(self._st, self._gp, strict=True):
-                if gp[P.GP_COUNT]:
-                    P.end_group(st, gp)
+                if gp[L.GP_COUNT]:
+                    _end_group(st, gp)
             for frees in self._group_frees:
                 frees.clear()
 
@@ -176,7 +181,7 @@ class _RankedAllocator:
         ranks = range(self.dp_size) if dp_rank is None else (self._rank(dp_rank),)
         with self.lock:
             for r in ranks:
-                P.reset_rank(self._st[r], self._gp[r])
+                _reset_rank(self._st[r], self._gp[r])
                 self._group_frees[r].clear()
             self._in_group = False
 
@@ -185,7 +190,7 @@ class _RankedAllocator:
         r = self._rank(dp_rank)
         st = self._st[r]
         with self.lock:
-            return int(st[K.H_NFREE] + st[K.H_NREL]) * self.page_size
+            return int(st[L.H_NFREE] + st[L.H_NREL]) * self.page_size
 
     # -- snapshots --------------------------------------------------------------
 
@@ -208,15 +213,10 @@ class _RankedAllocator:
         theirs = (state.kind, state.size, state.page_size, state.dp_size)
         if mine != theirs:
             raise HostPoolError(f"the state is from {theirs} (kind, size, page_size, dp_size); this is {mine}")
-        if len(state._ranks) != self.dp_size:
-            raise HostPoolError(f"the state holds {len(state._ranks)} ranks; this allocator has dp_size={self.dp_size}")
-        for r, words in enumerate(state._ranks):
-            found = rank_problems(np.ascontiguousarray(words), self._pages, self.page_size, self._sorted)
-            if found:
-                raise HostPoolError(f"the state of rank {r} fails the invariants: " + "; ".join(found))
+        ranks = checked_ranks(state._ranks, self.dp_size, self._pages, self.page_size, self._sorted)
         with self.lock:
-            for st, words in zip(self._st, state._ranks, strict=True):
-                K.load_state(st, np.array(words, dtype=np.int64, copy=True))
+            for st, words in zip(self._st, ranks, strict=True):
+                _load_state(st, words)
 
     def check_invariants(self) -> None:
         """Verify every rank's lists and group; raise ``RuntimeError`` if one is broken. O(pages)."""
@@ -231,9 +231,9 @@ class _RankedAllocator:
 
     def _window(self, r: int, start: int, count: int) -> NDArray[np.int32]:
         st = self._st[r]
-        cap = int(st[K.H_NPAGES])
-        pos = (int(st[K.H_HEAD]) + start + np.arange(count)) % cap
-        view = ring_ids(st, cap)[pos]  # a copy: fancy indexing
+        cap = int(st[L.H_NPAGES])
+        pos = (int(st[L.H_HEAD]) + start + np.arange(count)) % cap
+        view = L.ring_ids(st, cap)[pos]  # a copy: fancy indexing
         view.flags.writeable = False
         return view
 
@@ -253,7 +253,7 @@ class _RankedAllocator:
 
     def _free(self, free_index: Any, dp_rank: Any, mode: int) -> int:
         r = self._rank(dp_rank)
-        if type(free_index) is np.ndarray and free_index.dtype is _INT64 and free_index.strides == _STRIDES_1D:
+        if type(free_index) is np.ndarray and free_index.dtype is INT64 and free_index.strides == STRIDES_1D:
             slots: NDArray[np.int64] = free_index
         else:
             slots = as_slots(free_index, "free_index")
@@ -263,7 +263,7 @@ class _RankedAllocator:
             in_group = self._in_group
             if in_group:  # free_group keeps the slots: the kernel reads this copy, so they are what it checked
                 slots = slots.copy()
-            status = P.free_slots(self._st[r], self._gp[r], slots, self.page_size, mode, int(in_group))
+            status = _free_slots(self._st[r], self._gp[r], slots, self.page_size, mode, int(in_group))
             if status < 0:  # built under the same hold, from the value the kernel checked
                 raise self._free_error(status, r)
             if in_group:
@@ -272,24 +272,24 @@ class _RankedAllocator:
         return status
 
     def _free_error(self, status: int, r: int) -> Exception:  # noqa: PLR0911 - one per code
-        code, pos = K.decode_status(status)
-        slot = int(self._gp[r][P.GP_FAULT])
+        code, pos = L.decode_status(status)
+        slot = int(self._gp[r][L.GP_FAULT])
         ps = self.page_size
         n = self._pages
         where = f"free_index[{pos}] (flattened)"
-        if code == P.E_PAGE0:
+        if code == L.E_PAGE0:
             return SlotRangeError(f"free got slot {slot} at {where}, in the padding page 0, which is never allocated")
-        if code == K.E_RANGE:
+        if code == L.E_RANGE:
             return SlotRangeError(
                 f"free got slot {slot} at {where}, outside rank {r}'s pages 1..{n} (slots {ps}..{(n + 1) * ps - 1})"
             )
         what = f"slot {slot}" if ps == 1 else f"page {slot // ps} (slots {slot // ps * ps}..{slot // ps * ps + ps - 1})"
-        if code == K.E_DUPLICATE:
+        if code == L.E_DUPLICATE:
             if self._in_group:
                 return DoubleFreeError(f"{what} of rank {r}, freed at {where}, was already freed in this free group")
             return DoubleFreeError(f"{what} of rank {r} is freed twice in one call (again at {where})")
-        if code == K.E_NOT_ALLOCATED:
-            if P.marks_view(self._gp[r])[slot // ps] == P.MARK_PENDING:
+        if code == L.E_NOT_ALLOCATED:
+            if L.group_marks(self._gp[r])[slot // ps] == L.MARK_PENDING:
                 return DoubleFreeError(
                     f"{what} of rank {r}, freed at {where}, was freed already in a free group that clear() "
                     "ended; it is released at the next free_group_end()"
@@ -298,7 +298,7 @@ class _RankedAllocator:
         return RuntimeError(f"{type(self).__name__} rank {r} is corrupted: free kernel failed with code {code}")
 
     def _corrupt(self, op: str, status: int) -> RuntimeError:
-        code, pos = K.decode_status(status)
+        code, pos = L.decode_status(status)
         return RuntimeError(f"{type(self).__name__} state is corrupted: {op} kernel failed with code {code} at {pos}")
 
 
@@ -360,19 +360,19 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
     def free_pages(self) -> list[NDArray[np.int32]]:
         """Each rank's free list (ascending page ids, int32), as read-only copies."""
         with self.lock:
-            return [self._window(r, 0, int(st[K.H_NFREE])) for r, st in enumerate(self._st)]
+            return [self._window(r, 0, int(st[L.H_NFREE])) for r, st in enumerate(self._st)]
 
     @property
     def release_pages(self) -> list[NDArray[np.int32]]:
         """Each rank's pages freed since its last merge (int32, order not meaningful), read-only copies."""
         with self.lock:
-            return [self._window(r, int(st[K.H_NFREE]), int(st[K.H_NREL])) for r, st in enumerate(self._st)]
+            return [self._window(r, int(st[L.H_NFREE]), int(st[L.H_NREL])) for r, st in enumerate(self._st)]
 
     def merge_and_sort_free(self, dp_rank: Any = 0) -> None:
         """Merge the rank's release list into its free list, keeping it ascending. O(pages)."""
         r = self._rank(dp_rank)
         with self.lock:
-            status = K.merge(self._st[r])
+            status = _merge(self._st[r])
         if status < 0:
             raise self._corrupt("merge", status)
 
@@ -398,10 +398,10 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             need_size = (self._pages + 1) * ps
         out = np.empty(need_size, dtype=np.int64)
         with self.lock:
-            status = P.alloc_slots(self._st[r], out, ps)
+            status = _alloc_slots(self._st[r], out, ps)
         if status >= 0:
             return out
-        if status == -1 - K.E_SHORT:
+        if status == _STATUS_SHORT:
             return None
         raise self._corrupt("alloc", status)
 
@@ -451,10 +451,10 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             # A total beyond int64 is passed as the int64 maximum: unequal to
             # any sum the kernel can reach, so still E_TOTAL, in its turn.
             tokens = min(total, _INT64_MAX)
-            status = P.alloc_extend(self._st[r], prefix, seq, last, out, tokens, ps, int(self.debug_mode))
+            status = _alloc_extend(self._st[r], prefix, seq, last, out, tokens, ps, int(self.debug_mode))
         if status >= 0:
             return out
-        if status == -1 - K.E_SHORT:
+        if status == _STATUS_SHORT:
             return None
         raise self._batch_error(status, (prefix, seq, last), total, "alloc_extend")
 
@@ -476,10 +476,10 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             )
         out = np.empty(seq.shape[0], dtype=np.int32)
         with self.lock:
-            status = P.alloc_decode(self._st[r], seq, last, out, self.page_size, int(self.debug_mode))
+            status = _alloc_decode(self._st[r], seq, last, out, self.page_size, int(self.debug_mode))
         if status >= 0:
             return out
-        if status == -1 - K.E_SHORT:
+        if status == _STATUS_SHORT:
             return None
         raise self._batch_error(status, (seq - 1, seq, last), seq.shape[0], "alloc_decode")
 
@@ -501,21 +501,21 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         """The error for a failed ``alloc_extend`` / ``alloc_decode`` check, naming the request."""
         prefix, seq, last = lens
         prefix_name = "prefix_lens"
-        code, i = K.decode_status(status)
+        code, i = L.decode_status(status)
         ps = self.page_size
-        if code == K.E_NEGATIVE:
+        if code == L.E_NEGATIVE:
             return HostPoolError(f"{prefix_name}[{i}] must be non-negative, got {prefix_name}[{i}]={int(prefix[i])}")
-        if code == P.E_SEQ_BELOW_PREFIX:
+        if code == L.E_SEQ_BELOW_PREFIX:
             return HostPoolError(
                 f"seq_lens[{i}]={int(seq[i])} is below prefix_lens[{i}]={int(prefix[i])}: a request cannot shrink"
             )
-        if code == P.E_TOTAL:
+        if code == L.E_TOTAL:
             return HostPoolError(
                 f"extend_num_tokens={total} is not the sum of seq_lens - prefix_lens ({int(np.sum(seq - prefix))})"
             )
-        if code == P.E_SEQ_BELOW_ONE:
+        if code == L.E_SEQ_BELOW_ONE:
             return HostPoolError(f"seq_lens[{i}] must be at least 1 (it counts the new token), got {int(seq[i])}")
-        if code == P.E_LAST_LOC:
+        if code == L.E_LAST_LOC:
             if op == "alloc_extend":
                 rule = "(last_loc + 1) % page_size == prefix_lens % page_size"
                 have = f"prefix_lens[{i}]={int(prefix[i])}"
@@ -563,7 +563,7 @@ class TokenToKVPoolAllocator(_RankedAllocator):
     def free_slots(self) -> list[NDArray[np.int32]]:
         """Each rank's free slots in allocation order (int32), as read-only copies."""
         with self.lock:
-            return [self._window(r, 0, int(st[K.H_NFREE] + st[K.H_NREL])) for r, st in enumerate(self._st)]
+            return [self._window(r, 0, int(st[L.H_NFREE] + st[L.H_NREL])) for r, st in enumerate(self._st)]
 
     def alloc(self, need_size: Any, dp_rank: Any = 0) -> NDArray[np.int32] | None:
         """The first ``need_size`` free slots of the rank (int32), or ``None`` if it has fewer."""
@@ -576,10 +576,10 @@ class TokenToKVPoolAllocator(_RankedAllocator):
             return None
         out = np.empty(need_size, dtype=np.int32)
         with self.lock:
-            status = P.alloc_tokens(self._st[r], out)
+            status = _alloc_tokens(self._st[r], out)
         if status >= 0:
             return out
-        if status == -1 - K.E_SHORT:
+        if status == _STATUS_SHORT:
             return None
         raise self._corrupt("alloc", status)
 
@@ -593,116 +593,6 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         slots freed (or made pending).
         """
         return self._free(free_index, dp_rank, P.FREE_TOKENS)
-
-
-class HostKVPoolMixin:
-    """Put sglang-jax's host KV pools' bookkeeping on a :class:`~hostpool_nb.HostPagePool`, in one class line.
-
-    ::
-
-        class FastLRU(HostKVPoolMixin, LRUHostKVPool): ...
-        class FastQueue(HostKVPoolMixin, QueueHostKVPool): ...
-
-    The host class's own ``__init__`` runs first (it allocates the data
-    plane and its ``_pool_size``); then ``reserve``, ``release``, ``alloc``,
-    ``free``, ``available_size``, ``inc_lock_ref``, ``dec_lock_ref`` and
-    ``_require_allocated`` go to a ``HostPagePool`` of that size, kept in
-    ``_host_pages``. ``_allocated``, ``_generation`` and ``_lock_ref``
-    become its read-only arrays, and ``_lock`` its lock, so the host class's
-    transfer methods, which read ``_allocated[id]`` and ``_generation[id]``
-    under ``_lock``, keep working unchanged. For each page freed or
-    released, the host class's ``_drop_pending(page)`` is called and
-    ``_slots[page]`` cleared (where the class has them), under the lock.
-    ``_peak_used`` and ``_exhaust_count`` read the pool's counters. The
-    host class's own free list is left as its ``__init__`` made it, unused.
-
-    What differs from the host class is ``HostPagePool``'s: every call is
-    checked whole before anything changes (the original frees the pages
-    before a bad one), errors are its subclasses of the originals'
-    ``ValueError`` / ``RuntimeError``, and ``free`` and ``release`` take
-    ``generations=`` / ``generation=`` to refuse stale frees.
-    """
-
-    _host_pages: HostPagePool
-    _pool_size: int
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        pages = HostPagePool(self._pool_size)
-        self._host_pages = pages
-        self._lock = pages.lock
-        self._allocated = pages.allocated
-        self._generation = pages.generation
-        self._lock_ref = pages.lock_ref
-
-    def reserve(self) -> int | None:
-        """``HostPagePool.reserve``: the first free page, or ``None``."""
-        return self._host_pages.reserve()
-
-    def alloc(self, need_pages: int) -> NDArray[np.int64] | None:
-        """``HostPagePool.alloc``: the first ``need_pages`` free pages (int64), or ``None``."""
-        return self._host_pages.alloc(need_pages)
-
-    def release(self, buffer_id: int, *, generation: int | None = None) -> None:
-        """``HostPagePool.release``, then the page's pending transfers and payload dropped, under the lock."""
-        pages = self._host_pages
-        with pages.lock:
-            pages.release(buffer_id, generation=generation)
-            self._forget([int(buffer_id)])
-
-    def free(self, host_page_ids: Any, *, generations: Any = None) -> int:
-        """``HostPagePool.free``, then each freed page's pending transfers and payload dropped, under the lock.
-
-        Returns the number of pages freed (the original returns ``None``).
-        """
-        pages = self._host_pages
-        with pages.lock:
-            freed = pages.free_listed(host_page_ids, generations=generations)
-            self._forget(freed.tolist())
-        return int(freed.shape[0])
-
-    def available_size(self) -> int:
-        """The number of free pages."""
-        return self._host_pages.available_size()
-
-    def inc_lock_ref(self, buffer_id: Any) -> None:
-        """``HostPagePool.inc_lock_ref``: pin a page, or each page of a 1-D array."""
-        self._host_pages.inc_lock_ref(buffer_id)
-
-    def dec_lock_ref(self, buffer_id: Any) -> None:
-        """``HostPagePool.dec_lock_ref``: unpin a page, or each page of a 1-D array."""
-        self._host_pages.dec_lock_ref(buffer_id)
-
-    def _require_allocated(self, buffer_id: int) -> None:
-        self._host_pages.require_allocated(buffer_id)
-
-    def _forget(self, freed: list[int]) -> None:
-        """What the host class does for each page it frees: drop its staged transfers and its payload."""
-        drop = getattr(self, "_drop_pending", None)
-        slots = getattr(self, "_slots", None)
-        for page in freed:
-            if drop is not None:
-                drop(page)
-            if slots is not None:
-                slots[page] = None
-
-    @property
-    def _peak_used(self) -> int:
-        pages = self.__dict__.get("_host_pages")
-        return 0 if pages is None else pages.stats().peak_allocated_pages
-
-    @_peak_used.setter
-    def _peak_used(self, value: int) -> None:
-        """The host class's ``__init__`` sets it; the pool keeps the count."""
-
-    @property
-    def _exhaust_count(self) -> int:
-        pages = self.__dict__.get("_host_pages")
-        return 0 if pages is None else pages.stats().exhausted_calls
-
-    @_exhaust_count.setter
-    def _exhaust_count(self, value: int) -> None:
-        """The host class's ``__init__`` sets it; the pool keeps the count."""
 
 
 __all__ = [

@@ -29,6 +29,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
+from hostpool_nb import _layout as L
+
 JIT_DISABLED = os.environ.get("NUMBA_DISABLE_JIT") == "1"
 
 _COMMON: dict[str, Any] = {
@@ -65,14 +67,13 @@ def take_snapshot(pool: Any) -> Snapshot:
     in order) and the owner flags. The ring's other entries are scratch
     (``free`` stages validated page ids there), so they are left out.
     """
-    from hostpool_nb import _kernels as K
-    from hostpool_nb._invariants import ring_ids
+    from hostpool_nb._layout import ring_ids
 
     st = pool._st
-    n = int(st[K.H_NPAGES])
-    head, live = int(st[K.H_HEAD]), int(st[K.H_NFREE] + st[K.H_NREL])
+    n = int(st[L.H_NPAGES])
+    head, live = int(st[L.H_HEAD]), int(st[L.H_NFREE] + st[L.H_NREL])
     window = ring_ids(st, n)[(head + np.arange(live)) % max(n, 1)]
-    return st[: K.HEADER].copy(), window.copy(), pool._owner.copy()
+    return st[: L.HEADER].copy(), window.copy(), pool._owner.copy()
 
 
 def assert_unchanged(pool: Any, before: Snapshot) -> None:
@@ -96,11 +97,10 @@ def assert_refused(pool: Any, before: Snapshot, times: int = 1) -> None:
     Refusing changes nothing but the statistics: the answered calls and the
     failed ones each grow by ``times``, and no other header word moves.
     """
-    from hostpool_nb import _kernels as K
 
     header = before[0].copy()
-    header[K.H_ALLOC_CALLS] += times
-    header[K.H_FAILED_ALLOCS] += times
+    header[L.H_ALLOC_CALLS] += times
+    header[L.H_FAILED_ALLOCS] += times
     assert_unchanged(pool, (header, before[1], before[2]))
 
 

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from bench.host_baselines import LRUHostKVPool
 from hostpool_nb import (
     HostPoolError,
     LockRefUnderflowError,
@@ -31,7 +30,8 @@ from hostpool_nb import (
     SlotRangeError,
     StaleFreeError,
 )
-from hostpool_nb import _host_kernels as H
+from hostpool_nb import _layout as L
+from hostpool_nb.originals.host_tier import LRUHostKVPool
 
 
 def classify(exc: BaseException) -> type[Exception]:
@@ -156,7 +156,7 @@ def state_of(pool: Any) -> tuple[list[int], list[bool], list[int], list[int]]:
     """A pool's free list in order, then its allocated flags, generations and pin counts by page."""
     st = pool._st
     n = pool.pool_size
-    head, nfree = int(st[H.H_HEAD]), int(st[H.H_NFREE])
+    head, nfree = int(st[L.HP_HEAD]), int(st[L.HP_NFREE])
     free = pool._ring[(head + np.arange(nfree)) % n].tolist()
     return free, pool.allocated.tolist(), pool.generation.tolist(), pool.lock_ref.tolist()
 
@@ -168,10 +168,10 @@ def words_of(pool: Any) -> np.ndarray:
     after the free list, where ``free`` stages the pages it checked.
     """
     words = pool._st.copy()
-    words[list(H.SCRATCH)] = 0
+    words[list(L.HP_SCRATCH)] = 0
     n = pool.pool_size
-    head, nfree = int(words[H.H_HEAD]), int(words[H.H_NFREE])
-    ring = words[H.HEADER : H.HEADER + (n + 1) // 2].view(np.int32)[:n]
+    head, nfree = int(words[L.HP_HEAD]), int(words[L.HP_NFREE])
+    ring = words[L.HP_HEADER : L.HP_HEADER + (n + 1) // 2].view(np.int32)[:n]
     spare = (head + nfree + np.arange(n - nfree)) % n
     ring[spare] = -1
     return words

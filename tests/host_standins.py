@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.host_baselines import LRUHostKVPool, QueueHostKVPool
+from hostpool_nb.originals.host_tier import LRUHostKVPool, QueueHostKVPool
 from hostpool_nb.paged import HostKVPoolMixin
 
 

@@ -25,27 +25,26 @@ from typing import Any
 
 import numpy as np
 
-from hostpool_nb import _kernels as K
-from hostpool_nb import _paged_kernels as P
-from hostpool_nb._invariants import owner_flags, ring_ids
+from hostpool_nb import _layout as L
+from hostpool_nb._layout import owner_flags, ring_ids
 
 RankState = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 
 def rank_state(words: np.ndarray, gp: np.ndarray) -> RankState:
     """One rank's logical state: header, live ring window, owner flags, pending page ids, their marks."""
-    n = int(words[K.H_NPAGES])
-    head, live = int(words[K.H_HEAD]), int(words[K.H_NFREE] + words[K.H_NREL])
+    n = int(words[L.H_NPAGES])
+    head, live = int(words[L.H_HEAD]), int(words[L.H_NFREE] + words[L.H_NREL])
     window = ring_ids(words, n)[(head + np.arange(live)) % max(n, 1)]
     owner = owner_flags(words, n)
-    count, cap = int(gp[P.GP_COUNT]), int(gp[P.GP_CAP])
-    pending = gp[P.GP_HEADER : P.GP_HEADER + count]
-    marks = gp[P.GP_HEADER + cap :].view(np.uint8)[:cap]
+    count, cap = int(gp[L.GP_COUNT]), int(gp[L.GP_CAP])
+    pending = gp[L.GP_HEADER : L.GP_HEADER + count]
+    marks = gp[L.GP_HEADER + cap :].view(np.uint8)[:cap]
     return (
-        tuple(words[: K.HEADER].tolist()),
+        tuple(words[: L.HEADER].tolist()),
         tuple(window.tolist()),
         tuple(owner.tolist()),
-        (int(gp[P.GP_CAP]), *pending.tolist()),
+        (int(gp[L.GP_CAP]), *pending.tolist()),
         tuple(marks.tolist()),
     )
 
@@ -79,7 +78,7 @@ def assert_unchanged(alloc: Any, before: tuple[Any, ...]) -> None:
 def pending_pages(alloc: Any, r: int) -> set[int]:
     """The pages of rank ``r`` freed in the open group and not released yet (the group buffer)."""
     gp = alloc._gp[r]
-    return {int(p) for p in gp[P.GP_HEADER : P.GP_HEADER + int(gp[P.GP_COUNT])]}
+    return {int(p) for p in gp[L.GP_HEADER : L.GP_HEADER + int(gp[L.GP_COUNT])]}
 
 
 def compare(alloc: Any, oracle: Any) -> None:

@@ -24,7 +24,7 @@ from hostpool_nb import (
     SlotRangeError,
     _pool,
 )
-from hostpool_nb import _kernels as K
+from hostpool_nb import _layout as L
 
 PS = 16
 SIZE = 64
@@ -425,8 +425,8 @@ def test_pool_too_large_for_memory_is_a_memory_error_naming_the_pool(monkeypatch
     # The largest pool allowed (2**31 - 1 pages) needs 10 GiB of metadata:
     # the allocation is made to fail rather than tried.
     _no_memory(monkeypatch)
-    pages = K.MAX_PAGES
-    words = K.state_length(pages)
+    pages = L.MAX_PAGES
+    words = L.state_length(pages)
     with pytest.raises(MemoryError) as info:
         LogicalHostPool(pages * 4, 4)
     assert str(info.value).startswith(
@@ -441,16 +441,16 @@ def test_too_many_pages_is_decided_at_max_pages(monkeypatch: pytest.MonkeyPatch)
     _no_memory(monkeypatch)  # a pool that passes the check fails allocating, without taking 10 GiB
     for page_size in (1, 16, 3):
         with pytest.raises(MemoryError):
-            LogicalHostPool(K.MAX_PAGES * page_size, page_size)
-        size = (K.MAX_PAGES + 1) * page_size
+            LogicalHostPool(L.MAX_PAGES * page_size, page_size)
+        size = (L.MAX_PAGES + 1) * page_size
         with pytest.raises(HostPoolError) as info:
             LogicalHostPool(size, page_size)
         assert type(info.value) is HostPoolError
         assert str(info.value) == (
-            f"LogicalHostPool(size={size}, page_size={page_size}) is too large: it has {K.MAX_PAGES + 1} pages, "
-            f"at most {K.MAX_PAGES} (2**31 - 1) are supported; use a larger page_size"
+            f"LogicalHostPool(size={size}, page_size={page_size}) is too large: it has {L.MAX_PAGES + 1} pages, "
+            f"at most {L.MAX_PAGES} (2**31 - 1) are supported; use a larger page_size"
         )
-    assert K.MAX_PAGES == 2**31 - 1
+    assert L.MAX_PAGES == 2**31 - 1
 
 
 def test_too_large_is_decided_at_the_addressable_limit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -460,10 +460,10 @@ def test_too_large_is_decided_at_the_addressable_limit(monkeypatch: pytest.Monke
     lowered to 2**31 - 1 (a 32-bit ``sys.maxsize``) to reach it.
     """
     monkeypatch.setattr(_pool, "sys", type("Sys32", (), {"maxsize": 2**31 - 1}))
-    lo, hi = 1, K.MAX_PAGES  # state_length(pages) * 8 <= maxsize exactly for pages <= lo
+    lo, hi = 1, L.MAX_PAGES  # state_length(pages) * 8 <= maxsize exactly for pages <= lo
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if K.state_length(mid) * 8 <= 2**31 - 1 else (lo, mid)
+        lo, hi = (mid, hi) if L.state_length(mid) * 8 <= 2**31 - 1 else (lo, mid)
     _no_memory(monkeypatch)
     with pytest.raises(MemoryError):
         LogicalHostPool(lo, 1)
@@ -471,7 +471,7 @@ def test_too_large_is_decided_at_the_addressable_limit(monkeypatch: pytest.Monke
         LogicalHostPool(hi, 1)
     assert str(info.value) == (
         f"LogicalHostPool(size={hi}, page_size=1) is too large: its {hi} pages need "
-        f"{K.state_length(hi) * 8} bytes of metadata (5 per page), more than this platform can address"
+        f"{L.state_length(hi) * 8} bytes of metadata (5 per page), more than this platform can address"
     )
 
 

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from bench.baselines import NumpyHostPool
 
 from bench import report
-from bench.baselines import NumpyHostPool
 from bench.cli import TABLE_WIDTH
 from bench.impls import (
     HOSTPOOL,
@@ -39,7 +39,6 @@ from bench.impls import (
     merges_of,
 )
 from bench.memory import measure_memory
-from bench.paged_baselines import PagedTokenToKVPoolAllocator as PagedOracle
 from bench.paged_workloads import (
     PAGED_WORKLOAD,
     PagedDivergence,
@@ -112,8 +111,9 @@ from bench.workloads import (
     shuffle_free_list,
 )
 from hostpool_nb import AlignmentError, DoubleFreeError, LogicalHostPool
-from hostpool_nb import _kernels as K
+from hostpool_nb import _layout as L
 from hostpool_nb import trace as hp_trace
+from hostpool_nb.originals.paged import PagedTokenToKVPoolAllocator as PagedOracle
 from hostpool_nb.paged import PagedTokenToKVPoolAllocator as PagedHostPool
 from tests.conftest import JIT_DISABLED
 
@@ -706,7 +706,7 @@ def test_tracking_rows_have_a_target_and_real_metadata() -> None:
     # The state rows are the pools' arrays, per page, as the layout says.
     pages = pool // ps
     untracked_b, tracked_b = (r["values"][HOSTPOOL] for r in rows[3:5])
-    assert untracked_b == K.state_length(pages) * 8 / pages == LogicalHostPool(pool, ps)._st.nbytes / pages
+    assert untracked_b == L.state_length(pages) * 8 / pages == LogicalHostPool(pool, ps)._st.nbytes / pages
     assert tracked_b - untracked_b == 16.0
     assert rows[5]["unit"] == "B/tag"
     assert rows[5]["values"][HOSTPOOL] > 50  # a Site, its key and the tag, at least
@@ -1583,7 +1583,7 @@ def test_the_host_tier_times_every_cell_on_both_sides() -> None:
 
 def test_the_host_tier_refuses_implementations_that_disagree(monkeypatch: pytest.MonkeyPatch) -> None:
     from bench import host
-    from bench.host_baselines import LRUHostKVPool
+    from hostpool_nb.originals.host_tier import LRUHostKVPool
 
     class Reversed(LRUHostKVPool):
         def alloc(self, need_pages: int) -> Any:

@@ -530,12 +530,12 @@ print(json.dumps({
 
 @needs_jit
 def test_a_changed_constant_recompiles_the_kernels_that_read_it(tmp_path: Path) -> None:
-    """numba keys a kernel's cache to its own file, but _paged_kernels.py compiles in _kernels.py's constants.
+    """numba keys a kernel's cache to its own file, but _paged_kernels.py compiles in _layout.py's constants.
 
-    With only numba's own stamp, changing OWNER_ALLOCATED in _kernels.py
+    With only numba's own stamp, changing OWNER_ALLOCATED in the layout
     left most of _paged_kernels.py's kernels loading their cached code,
     which still flagged the padding page with the old value: the allocator
-    failed its invariants. Every kernel's index is now stamped with every
+    failed its invariants. Every kernel's index is stamped with every
     kernel module of the package.
     """
     site = tmp_path / "site"
@@ -544,7 +544,7 @@ def test_a_changed_constant_recompiles_the_kernels_that_read_it(tmp_path: Path) 
     first = _run([sys.executable, "-c", PAGED_CHILD], env, tmp_path)
     assert (first["first_free"], first["broken"]) == ([3, 4, 5], None)  # pages 1, 2 were just allocated
     assert first["compiled"]
-    kernels_py = site / "hostpool_nb" / "_kernels.py"
+    kernels_py = site / "hostpool_nb" / "_layout.py"
     text = kernels_py.read_text()
     assert "OWNER_ALLOCATED = 1\n" in text
     kernels_py.write_text(text.replace("OWNER_ALLOCATED = 1\n", "OWNER_ALLOCATED = 5\n"))

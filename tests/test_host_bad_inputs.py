@@ -27,7 +27,7 @@ from hostpool_nb import (
     SlotRangeError,
     StaleFreeError,
 )
-from hostpool_nb import _host_kernels as H
+from hostpool_nb import _layout as L
 from tests.host_model import state_of, words_of
 
 N = 8
@@ -303,7 +303,7 @@ def _tampered(pool: HostPagePool, change: Any) -> HostPageState:
 
 
 def _offset(which: int) -> int:
-    return H._offsets(N)[which]
+    return L.host_offsets(N)[which]
 
 
 _FAILS = "the state fails the pool's invariants: "
@@ -320,11 +320,11 @@ RESTORE_CASES = [
     pytest.param(
         lambda p: HostPageState(N, np.zeros(3, dtype=np.int64)),
         HostPoolError,
-        _FAILS + f"state must be a 1-D int64 array of length {H.state_length(N)}, got int64 (3,)",
+        _FAILS + f"state must be a 1-D int64 array of length {L.host_state_length(N)}, got int64 (3,)",
         id="short",
     ),
     pytest.param(
-        lambda p: _tampered(p, lambda w: w.__setitem__(H.H_ALLOC_CALLS, 2**63 - 1)),
+        lambda p: _tampered(p, lambda w: w.__setitem__(L.HP_ALLOC_CALLS, 2**63 - 1)),
         HostPoolError,
         _FAILS + "counters out of range: {'alloc_calls': 9223372036854775807, 'exhausted_calls': 0, "
         "'free_calls': 1, 'peak_allocated_pages': 5, 'clears': 0}",
@@ -361,13 +361,13 @@ RESTORE_CASES = [
         id="marked",
     ),
     pytest.param(
-        lambda p: _tampered(p, lambda w: w.__setitem__(H.HEADER - 1, 3)),
+        lambda p: _tampered(p, lambda w: w.__setitem__(L.HP_HEADER - 1, 3)),
         HostPoolError,
-        _FAILS + f"spare header word {H.HEADER - 1} is not zero",
+        _FAILS + f"spare header word {L.HP_HEADER - 1} is not zero",
         id="spare-word",
     ),
     pytest.param(
-        lambda p: _tampered(p, lambda w: w.__setitem__(H.H_NFREE, N + 1)),
+        lambda p: _tampered(p, lambda w: w.__setitem__(L.HP_NFREE, N + 1)),
         HostPoolError,
         _FAILS + f"header out of range: pages={N} head=5 nfree={N + 1}, pool has {N} pages",
         id="nfree",
@@ -384,8 +384,13 @@ def test_bad_restore_state(pool: HostPagePool, make_state: Any, error: type, mes
 @pytest.mark.parametrize(
     ("saved", "message"),
     [
-        pytest.param(None, "the pickled HostPagePool is not in format 1", id="none"),
-        pytest.param({"format": 2, "pool_size": N}, "the pickled HostPagePool is not in format 1", id="format"),
+        pytest.param(None, "the pickled HostPagePool holds a NoneType, not a pool's state", id="none"),
+        pytest.param(
+            {"format": 2, "pool_size": N},
+            "this HostPagePool was pickled in state format 2; this hostpool_nb reads format 1 "
+            "(pickle it again with the same hostpool_nb version that loads it)",
+            id="format",
+        ),
         pytest.param(
             {"format": 1, "pool_size": 0, "state": None}, "the pickled HostPagePool has pool_size=0", id="size"
         ),

@@ -25,6 +25,9 @@ import pytest
 
 from hostpool_nb import DoubleFreeError, HostPoolError, LogicalHostPool, PoolState
 from hostpool_nb import _kernels as K
+from hostpool_nb import _layout as L
+from hostpool_nb import _recording as REC
+from hostpool_nb import replay as R
 from hostpool_nb import trace as T
 from hostpool_nb._tracking import Site
 from hostpool_nb.paged import PagedState, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
@@ -184,19 +187,19 @@ def test_a_tag_whose_repr_breaks_later_never_reaches_an_error_path(tmp_path: Pat
             pool.free(held)
     assert "with tag later (allocation #1)" in str(info.value)
     assert "later" in pool.leak_report().splitlines()[-1]
-    assert T.main([str(path)]) == 0
+    assert R.main([str(path)]) == 0
     assert "all 4 operations match" in capsys.readouterr().out
 
 
 # -- 4, 5, 6. snapshots and pickles that load and then fail ----------------------------
 
 _COUNTERS = [
-    (K.H_ALLOC_CALLS, "alloc_calls"),
-    (K.H_MERGES, "merges"),
-    (K.H_FREE_CALLS, "free_calls"),
-    (K.H_CLEARS, "clears"),
-    (K.H_GROUP_DEPTH, "group depth"),
-    (K.H_PEAK, "peak_allocated_pages"),
+    (L.H_ALLOC_CALLS, "alloc_calls"),
+    (L.H_MERGES, "merges"),
+    (L.H_FREE_CALLS, "free_calls"),
+    (L.H_CLEARS, "clears"),
+    (L.H_GROUP_DEPTH, "group depth"),
+    (L.H_PEAK, "peak_allocated_pages"),
 ]
 _FULL = "counters beyond 4611686018427387904 (2**62), which later calls would overflow: "
 
@@ -210,12 +213,12 @@ def _state_with(pool: LogicalHostPool, word: int, value: int) -> PoolState:
 
 @pytest.mark.parametrize(
     ("word", "name", "track"),
-    [*((w, name, track) for w, name in _COUNTERS for track in (False, True)), (K.H_SEQ, "allocation number", True)],
+    [*((w, name, track) for w, name in _COUNTERS for track in (False, True)), (L.H_SEQ, "allocation number", True)],
 )
 def test_a_counter_that_would_wrap_is_refused(word: int, name: str, track: bool, snapshot: Any, unchanged: Any) -> None:
     pool = LogicalHostPool(4 * PS, PS, track=track)
     assert pool.alloc(PS) is not None
-    if word == K.H_GROUP_DEPTH:
+    if word == L.H_GROUP_DEPTH:
         pool.free_group_begin()
     before = snapshot(pool)
     for value in (2**63 - 1, 2**62 + 1):
@@ -238,7 +241,7 @@ def test_a_counter_that_would_wrap_is_refused(word: int, name: str, track: bool,
 
 def test_check_invariants_checks_the_counters_too() -> None:
     pool = LogicalHostPool(4 * PS, PS)
-    pool._st[K.H_MERGES] = 2**63 - 1
+    pool._st[L.H_MERGES] = 2**63 - 1
     with pytest.raises(RuntimeError) as info:
         pool.check_invariants()
     assert str(info.value) == f"LogicalHostPool state is corrupted: {_FULL}merges={2**63 - 1}"
@@ -247,8 +250,8 @@ def test_check_invariants_checks_the_counters_too() -> None:
 def test_a_spare_header_word_is_refused() -> None:
     pool = LogicalHostPool(4 * PS, PS)
     with pytest.raises(HostPoolError) as info:
-        pool.restore_state(_state_with(pool, K.HEADER - 1, 1))
-    assert str(info.value) == f"the state fails the pool's invariants: spare header word {K.HEADER - 1} is not zero"
+        pool.restore_state(_state_with(pool, L.HEADER - 1, 1))
+    assert str(info.value) == f"the state fails the pool's invariants: spare header word {L.HEADER - 1} is not zero"
 
 
 def _tracked_pool() -> tuple[LogicalHostPool, np.ndarray]:
@@ -264,7 +267,7 @@ def test_a_pickle_whose_site_ids_point_past_its_table_is_refused(half: int, what
     pool, _ = _tracked_pool()
     saved = pool.__getstate__()
     words = saved["state"].copy()
-    t, n = int(words[K.H_TRACK]), 4
+    t, n = int(words[L.H_TRACK]), 4
     table = len(saved["sites"])
     word = int(words[t + n + 1])
     words[t + n + 1] = (word & ~(0xFFFFFFFF << half)) | (5000 << half)
@@ -364,14 +367,13 @@ def test_paged_restore_of_another_rank_count_changes_no_rank() -> None:
 
 
 def test_a_paged_pending_page_0_fails_check_invariants() -> None:
-    from hostpool_nb import _paged_kernels as P
 
     a = PagedTokenToKVPoolAllocator(64, 4, None)
     a.free_group_begin()
     assert a.free(a.alloc(4)) == 1
     a.check_invariants()
     gp = a._gp[0]
-    gp[P.GP_HEADER] = 0
+    gp[L.GP_HEADER] = 0
     with pytest.raises(RuntimeError) as info:
         a.check_invariants()
     assert str(info.value) == "PagedTokenToKVPoolAllocator rank 0 is corrupted: a pending page id is out of range"
@@ -403,7 +405,7 @@ def test_recording_to_a_directory_fails_before_the_block(kind: str, tmp_path: Pa
     assert ran == []
     assert str(info.value) == f"cannot record to {str(path)!r}: it is a directory, not a file name"
     assert list(tmp_path.iterdir()) == []  # no temporary file left behind
-    assert not set(T._RECORDED) & set(vars(pool))
+    assert not set(REC._RECORDED) & set(vars(pool))
 
 
 def test_a_trace_that_cannot_be_written_keeps_the_blocks_own_error(tmp_path: Path) -> None:
@@ -425,7 +427,7 @@ def test_a_trace_that_cannot_be_written_keeps_the_blocks_own_error(tmp_path: Pat
     if sys.version_info >= (3, 11):
         (note,) = info.value.__notes__
         assert note.startswith(f"hostpool_nb: the trace {folder / 't.npz'} could not be written: ")
-    assert not set(T._RECORDED) & set(vars(pool))
+    assert not set(REC._RECORDED) & set(vars(pool))
 
 
 # -- 9, 10. loading what is not a trace ----------------------------------------------------
@@ -489,7 +491,7 @@ def test_loading_what_is_not_a_trace_is_one_trace_error(case: str, tmp_path: Pat
         T.load(path)
     assert str(info.value) == message
     assert "allow_pickle" not in message
-    assert T.main([str(path)]) == 2
+    assert R.main([str(path)]) == 2
     out, err = capsys.readouterr()
     assert (out, err) == ("", f"python -m hostpool_nb.replay: error: {message}\n")
 
@@ -523,13 +525,13 @@ def test_a_restore_of_a_snapshot_the_trace_never_took_is_damage(tmp_path: Path) 
 
 
 def test_two_threads_cannot_both_start_recording_one_pool(tmp_path: Path, monkeypatch: Any) -> None:
-    slow_init = T.Recorder.__init__
+    slow_init = REC.Recorder.__init__
 
     def dawdle(self: Any, pool: Any) -> None:
         time.sleep(0.002)  # widens any gap between the nesting check and the install
         slow_init(self, pool)
 
-    monkeypatch.setattr(T.Recorder, "__init__", dawdle)
+    monkeypatch.setattr(REC.Recorder, "__init__", dawdle)
     for attempt in range(20):
         pool = LogicalHostPool(64, 16)
         barrier = threading.Barrier(2)
@@ -563,7 +565,7 @@ def test_two_threads_cannot_both_start_recording_one_pool(tmp_path: Path, monkey
             t.join(20)
         assert len(started) == 1, f"attempt {attempt}: {started} both recorded"
         assert len(refused) == 1
-        assert not set(T._RECORDED) & set(vars(pool))
+        assert not set(REC._RECORDED) & set(vars(pool))
 
 
 # -- 12. replay of a tracking pool's never-allocated double free ----------------------------------
@@ -575,7 +577,7 @@ def test_replay_of_a_never_allocated_double_free_on_a_tracking_pool_matches(tmp_
     with pool.recording(path), pytest.raises(DoubleFreeError) as info:
         pool.free(page(3))
     assert str(info.value).endswith("; it was never allocated by this pool")
-    assert T.main([str(path)]) == 0
+    assert R.main([str(path)]) == 0
     assert "all 1 operations match" in capsys.readouterr().out
 
 
@@ -592,7 +594,7 @@ def test_replay_reports_a_changed_merge_result(tmp_path: Path, capsys: Any) -> N
     arrays["ops"]["result"][2] = PS
     bad = tmp_path / "bad.npz"
     np.savez(bad, **arrays)
-    assert T.main([str(bad)]) == 1
+    assert R.main([str(bad)]) == 1
     assert f"DIVERGES at operation 2 (merge): expected {PS}, got {2 * PS}" in capsys.readouterr().out
 
 
@@ -604,7 +606,7 @@ def test_an_alloc_beyond_int64_inside_a_recording_is_unreadable(tmp_path: Path, 
         assert pool.alloc(PS) is not None
     ops = T.load(path).operations
     assert [(op.name, op.unreadable, op.result) for op in ops] == [("alloc", True, -1), ("alloc", False, PS)]
-    assert T.main([str(path)]) == 0
+    assert R.main([str(path)]) == 0
     assert "1 not replayable" in capsys.readouterr().out
 
 
@@ -754,12 +756,12 @@ def test_a_fork_while_another_thread_uses_the_pool_gives_the_child_a_usable_pool
 
 
 def test_a_sorted_free_list_of_two_pages_in_descending_order_fails_check_invariants() -> None:
-    from hostpool_nb._invariants import ring_ids
+    from hostpool_nb._layout import ring_ids
 
     pool = LogicalHostPool(2 * PS, PS, merge="sorted")
     pool.check_invariants()
     ring = ring_ids(pool._st, 2)
-    head = int(pool._st[K.H_HEAD])
+    head = int(pool._st[L.H_HEAD])
     ring[head], ring[(head + 1) % 2] = 1, 0
     with pytest.raises(RuntimeError) as info:
         pool.check_invariants()
@@ -771,13 +773,13 @@ _RING_END = textwrap.dedent(
     import json, sys
     import numpy as np
     from hostpool_nb import LogicalHostPool
-    from hostpool_nb import _kernels as K
+    from hostpool_nb import _layout as L
     args = json.loads(sys.argv[1])
     ps, n, h = args["page_size"], args["pages"], args["head"]
     pool = LogicalHostPool(n * ps, ps)
     pool.free(pool.alloc(h * ps))           # the window starts at ring position h
     held = pool.alloc(n * ps)               # every page: pages h..n-1, then 0..h-1
-    assert int(pool._st[K.H_HEAD]) == h
+    assert int(pool._st[L.H_HEAD]) == h
     pages = held.reshape(n, ps)
     # One call that stages pages h..n-1 from ring position h up to the ring's very end
     # (as one run, or page by page when they are too few for one), then more pages

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from hostpool_nb import LogicalHostPool
-from hostpool_nb import _kernels as K
-from hostpool_nb._invariants import ring_ids
+from hostpool_nb import _layout as L
+from hostpool_nb._layout import ring_ids
 
 PAGE_SIZES = [1, 3, 16]
 PAGES = 8
@@ -34,24 +34,24 @@ def wrapped_pool(page_size: int) -> LogicalHostPool:
     pool.free(first[:page_size])  # then page 0
     pool.check_invariants()
     st = pool._st
-    assert (int(st[K.H_HEAD]), int(st[K.H_NFREE]), int(st[K.H_NREL])) == (6, 2, 2)
+    assert (int(st[L.H_HEAD]), int(st[L.H_NFREE]), int(st[L.H_NREL])) == (6, 2, 2)
     return pool
 
 
 def ring(pool: LogicalHostPool) -> np.ndarray:
-    n = int(pool._st[K.H_NPAGES])
+    n = int(pool._st[L.H_NPAGES])
     return ring_ids(pool._st, n)
 
 
 def live(pool: LogicalHostPool) -> list[int]:
     """Ring positions of the live window, in order."""
     st = pool._st
-    n = int(st[K.H_NPAGES])
-    return [(int(st[K.H_HEAD]) + i) % n for i in range(int(st[K.H_NFREE] + st[K.H_NREL]))]
+    n = int(st[L.H_NPAGES])
+    return [(int(st[L.H_HEAD]) + i) % n for i in range(int(st[L.H_NFREE] + st[L.H_NREL]))]
 
 
 def held_page(pool: LogicalHostPool) -> int:
-    return int(np.flatnonzero(pool._owner == K.OWNER_ALLOCATED)[0])
+    return int(np.flatnonzero(pool._owner == L.OWNER_ALLOCATED)[0])
 
 
 def broken_then_fixed(pool: LogicalHostPool, array: np.ndarray, index: int, value: int, reason: str) -> None:
@@ -81,7 +81,7 @@ def test_reachable_states_pass(page_size: int) -> None:
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize(
     ("word", "delta"),
-    [(K.H_NPAGES, 1), (K.H_NPAGES, -1), (K.H_PAGE_SIZE, 1), (K.H_PAGE_SHIFT, 1), (K.H_PAGE_SHIFT, -2)],
+    [(L.H_NPAGES, 1), (L.H_NPAGES, -1), (L.H_PAGE_SIZE, 1), (L.H_PAGE_SHIFT, 1), (L.H_PAGE_SHIFT, -2)],
     ids=["pages+1", "pages-1", "page_size+1", "shift+1", "shift-2"],
 )
 def test_header_mismatch(page_size: int, word: int, delta: int) -> None:
@@ -106,12 +106,12 @@ def test_state_array_of_the_wrong_length(page_size: int) -> None:
 @pytest.mark.parametrize(
     ("word", "value"),
     [
-        (K.H_NFREE, -1),
-        (K.H_NREL, -1),
-        (K.H_NFREE, PAGES - 1),  # free + released > pages
-        (K.H_NREL, PAGES - 1),
-        (K.H_HEAD, PAGES),  # head past the ring
-        (K.H_HEAD, -1),
+        (L.H_NFREE, -1),
+        (L.H_NREL, -1),
+        (L.H_NFREE, PAGES - 1),  # free + released > pages
+        (L.H_NREL, PAGES - 1),
+        (L.H_HEAD, PAGES),  # head past the ring
+        (L.H_HEAD, -1),
     ],
     ids=["nfree<0", "nrel<0", "nfree-too-many", "nrel-too-many", "head=pages", "head<0"],
 )
@@ -141,14 +141,14 @@ def test_page_listed_twice(page_size: int) -> None:
 def test_listed_page_flagged_allocated(page_size: int, which: int) -> None:
     pool = wrapped_pool(page_size)
     page = int(ring(pool)[live(pool)[which]])
-    broken_then_fixed(pool, pool._owner, page, K.OWNER_ALLOCATED, f"page {page} has owner flag 1 but is listed 1 times")
+    broken_then_fixed(pool, pool._owner, page, L.OWNER_ALLOCATED, f"page {page} has owner flag 1 but is listed 1 times")
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_unlisted_page_flagged_free(page_size: int) -> None:
     pool = wrapped_pool(page_size)
     page = held_page(pool)
-    broken_then_fixed(pool, pool._owner, page, K.OWNER_FREE, f"page {page} has owner flag 0 but is listed 0 times")
+    broken_then_fixed(pool, pool._owner, page, L.OWNER_FREE, f"page {page} has owner flag 0 but is listed 0 times")
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
@@ -164,8 +164,8 @@ def test_a_held_page_put_on_the_ring_is_flagged(page_size: int) -> None:
 def test_every_problem_is_reported_together() -> None:
     """Two independent faults: the message lists both, so a report shows the whole damage."""
     pool = wrapped_pool(16)
-    pool._owner[held_page(pool)] = K.OWNER_FREE
-    pool._st[K.H_PAGE_SIZE] += 1
+    pool._owner[held_page(pool)] = L.OWNER_FREE
+    pool._st[L.H_PAGE_SIZE] += 1
     with pytest.raises(RuntimeError) as info:
         pool.check_invariants()
     text = str(info.value)
@@ -207,20 +207,20 @@ def test_owner_flag_that_is_neither_value(page_size: int, where: str) -> None:
 # A status code the kernel never returns for that call is the pool's own
 # fault: each error mapper must turn it into a RuntimeError naming the code,
 # never into one of the caller-facing errors of its neighbours.
-_FREE_CODES = {K.E_LENGTH, K.E_RANGE, K.E_MISALIGNED, K.E_PARTIAL, K.E_NOT_ALLOCATED, K.E_DUPLICATE}
+_FREE_CODES = {L.E_LENGTH, L.E_RANGE, L.E_MISALIGNED, L.E_PARTIAL, L.E_NOT_ALLOCATED, L.E_DUPLICATE}
 
 
 @pytest.mark.parametrize("code", sorted(set(range(1, 16)) - _FREE_CODES))
 def test_free_error_of_an_unexpected_code_is_a_runtime_error(code: int) -> None:
     pool = LogicalHostPool(64, 16)
-    err = pool._free_error(K._fail(code, 0), np.arange(16, dtype=np.int64))
+    err = pool._free_error(L.fail(code, 0), np.arange(16, dtype=np.int64))
     assert type(err) is RuntimeError
     assert f"code {code}" in str(err)
 
 
-@pytest.mark.parametrize("code", [c for c in range(1, 16) if c != K.E_MISALIGNED])
+@pytest.mark.parametrize("code", [c for c in range(1, 16) if c != L.E_MISALIGNED])
 def test_alloc_error_of_an_unexpected_code_is_a_runtime_error(code: int) -> None:
     pool = LogicalHostPool(64, 16)
-    err = pool._alloc_error(K._fail(code, 0), 16)
+    err = pool._alloc_error(L.fail(code, 0), 16)
     assert type(err) is RuntimeError
     assert f"code {code}" in str(err)

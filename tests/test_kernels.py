@@ -9,7 +9,8 @@ import pytest
 
 from hostpool_nb import DoubleFreeError, LogicalHostPool, _pool
 from hostpool_nb import _kernels as K
-from hostpool_nb._invariants import ring_ids
+from hostpool_nb import _layout as L
+from hostpool_nb._layout import ring_ids
 from tests.conftest import JIT_DISABLED
 
 # The pool's names for the kernels it calls on its plain hot paths.
@@ -62,9 +63,9 @@ def test_dispatcher_fallback_gives_the_same_results(page_size: int, monkeypatch:
 @pytest.mark.parametrize("code", range(1, 8))
 @pytest.mark.parametrize("position", [0, 1, 15, 16, 2**40])
 def test_status_codes_round_trip(code: int, position: int) -> None:
-    status = K._fail(code, position)
+    status = L.fail(code, position)
     assert status < 0
-    assert K.decode_status(status) == (code, position)
+    assert L.decode_status(status) == (code, position)
 
 
 @pytest.mark.parametrize("ps", [1, 3, 16])
@@ -73,15 +74,15 @@ def test_merge_happens_only_when_an_allocation_needs_it(ps: int) -> None:
     a = pool.alloc(2 * ps)
     assert a is not None
     pool.free(a)  # released, not merged: the free list still holds 2 pages
-    assert int(pool._st[K.H_MERGES]) == 0
-    assert int(pool._st[K.H_NREL]) == 2
+    assert int(pool._st[L.H_MERGES]) == 0
+    assert int(pool._st[L.H_NREL]) == 2
     # Exactly the free list: served without a merge (a ">=" would merge here).
     assert pool.alloc(2 * ps).tolist() == list(range(2 * ps, 4 * ps))
-    assert (int(pool._st[K.H_MERGES]), int(pool._st[K.H_NFREE]), int(pool._st[K.H_NREL])) == (0, 0, 2)
+    assert (int(pool._st[L.H_MERGES]), int(pool._st[L.H_NFREE]), int(pool._st[L.H_NREL])) == (0, 0, 2)
     assert pool.alloc(ps).tolist() == a[:ps].tolist()  # needs the released pages
-    assert (int(pool._st[K.H_MERGES]), int(pool._st[K.H_NFREE]), int(pool._st[K.H_NREL])) == (1, 1, 0)
+    assert (int(pool._st[L.H_MERGES]), int(pool._st[L.H_NFREE]), int(pool._st[L.H_NREL])) == (1, 1, 0)
     assert pool.alloc(ps).tolist() == a[ps:].tolist()  # the rest of the merged list, no second merge
-    assert int(pool._st[K.H_MERGES]) == 1
+    assert int(pool._st[L.H_MERGES]) == 1
     pool.check_invariants()
 
 
@@ -89,13 +90,13 @@ def test_state_length_and_page_shift() -> None:
     for n in range(20):
         # The header words, four ring bytes per page, one owner byte per
         # page, each part rounded up to whole words.
-        assert K.state_length(n) * 8 >= K.HEADER * 8 + 5 * n
-        assert K.state_length(n) * 8 < K.HEADER * 8 + 5 * n + 16
-    assert [K.page_shift(ps) for ps in (1, 2, 3, 16, 48, 64)] == [0, 1, -1, 4, -1, 6]
+        assert L.state_length(n) * 8 >= L.HEADER * 8 + 5 * n
+        assert L.state_length(n) * 8 < L.HEADER * 8 + 5 * n + 16
+    assert [L.page_shift(ps) for ps in (1, 2, 3, 16, 48, 64)] == [0, 1, -1, 4, -1, 6]
     # Every size up to 1024: the power-of-two test must not pass 5 (101b)
     # or 9, whose bits do not touch their doubles.
     for ps in range(1, 1025):
-        assert K.page_shift(ps) == (ps.bit_length() - 1 if ps in {1 << e for e in range(11)} else -1), ps
+        assert L.page_shift(ps) == (ps.bit_length() - 1 if ps in {1 << e for e in range(11)} else -1), ps
 
 
 # -- kernel contracts: return values, distinct codes, roll-back across the ring's end --
@@ -115,11 +116,11 @@ def test_length_checks_happen_in_the_kernels_before_anything(ps: int, snapshot: 
     held = pool.alloc(2 * ps)
     assert held is not None
     before = snapshot(pool)
-    calls = int(pool._st[K.H_ALLOC_CALLS])
-    assert K.decode_status(K.alloc_pages(pool._st, np.empty(ps + 1, dtype=np.int64))) == (K.E_MISALIGNED, 0)
-    assert K.decode_status(K.free_pages(pool._st, held[:-1].copy())) == (K.E_LENGTH, 0)
+    calls = int(pool._st[L.H_ALLOC_CALLS])
+    assert L.decode_status(K.alloc_pages(pool._st, np.empty(ps + 1, dtype=np.int64))) == (L.E_MISALIGNED, 0)
+    assert L.decode_status(K.free_pages(pool._st, held[:-1].copy())) == (L.E_LENGTH, 0)
     unchanged(pool, before)
-    assert int(pool._st[K.H_ALLOC_CALLS]) == calls
+    assert int(pool._st[L.H_ALLOC_CALLS]) == calls
 
 
 @pytest.mark.parametrize("ps", [1, 3, 16])
@@ -151,7 +152,7 @@ def _wrapped(ps: int, track: bool = False) -> LogicalHostPool:
     assert held is not None
     pool.free(held)
     st = pool._st
-    assert (int(st[K.H_HEAD]), int(st[K.H_NFREE]), int(st[K.H_NREL])) == (BIG - 3, 3, BIG - 3)
+    assert (int(st[L.H_HEAD]), int(st[L.H_NFREE]), int(st[L.H_NREL])) == (BIG - 3, 3, BIG - 3)
     return pool
 
 
@@ -197,7 +198,7 @@ def test_a_one_page_alloc_refuses_a_corrupt_head(ps: int, bad: str, track: bool,
     held = pool.alloc(2 * ps)  # pages BIG-3, BIG-2 now held; head at BIG-1
     assert held is not None
     ring = ring_ids(pool._st, BIG)
-    head = int(pool._st[K.H_HEAD])
+    head = int(pool._st[L.H_HEAD])
     value = {"held": BIG - 3, "too-big": BIG + 5, "equal-n": BIG, "negative": -1}[bad]
     old = int(ring[head])
     ring[head] = value

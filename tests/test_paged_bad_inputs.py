@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import paged_baselines as oracle_mod
 from hostpool_nb import AlignmentError, DoubleFreeError, HostPoolError, SlotRangeError
-from hostpool_nb import _kernels as K
-from hostpool_nb._invariants import owner_flags, ring_ids
+from hostpool_nb import _layout as L
+from hostpool_nb._layout import owner_flags, ring_ids
+from hostpool_nb.originals import paged as oracle_mod
 from hostpool_nb.paged import PagedState, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from tests.paged_model import assert_unchanged, capture, compare, pending_pages
 
@@ -678,21 +678,21 @@ def _owner(words: np.ndarray) -> np.ndarray:
 
 
 def _swap_free(words: np.ndarray) -> None:
-    ring, head = _ring(words), int(words[K.H_HEAD])
+    ring, head = _ring(words), int(words[L.H_HEAD])
     ring[head % 9], ring[(head + 1) % 9] = ring[(head + 1) % 9], ring[head % 9]
 
 
 def _repeat_free(words: np.ndarray) -> None:
-    ring, head = _ring(words), int(words[K.H_HEAD])
+    ring, head = _ring(words), int(words[L.H_HEAD])
     ring[(head + 1) % 9] = ring[head % 9]
 
 
 def _padding_listed(words: np.ndarray) -> None:
-    ring, head = _ring(words), int(words[K.H_HEAD])
+    ring, head = _ring(words), int(words[L.H_HEAD])
     page = int(ring[head % 9])
     ring[head % 9] = 0
-    _owner(words)[0] = K.OWNER_FREE
-    _owner(words)[page] = K.OWNER_ALLOCATED
+    _owner(words)[0] = L.OWNER_FREE
+    _owner(words)[page] = L.OWNER_ALLOCATED
 
 
 _INVARIANTS = "the state of rank 0 fails the invariants: "
@@ -749,7 +749,7 @@ RESTORE_CASES = [
         id="page-listed-twice",
     ),
     pytest.param(
-        lambda a: _tampered(a, lambda w: _owner(w).__setitem__(1, K.OWNER_FREE)),
+        lambda a: _tampered(a, lambda w: _owner(w).__setitem__(1, L.OWNER_FREE)),
         HostPoolError,
         _INVARIANTS + "page 1 has owner flag 0 but is listed 0 times",
         id="held-page-flagged-free",
@@ -761,13 +761,13 @@ RESTORE_CASES = [
         id="padding-page-listed",
     ),
     pytest.param(
-        lambda a: _tampered(a, lambda w: w.__setitem__(K.H_NFREE, 20)),
+        lambda a: _tampered(a, lambda w: w.__setitem__(L.H_NFREE, 20)),
         HostPoolError,
         _INVARIANTS + "counters out of range: head=5 nfree=20 nrel=1 npend=0 pages=9",
         id="counter",
     ),
     pytest.param(
-        lambda a: _tampered(a, lambda w: w.__setitem__(K.H_SORTED, 0)),
+        lambda a: _tampered(a, lambda w: w.__setitem__(L.H_SORTED, 0)),
         HostPoolError,
         _INVARIANTS + "merge order word is 0, expected 1",
         id="merge-order",
@@ -775,7 +775,7 @@ RESTORE_CASES = [
     pytest.param(
         lambda a: PagedState(*SHAPE, (a.backup_state()._ranks[0][:-1], a.backup_state()._ranks[1])),
         HostPoolError,
-        _INVARIANTS + f"state array has length {K.state_length(9) - 1}, expected {K.state_length(9)}",
+        _INVARIANTS + f"state array has length {L.state_length(9) - 1}, expected {L.state_length(9)}",
         id="truncated",
     ),
     pytest.param(
@@ -809,26 +809,26 @@ RESTORE_CASES = [
     ),
     # Only rank 1 tampered: every rank is checked, not just the first.
     pytest.param(
-        lambda a: _tampered(a, lambda w: _owner(w).__setitem__(1, K.OWNER_FREE), rank=1),
+        lambda a: _tampered(a, lambda w: _owner(w).__setitem__(1, L.OWNER_FREE), rank=1),
         HostPoolError,
         "the state of rank 1 fails the invariants: page 1 has owner flag 0 but is listed 0 times",
         id="rank-1-tampered",
     ),
     # Counters that the next call would wrap, on either rank; a spare header word.
-    _saturated(K.H_ALLOC_CALLS, "alloc_calls"),
-    _saturated(K.H_MERGES, "merges"),
-    _saturated(K.H_FREE_CALLS, "free_calls"),
-    _saturated(K.H_CLEARS, "clears", rank=1),
-    _saturated(K.H_PEAK, "peak_allocated_pages", rank=1),
+    _saturated(L.H_ALLOC_CALLS, "alloc_calls"),
+    _saturated(L.H_MERGES, "merges"),
+    _saturated(L.H_FREE_CALLS, "free_calls"),
+    _saturated(L.H_CLEARS, "clears", rank=1),
+    _saturated(L.H_PEAK, "peak_allocated_pages", rank=1),
     pytest.param(
-        lambda a: _tampered(a, lambda w: w.__setitem__(K.HEADER - 1, 7)),
+        lambda a: _tampered(a, lambda w: w.__setitem__(L.HEADER - 1, 7)),
         HostPoolError,
-        _INVARIANTS + f"spare header word {K.HEADER - 1} is not zero",
+        _INVARIANTS + f"spare header word {L.HEADER - 1} is not zero",
         id="spare-header-word",
     ),
     # A group depth with nothing pending: the core's groups are unused in a rank.
     pytest.param(
-        lambda a: _tampered(a, lambda w: w.__setitem__(K.H_GROUP_DEPTH, 1)),
+        lambda a: _tampered(a, lambda w: w.__setitem__(L.H_GROUP_DEPTH, 1)),
         HostPoolError,
         _INVARIANTS + "a rank's core pending list and group depth must stay empty",
         id="group-depth-1",
@@ -1092,8 +1092,8 @@ def test_alloc_stops_unchanged_at_a_corrupt_listed_page(ps: int, bad: str) -> No
     held = alloc.alloc(2 * ps)  # pages 1 and 2
     assert held is not None
     st = alloc._st[0]
-    cap = int(st[K.H_NPAGES])
-    head = int(st[K.H_HEAD])
+    cap = int(st[L.H_NPAGES])
+    head = int(st[L.H_HEAD])
     value = {"held": 1, "padding": 0, "negative": -1, "cap": cap, "beyond": cap + 5}[bad]
     ring = ring_ids(st, cap)
     victim = head + 3  # the 4th page the next allocation takes
@@ -1118,7 +1118,7 @@ def test_check_invariants_names_the_corrupted_rank(cls: str) -> None:
         else TokenToKVPoolAllocator(8, None, dp_size=2)
     )
     alloc.check_invariants()
-    ring = ring_ids(alloc._st[1], int(alloc._st[1][K.H_NPAGES]))
+    ring = ring_ids(alloc._st[1], int(alloc._st[1][L.H_NPAGES]))
     ring[0] = ring[1]  # a page listed twice on rank 1
     name = type(alloc).__name__
     with pytest.raises(RuntimeError, match=rf"^{name} rank 1 is corrupted: \S"):
@@ -1139,15 +1139,15 @@ def test_extend_one_page_beyond_the_rank_is_refused_not_corrupt() -> None:
 def test_a_paged_state_pickle_of_another_format_is_refused(version: Any) -> None:
     import pickle
 
-    from hostpool_nb import _paged_state
-
     state = PagedTokenToKVPoolAllocator(16 * 4, 16, None).backup_state()
-    _fn, (fmt, fields) = state.__reduce__()
+    load, (fmt, fields) = state.__reduce__()
     assert pickle.loads(pickle.dumps(state)).page_size == 16
     if version == fmt:
         return
-    with pytest.raises(HostPoolError, match=rf"pickled in format {version!r}; this hostpool_nb reads {fmt}"):
-        _paged_state._load(version, fields)
+    with pytest.raises(
+        HostPoolError, match=rf"pickled in state format {version!r}; this hostpool_nb reads format {fmt}"
+    ):
+        load(version, fields)
 
 
 def test_a_paged_state_repr_is_short() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.paged_baselines import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from hostpool_nb.originals.paged import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 
 
 def _paged(size: int, page_size: int, dp_size: int = 1, debug_mode: bool = False) -> PagedTokenToKVPoolAllocator:

@@ -52,7 +52,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from bench import paged_baselines as oracle_mod
+from hostpool_nb.originals import paged as oracle_mod
 from hostpool_nb.paged import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from tests.paged_model import Requests, compare, oracle_allocated, pending_pages
 

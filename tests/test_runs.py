@@ -24,6 +24,7 @@ from hypothesis import strategies as st_
 
 from hostpool_nb import DoubleFreeError, LogicalHostPool, SlotRangeError
 from hostpool_nb import _kernels as K
+from hostpool_nb import _layout as L
 from tests.conftest import take_snapshot
 
 PAGE_SIZES = [1, 3, 4, 16]
@@ -34,9 +35,9 @@ NO_RUNS = 1 << 40  # a ``long`` no input reaches: the page-by-page pass
 
 def _free_with(st: np.ndarray, slots: np.ndarray, long: int) -> int:
     """``free_pages`` taking runs of ``long`` pages or more (``NO_RUNS``: none)."""
-    ps = int(st[K.H_PAGE_SIZE])
+    ps = int(st[L.H_PAGE_SIZE])
     if slots.shape[0] % ps != 0:
-        return K._fail(K.E_LENGTH, 0)
+        return L.fail(L.E_LENGTH, 0)
     if ps == 1:
         return int(K._free_slot_pages(st, slots, long))
     return int(K._free_whole_pages(st, slots, long))
@@ -131,11 +132,11 @@ def test_free_decides_as_the_page_by_page_pass(case: tuple[LogicalHostPool, np.n
     original = pool._st.copy()
     want_st = original.copy()
     want = _free_with(want_st, slots, NO_RUNS)
-    event("freed" if want >= 0 else f"error code {K.decode_status(want)[0]}")
+    event("freed" if want >= 0 else f"error code {L.decode_status(want)[0]}")
     for how in (long, None):  # None: free_pages itself, at the pool's threshold
         st_a = original.copy()
         got = int(K.free_pages(st_a, slots)) if how is None else _free_with(st_a, slots, how)
-        assert got == want, (how, K.decode_status(got) if got < 0 else got, K.decode_status(want) if want < 0 else want)
+        assert got == want, (how, L.decode_status(got) if got < 0 else got, L.decode_status(want) if want < 0 else want)
         if want >= 0:
             assert np.array_equal(st_a, want_st)  # the same pages, staged in the same order
         else:  # unchanged but for the scratch outside the live window

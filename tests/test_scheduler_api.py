@@ -37,16 +37,16 @@ import pytest
 
 import hostpool_nb
 from hostpool_nb import AlignmentError, DoubleFreeError, HostPoolError, LogicalHostPool, PoolState, PoolStats
-from hostpool_nb import _kernels as K
-from hostpool_nb._invariants import owner_flags, ring_ids
+from hostpool_nb import _layout as L
+from hostpool_nb._layout import owner_flags, ring_ids
 from hostpool_nb._snapshot import FORMAT
 from tests.conftest import JIT_DISABLED, take_snapshot
 from tests.scheduler_ops import run_ops, summary
 from tests.test_torch_missing import run_child
 
 # State lengths of the 6-page rich pool and of a 12-page one (the layout decides them).
-_W6 = K.state_length(6)
-_W12 = K.state_length(12)
+_W6 = L.state_length(6)
+_W12 = L.state_length(12)
 
 INT64_MAX = 2**63 - 1
 PAGE_SIZES = [1, 3, 16]
@@ -489,7 +489,7 @@ def test_alloc_many_of_nothing_returns_two_empty_arrays(empty: Any, snapshot: An
     assert (offsets.dtype, offsets.tolist()) == (np.int64, [0])
     # Answered with slots (none): one more call counted, no failure, nothing else moved.
     header = before[0].copy()
-    header[K.H_ALLOC_CALLS] += 1
+    header[L.H_ALLOC_CALLS] += 1
     assert take_snapshot(pool)[0].tolist() == header.tolist()
     assert pool.available_size() == 32
 
@@ -573,7 +573,7 @@ def test_restore_state_from_another_shape(size: int, ps: int, merge: str, snapsh
 
 def _ring(w: np.ndarray, i: int) -> int:
     """Ring position of the ``i``-th listed page (free, then released, then pending) of a 6-page state."""
-    return (int(w[K.H_HEAD]) + i) % 6
+    return (int(w[L.H_HEAD]) + i) % 6
 
 
 def _flags(w: np.ndarray) -> np.ndarray:
@@ -614,46 +614,46 @@ _STATS = (
 
 TAMPERED_CASES = [
     pytest.param(
-        _set(K.H_NFREE, 6), "counters out of range: head=5 nfree=6 nrel=1 npend=1 pages=6", id="nfree-too-large"
+        _set(L.H_NFREE, 6), "counters out of range: head=5 nfree=6 nrel=1 npend=1 pages=6", id="nfree-too-large"
     ),
     pytest.param(
-        _set(K.H_NREL, -1), "counters out of range: head=5 nfree=1 nrel=-1 npend=1 pages=6", id="nrel-negative"
+        _set(L.H_NREL, -1), "counters out of range: head=5 nfree=1 nrel=-1 npend=1 pages=6", id="nrel-negative"
     ),
     pytest.param(
-        _set(K.H_HEAD, 6), "counters out of range: head=6 nfree=1 nrel=1 npend=1 pages=6", id="head-past-ring"
+        _set(L.H_HEAD, 6), "counters out of range: head=6 nfree=1 nrel=1 npend=1 pages=6", id="head-past-ring"
     ),
     pytest.param(
-        _set(K.H_HEAD, -1), "counters out of range: head=-1 nfree=1 nrel=1 npend=1 pages=6", id="head-negative"
+        _set(L.H_HEAD, -1), "counters out of range: head=-1 nfree=1 nrel=1 npend=1 pages=6", id="head-negative"
     ),
     pytest.param(
-        _set(K.H_NPAGES, 7), "header says (pages, page_size, shift) = (7, 16, 4), pool has (6, 16, 4)", id="pages"
+        _set(L.H_NPAGES, 7), "header says (pages, page_size, shift) = (7, 16, 4), pool has (6, 16, 4)", id="pages"
     ),
     pytest.param(
-        _set(K.H_PAGE_SIZE, 8), "header says (pages, page_size, shift) = (6, 8, 4), pool has (6, 16, 4)", id="page-size"
+        _set(L.H_PAGE_SIZE, 8), "header says (pages, page_size, shift) = (6, 8, 4), pool has (6, 16, 4)", id="page-size"
     ),
     pytest.param(
-        _set(K.H_PAGE_SHIFT, -1), "header says (pages, page_size, shift) = (6, 16, -1), pool has (6, 16, 4)", id="shift"
+        _set(L.H_PAGE_SHIFT, -1), "header says (pages, page_size, shift) = (6, 16, -1), pool has (6, 16, 4)", id="shift"
     ),
-    pytest.param(_set(K.H_GROUP_DEPTH, 0), "free groups out of range: depth=0 with 1 pending pages", id="no-group"),
-    pytest.param(_set(K.H_GROUP_DEPTH, -1), "free groups out of range: depth=-1 with 1 pending pages", id="depth-neg"),
-    pytest.param(_set(K.H_SORTED, 2), "merge order word is 2, expected 0 (fifo) or 1 (sorted)", id="merge-word-2"),
-    pytest.param(_set(K.H_SORTED, 1), "its merge order word is 1, but it says merge='fifo'", id="merge-word-sorted"),
+    pytest.param(_set(L.H_GROUP_DEPTH, 0), "free groups out of range: depth=0 with 1 pending pages", id="no-group"),
+    pytest.param(_set(L.H_GROUP_DEPTH, -1), "free groups out of range: depth=-1 with 1 pending pages", id="depth-neg"),
+    pytest.param(_set(L.H_SORTED, 2), "merge order word is 2, expected 0 (fifo) or 1 (sorted)", id="merge-word-2"),
+    pytest.param(_set(L.H_SORTED, 1), "its merge order word is 1, but it says merge='fifo'", id="merge-word-sorted"),
     pytest.param(
         _set_ring(1, 5), "page 5 is listed 2 times; page 2 has owner flag 0 but is listed 0 times", id="page-twice"
     ),
     pytest.param(_set_ring(1, 6), "a listed page id is out of range", id="page-id-at-n"),
     pytest.param(_set_ring(2, -1), "a listed page id is out of range", id="pending-page-id-negative"),
-    pytest.param(_set_flag(1, K.OWNER_FREE), "page 1 has owner flag 0 but is listed 0 times", id="held-flagged-free"),
+    pytest.param(_set_flag(1, L.OWNER_FREE), "page 1 has owner flag 0 but is listed 0 times", id="held-flagged-free"),
     pytest.param(
-        _set_flag(4, K.OWNER_FREE), "page 4 has owner flag 0 but is listed 1 times (as pending)", id="pending-free"
+        _set_flag(4, L.OWNER_FREE), "page 4 has owner flag 0 but is listed 1 times (as pending)", id="pending-free"
     ),
-    pytest.param(_set_flag(5, K.OWNER_ALLOCATED), "page 5 has owner flag 1 but is listed 1 times", id="free-held"),
-    pytest.param(_set_flag(2, K.OWNER_PENDING), "page 2 has owner flag 2 but is listed 1 times", id="released-pend"),
+    pytest.param(_set_flag(5, L.OWNER_ALLOCATED), "page 5 has owner flag 1 but is listed 1 times", id="free-held"),
+    pytest.param(_set_flag(2, L.OWNER_PENDING), "page 2 has owner flag 2 but is listed 1 times", id="released-pend"),
     pytest.param(_set_flag(3, 7), "page 3 has owner flag 7 but is listed 0 times", id="flag-7"),
-    pytest.param(_set(K.H_NPEND, 0), "page 4 has owner flag 2 but is listed 0 times", id="pending-dropped"),
-    pytest.param(_set(K.H_MERGES, -1), "statistics out of range: " + _STATS % (-1, 1, 0), id="merges-negative"),
-    pytest.param(_set(K.H_FAILED_ALLOCS, 2), "statistics out of range: " + _STATS % (0, 1, 2), id="failed-over-calls"),
-    pytest.param(_set(K.H_PEAK, 2), "peak of 2 pages is below the 3 held now", id="peak-below-held"),
+    pytest.param(_set(L.H_NPEND, 0), "page 4 has owner flag 2 but is listed 0 times", id="pending-dropped"),
+    pytest.param(_set(L.H_MERGES, -1), "statistics out of range: " + _STATS % (-1, 1, 0), id="merges-negative"),
+    pytest.param(_set(L.H_FAILED_ALLOCS, 2), "statistics out of range: " + _STATS % (0, 1, 2), id="failed-over-calls"),
+    pytest.param(_set(L.H_PEAK, 2), "peak of 2 pages is below the 3 held now", id="peak-below-held"),
     pytest.param(lambda w: w[:-1], f"state array has length {_W6 - 1}, expected {_W6}", id="truncated"),
     pytest.param(lambda w: np.append(w, 0), f"state array has length {_W6 + 1}, expected {_W6}", id="extended"),
 ]
@@ -780,7 +780,7 @@ def _no_group_setups() -> list[Any]:
 def test_free_group_end_without_a_group(setup: Any, snapshot: Any, unchanged: Any) -> None:
     pool = family_pool(16)
     setup(pool)
-    assert int(pool._st[K.H_GROUP_DEPTH]) == 0
+    assert int(pool._st[L.H_GROUP_DEPTH]) == 0
     before = snapshot(pool)
     for _ in range(2):
         with pytest.raises(HostPoolError) as info:
@@ -842,7 +842,7 @@ PICKLE_CASES = [
     pytest.param({"format": "1"}, [exact(_format_text("1"))], id="format-str"),
     pytest.param({"format": ...}, [exact(_format_text(None))], id="no-format"),
     pytest.param(
-        {"state": _words_with(K.H_NFREE, 6)},
+        {"state": _words_with(L.H_NFREE, 6)},
         _pickled_inv("counters out of range: head=5 nfree=6 nrel=1 npend=1 pages=6"),
         id="state-counters",
     ),
@@ -852,7 +852,7 @@ PICKLE_CASES = [
         id="state-page-twice",
     ),
     pytest.param(
-        {"state": _words_with(K.H_SORTED, 1)},
+        {"state": _words_with(L.H_SORTED, 1)},
         _pickled_inv("its merge order word is 1, but it says merge='fifo'"),
         id="state-merge-word",
     ),
@@ -877,7 +877,7 @@ PICKLE_CASES = [
         id="same-pages-other-page-size",
     ),
     pytest.param(
-        {"state": _words_with(K.H_NFREE, 1).astype(np.int32)},
+        {"state": _words_with(L.H_NFREE, 1).astype(np.int32)},
         [exact(f"{_PICKLED} holds a int32 array of shape ({_W6},), not a pool state")],
         id="state-int32",
     ),
@@ -905,7 +905,7 @@ PICKLE_CASES = [
     pytest.param({"size": ...}, [exact(f"{_PICKLED} lacks size")], id="no-size"),
     pytest.param({"state": ..., "layout": ...}, [exact(f"{_PICKLED} lacks layout, state")], id="no-state-layout"),
     pytest.param(
-        {"state": _words_with(K.H_NFREE, 1).tolist()},
+        {"state": _words_with(L.H_NFREE, 1).tolist()},
         [exact(f"{_PICKLED} holds a list, not a pool state")],
         id="state-list",
     ),
@@ -970,13 +970,13 @@ def test_pool_state_is_frozen_and_read_only() -> None:
             setattr(state, name, value)
     assert not state._words.flags.writeable
     with pytest.raises(ValueError, match="read-only"):
-        state._words[K.H_NFREE] = 6
+        state._words[L.H_NFREE] = 6
     assert not np.shares_memory(state._words, pool._st)
     # Built from a caller's array, it keeps a copy of its own.
     words = pool.backup_state()._words.copy()
     mine = PoolState(96, 16, "fifo", words)
-    words[K.H_NFREE] = 6
-    assert int(mine._words[K.H_NFREE]) == 1
+    words[L.H_NFREE] = 6
+    assert int(mine._words[L.H_NFREE]) == 1
     pool.restore_state(mine)
     pool.check_invariants()
 

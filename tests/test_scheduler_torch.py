@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 
 import hostpool_nb  # noqa: E402
 import hostpool_nb.torch as hpt  # noqa: E402
-from hostpool_nb import _kernels as K  # noqa: E402
+from hostpool_nb import _layout as L  # noqa: E402
 from hostpool_nb.torch import AlignmentError, HostPoolError, LogicalHostPool, PoolState, PoolStats  # noqa: E402
 from tests.conftest import take_snapshot  # noqa: E402
 from tests.scheduler_ops import run_ops, summary  # noqa: E402
@@ -130,8 +130,8 @@ def test_alloc_many_takes_other_tensor_layouts_and_refuses_what_does_not_fit() -
         assert pool.alloc_many(torch.tensor([2**63], dtype=torch.uint64)) is None  # beyond int64
     stats = pool.stats()
     refusals = 2 if hasattr(torch, "uint64") else 1
-    assert stats.alloc_calls - int(before[0][K.H_ALLOC_CALLS]) == refusals + 1  # and the empty batch
-    assert stats.failed_allocs - int(before[0][K.H_FAILED_ALLOCS]) == refusals
+    assert stats.alloc_calls - int(before[0][L.H_ALLOC_CALLS]) == refusals + 1  # and the empty batch
+    assert stats.failed_allocs - int(before[0][L.H_FAILED_ALLOCS]) == refusals
     assert stats.available_size == 32
     got = pool.alloc_many(strided)
     assert got is not None

@@ -41,8 +41,8 @@ from hypothesis.stateful import (
 )
 
 from hostpool_nb import LogicalHostPool, PoolState
-from hostpool_nb import _kernels as K
-from hostpool_nb._invariants import ring_ids
+from hostpool_nb import _layout as L
+from hostpool_nb._layout import ring_ids
 from tests.conftest import assert_lock_free
 from tests.reference import INT64_MAX, ReferencePool, to_slot_list
 
@@ -92,8 +92,8 @@ def pool_lists(pool: LogicalHostPool) -> tuple[list[int], list[int], list[int]]:
     makes it, not a later allocation that happens to reveal it.
     """
     s = pool._st
-    n = int(s[K.H_NPAGES])
-    head, nfree, nrel, npend = (int(s[h]) for h in (K.H_HEAD, K.H_NFREE, K.H_NREL, K.H_NPEND))
+    n = int(s[L.H_NPAGES])
+    head, nfree, nrel, npend = (int(s[h]) for h in (L.H_HEAD, L.H_NFREE, L.H_NREL, L.H_NPEND))
     ring = ring_ids(s, n)
     window = [int(ring[(head + i) % n]) for i in range(nfree + nrel + npend)]
     return window[:nfree], window[nfree : nfree + nrel], window[nfree + nrel :]
@@ -806,12 +806,12 @@ class PoolMachine(RuleBasedStateMachine):
         # Merges happen exactly when the model's do (when an allocation needs
         # more than the free list holds, or on merge()), so the lists agree,
         # in order: the free, release and pending lists, and the open groups.
-        assert int(pool._st[K.H_MERGES]) == ref.merges
+        assert int(pool._st[L.H_MERGES]) == ref.merges
         free, released, pending = pool_lists(pool)
         assert self.page_slots(free) == ref.free_slots
         assert self.page_slots(released) == ref.released_slots()
         assert self.page_slots(pending) == ref.pending_slots()
-        assert int(pool._st[K.H_GROUP_DEPTH]) == ref.group_depth
+        assert int(pool._st[L.H_GROUP_DEPTH]) == ref.group_depth
         if self.retired is not None:
             old, _, words = self.retired
             assert np.array_equal(old._st, words), "using a pickled or deep copy changed the original"

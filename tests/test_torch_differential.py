@@ -1,6 +1,6 @@
 """hostpool_nb.torch against the original algorithm on torch (SPEC section 1).
 
-``bench.baselines.TorchHostPool`` is the original pool's algorithm: a tensor
+``hostpool_nb.originals.sglang.LogicalHostPool`` on torch is the original pool's algorithm: a tensor
 of free slots, a release list of freed chunks, a merge only when an
 allocation needs it. On whole-page frees, the domain where the original is
 correct, hostpool_nb must hand out exactly the same slots in exactly the same
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from bench.baselines import TorchHostPool  # noqa: E402
+from hostpool_nb.originals.sglang import LogicalHostPool as Original  # noqa: E402
 from hostpool_nb.torch import LogicalHostPool  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -83,7 +83,7 @@ def check_alloc(got: Any, want: Any, need: int) -> None:
 def test_same_slots_in_same_order_as_the_original(page_size: int, data: st.DataObject) -> None:
     n_pages = data.draw(st.integers(1, 12), label="n_pages")
     size = n_pages * page_size
-    pool, oracle = LogicalHostPool(size, page_size), TorchHostPool(size, page_size)
+    pool, oracle = LogicalHostPool(size, page_size), Original(size, page_size, backend="torch")
     # Held pages, and the allocations still held whole: (adapter tensor,
     # oracle tensor, pages), freed as returned by the "free_alloc" step.
     held: list[int] = []
@@ -132,7 +132,7 @@ def test_same_slots_in_same_order_as_the_original(page_size: int, data: st.DataO
 def test_spec_example_release_order(page_size: int) -> None:
     """SPEC section 1: alloc all, free two chunks, alloc returns them in order."""
     size = 8 * page_size
-    for pool in (LogicalHostPool(size, page_size), TorchHostPool(size, page_size)):
+    for pool in (LogicalHostPool(size, page_size), Original(size, page_size, backend="torch")):
         everything = pool.alloc(size)
         assert torch.equal(everything, torch.arange(size))
         pool.free(everything[: 2 * page_size])
@@ -145,7 +145,7 @@ def test_released_pages_follow_the_free_list(page_size: int) -> None:
     """Freed pages queue behind the still-free ones, in release order."""
     size = 6 * page_size
     results = []
-    for pool in (LogicalHostPool(size, page_size), TorchHostPool(size, page_size)):
+    for pool in (LogicalHostPool(size, page_size), Original(size, page_size, backend="torch")):
         first = pool.alloc(3 * page_size)  # pages 0, 1, 2
         pool.free(slots_of([2, 0], page_size))
         got = [pool.alloc(2 * page_size), pool.alloc(2 * page_size), pool.alloc(page_size)]
@@ -189,7 +189,7 @@ def test_alloc_many_and_free_groups_match_the_original(page_size: int, data: st.
 
     n_pages = data.draw(st.integers(1, 10), label="n_pages")
     size = n_pages * page_size
-    pool, oracle = LogicalHostPool(size, page_size), TorchHostPool(size, page_size)
+    pool, oracle = LogicalHostPool(size, page_size), Original(size, page_size, backend="torch")
     held: list[int] = []
     depth = 0
     delayed: list[torch.Tensor] = []  # the group's frees, not yet given to the original

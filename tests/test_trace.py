@@ -25,6 +25,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hostpool_nb import DoubleFreeError, HostPoolError, LogicalHostPool
+from hostpool_nb import _recording as REC
+from hostpool_nb import replay as R
 from hostpool_nb import trace as T
 
 REPO = Path(__file__).resolve().parent.parent
@@ -81,7 +83,7 @@ def rewrite(src: Path, dst: Path, **changes: Any) -> Path:
 
 
 def run_main(path: Path, capsys: Any) -> tuple[int, str, str]:
-    code = T.main([str(path)])
+    code = R.main([str(path)])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -239,7 +241,7 @@ def test_every_kind_of_call_is_recorded(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["every.npz"]
     # Unreadable inputs (alloc(None), free of floats, two of alloc_many and of restore), and the
     # restore of a snapshot from before the recording, are skipped.
-    done, skipped, divergence = T.replay(trace)
+    done, skipped, divergence = R.replay(trace)
     assert (done, skipped, divergence) == (len(EVERY_KIND) - 6, 6, None)
 
 
@@ -302,7 +304,7 @@ def test_the_file_is_an_npz_numpy_reads_without_pickle(tmp_path: Path) -> None:
     # The message keeps the tracking pool's history; replay compares it without.
     assert str(messages[0]).startswith(f"page 0 (slots 0..15), freed at indices[0] (flattened), {NOT_ALLOCATED}; ")
     assert "; it was allocated at " in str(messages[0])
-    assert T.replay(T.load(path)) == (4, 0, None)
+    assert R.replay(T.load(path)) == (4, 0, None)
 
 
 def test_an_empty_recording(tmp_path: Path, capsys: Any) -> None:
@@ -329,7 +331,7 @@ def test_recording_into_a_missing_directory_fails_before_anything(tmp_path: Path
         ran.append(True)
     assert str(info.value) == f"cannot record to {path}: directory {path.parent} does not exist"
     assert ran == []
-    assert not set(T._RECORDED) & set(vars(pool))
+    assert not set(REC._RECORDED) & set(vars(pool))
     assert not (tmp_path / "no").exists()
     # The pool still works, and can record later.
     with pool.recording(tmp_path / "ok.npz"):
@@ -374,7 +376,7 @@ def test_the_file_is_written_when_the_block_raises(tmp_path: Path) -> None:
     trace = T.load(path)
     assert [(op.name, op.error) for op in trace.operations] == [("alloc", None), ("free", "DoubleFreeError")]
     # The pool is no longer recording: later calls are not in the file.
-    assert not set(T._RECORDED) & set(vars(pool))
+    assert not set(REC._RECORDED) & set(vars(pool))
     assert pool.alloc(16) is not None
     assert len(T.load(path)) == 2
 
@@ -416,7 +418,7 @@ def test_torch_adapter_calls_are_recorded_as_numbers(tmp_path: Path) -> None:
     assert got[3][:6] == ("free", 16, 0, None, list(range(16)), "DoubleFreeError")
     assert got[4][:3] == ("free", -1, 0)
     assert got[4][5] == "TypeError"
-    assert T.replay(trace) == (4, 1, None)
+    assert R.replay(trace) == (4, 1, None)
 
 
 # -- round trips on random workloads ----------------------------------------------
@@ -524,7 +526,7 @@ def test_record_then_replay_round_trip(
         slots = op.slots.tolist() if op.name.startswith("alloc") and op.slots is not None else None
         recorded.append((op.name, op.error, slots))
     assert recorded == log
-    assert T.replay(trace) == (len(log), 0, None)
+    assert R.replay(trace) == (len(log), 0, None)
 
 
 # -- the command line ----------------------------------------------------------
@@ -598,7 +600,7 @@ def test_replay_trace_api(tmp_path: Path) -> None:
     assert len(trace) == 5
     assert [op.name for op in trace.operations] == ["alloc", "free", "alloc", "free", "merge"]
     assert trace.operations[3].message == TWICE
-    assert T.replay(trace) == (5, 0, None)
+    assert R.replay(trace) == (5, 0, None)
 
 
 def test_replay_of_a_tracking_pool_ignores_the_sites_in_messages(tmp_path: Path, capsys: Any) -> None:
@@ -639,10 +641,10 @@ def test_divergence_a_changed_slot(tmp_path: Path, capsys: Any) -> None:
     assert data[:8].tolist() == list(range(8))
     data[1] = 5
     bad = rewrite(good, tmp_path / "bad.npz", data=data)
-    assert T.replay(T.load(bad)) == (
+    assert R.replay(T.load(bad)) == (
         0,
         0,
-        T.Divergence(0, "alloc", "8 slots [0, 5, 2, 3, 4, 5, 6, 7]", "8 slots [0, 1, 2, 3, 4, 5, 6, 7]"),
+        R.Divergence(0, "alloc", "8 slots [0, 5, 2, 3, 4, 5, 6, 7]", "8 slots [0, 1, 2, 3, 4, 5, 6, 7]"),
     )
     code, out, err = run_main(bad, capsys)
     assert (code, err) == (1, "")
@@ -963,7 +965,7 @@ def test_a_non_integer_need_size_replays(need_size: Any, tmp_path: Path) -> None
         with pytest.raises(TypeError):
             pool.alloc(need_size)
         assert pool.alloc(16) is not None
-    done, _, divergence = T.replay(T.load(path))
+    done, _, divergence = R.replay(T.load(path))
     assert divergence is None
     assert done >= 1
 
@@ -974,7 +976,7 @@ def test_a_negative_need_size_is_replayed(need_size: int, tmp_path: Path) -> Non
     path = tmp_path / "t.npz"
     with pool.recording(path), pytest.raises(HostPoolError):
         pool.alloc(need_size)
-    assert T.replay(T.load(path)) == (1, 0, None)
+    assert R.replay(T.load(path)) == (1, 0, None)
 
 
 def test_huge_uint64_sizes_replay(tmp_path: Path) -> None:
@@ -982,7 +984,7 @@ def test_huge_uint64_sizes_replay(tmp_path: Path) -> None:
     path = tmp_path / "t.npz"
     with pool.recording(path):
         assert pool.alloc_many(np.array([2**63], dtype=np.uint64)) is None
-    _done, _skipped, divergence = T.replay(T.load(path))
+    _done, _skipped, divergence = R.replay(T.load(path))
     assert divergence is None
 
 
@@ -993,7 +995,7 @@ def test_an_unhashable_tag_on_a_tracking_pool_replays(tmp_path: Path) -> None:
         with pytest.raises(TypeError):
             pool.alloc(16, tag=[1])
         assert pool.alloc(16, tag="ok") is not None
-    _done, _, divergence = T.replay(T.load(path))
+    _done, _, divergence = R.replay(T.load(path))
     assert divergence is None
 
 
@@ -1006,7 +1008,7 @@ def test_alloc_of_nothing_replays(tmp_path: Path) -> None:
         assert got.shape == (0,)
     trace = T.load(path)
     assert trace.operations[0].slots is not None
-    assert T.replay(trace) == (1, 0, None)
+    assert R.replay(trace) == (1, 0, None)
 
 
 def test_a_large_trace_loads_and_replays(tmp_path: Path) -> None:
@@ -1027,7 +1029,7 @@ def test_a_large_trace_loads_and_replays(tmp_path: Path) -> None:
         ("free", 8192, 8192),
         ("free", 4096, 4096),
     ]
-    assert T.replay(trace) == (4, 0, None)
+    assert R.replay(trace) == (4, 0, None)
 
 
 @pytest.mark.parametrize("need", [-(2**63), 2**63 - 1])

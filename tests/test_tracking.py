@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from hostpool_nb import DoubleFreeError, HostPoolError, LogicalHostPool, PoolState
-from hostpool_nb import _kernels as K
+from hostpool_nb import _layout as L
 
 PS = 16
 
@@ -169,7 +169,7 @@ def test_tag_is_accepted_and_ignored_without_tracking() -> None:
     assert a.tolist() == page(0).tolist()
     assert b[0].tolist() == page(1).tolist()
     assert pool._tracker is None
-    assert pool._st.shape[0] == K.state_length(4)
+    assert pool._st.shape[0] == L.state_length(4)
     with pytest.raises(HostPoolError) as info:
         pool.outstanding()
     assert str(info.value) == (
@@ -265,7 +265,7 @@ def test_only_allocations_that_hand_out_pages_are_numbered() -> None:
     got, ln = pool.alloc(PS), line()
     assert got is not None
     assert rows(pool) == [(at(ln, "test_only_allocations_that_hand_out_pages_are_numbered"), None, 1, PS, 1, 1)]
-    assert int(pool._st[K.H_SEQ]) == 2
+    assert int(pool._st[L.H_SEQ]) == 2
 
 
 def test_outstanding_of_an_empty_and_of_a_zero_size_pool() -> None:
@@ -555,7 +555,7 @@ def test_tracking_under_threads_loses_and_duplicates_nothing(page_size: int) -> 
 
     # Each held allocation's pages carry one number; no number is shared.
     st = pool._st
-    track = int(st[K.H_TRACK])
+    track = int(st[L.H_TRACK])
     numbers: dict[int, int] = {}
     expected: dict[str, tuple[int, int, int]] = {}
     for tid, mine in enumerate(held):
@@ -578,7 +578,7 @@ def test_tracking_under_threads_loses_and_duplicates_nothing(page_size: int) -> 
         got[key] = (pages_ + r.pages, allocs + r.allocations, min(oldest, r.oldest))
     assert got == expected
     assert sum(r.pages for r in pool.outstanding()) == pool.stats().allocated_pages
-    assert max(numbers, default=0) < int(st[K.H_SEQ])
+    assert max(numbers, default=0) < int(st[L.H_SEQ])
     # The site table holds each (site, tag) once: 2 fixed ids, 4 tags at 2 lines, the free line.
     assert site_table_len(pool) == 2 + 2 * THREADS + 1
 
@@ -641,7 +641,7 @@ def test_restore_refuses_corrupted_tracking_words(snapshot: Any, unchanged: Any)
     assert pool.alloc(PS) is not None
     state = pool.backup_state()
     words = state._words.copy()
-    words[int(words[K.H_TRACK])] = 5  # page 0's allocation number, beyond the next one (2)
+    words[int(words[L.H_TRACK])] = 5  # page 0's allocation number, beyond the next one (2)
     bad = PoolState(state.size, state.page_size, state.merge, words, state.sites)
     before = snapshot(pool)
     with pytest.raises(HostPoolError) as info:
@@ -744,8 +744,8 @@ def test_check_invariants_covers_the_tracking_words() -> None:
     assert pool.alloc(2 * PS) is not None
     pool.check_invariants()
     st = pool._st
-    track = int(st[K.H_TRACK])
-    assert track == K.track_offset(4)
+    track = int(st[L.H_TRACK])
+    assert track == L.track_offset(4)
     # A free page keeps its last allocation's number, which is below the next one too.
     st[track + 3] = 99
     with pytest.raises(RuntimeError) as info:
@@ -765,14 +765,14 @@ def test_check_invariants_covers_the_tracking_words() -> None:
         )
         st[track + page_] = saved
         pool.check_invariants()
-    st[K.H_SEQ] = 0
+    st[L.H_SEQ] = 0
     with pytest.raises(RuntimeError) as info:
         pool.check_invariants()
     assert str(info.value) == (
         "LogicalHostPool state is corrupted: allocation numbers of held pages are not below the next one, 0"
     )
-    st[K.H_SEQ] = 2
-    st[K.H_TRACK] = track + 1
+    st[L.H_SEQ] = 2
+    st[L.H_TRACK] = track + 1
     with pytest.raises(RuntimeError) as info:
         pool.check_invariants()
     assert str(info.value) == (

@@ -1,79 +1,27 @@
-"""The original device-side allocators' algorithm, in plain numpy.
+"""sglang-jax's device KV-cache allocators' algorithm, in numpy.
 
-``PagedTokenToKVPoolAllocator`` and ``TokenToKVPoolAllocator`` are sglang-jax's
-KV-cache allocators as SPEC-paged section 1 describes them, written from that
-text alone (no numba, no jax, no torch). As ``bench/baselines.py`` is for the
-host pool, this one copy serves two purposes:
+``PagedTokenToKVPoolAllocator`` and ``TokenToKVPoolAllocator`` as
+``docs/behaviour.md`` describes them: per data-parallel rank a free list
+(int32) and, for the paged one, a release list merged by sorting. The
+original's costs are kept: ``free`` de-duplicates the freed pages and
+set-subtracts them against the whole free and release lists, a merge is a
+comparison sort, the batch calls loop in Python per request. So are its
+silent failures: freeing page 0 or pages beyond the rank adds them to the
+pool, a token double free lists a slot twice, ``dp_rank`` and lengths are
+not checked, and the ``debug_mode`` checks fail as the original's
+``assert`` does (an ``AssertionError``).
 
-- the differential oracle of ``tests/``: ``hostpool_nb.paged`` must return the
-  same values, dtypes and allocation order, and leave the same free-list order,
-  released page set and ``available_size``, for every call the original handles
-  correctly;
-- the baseline ``python -m bench`` times ``hostpool_nb.paged`` against. It is
-  therefore the original's *algorithm with its costs*, not an optimised
-  rewrite: ``free`` de-duplicates the freed pages (``np.unique``) and
-  set-subtracts them against the concatenation of the whole free and release
-  lists (``np.setdiff1d``), so it is O(free list) on every call; a merge is a
-  comparison sort of the whole list; ``alloc_extend`` and ``alloc_decode`` loop
-  in Python per request and per page.
-
-It keeps the original's silent failures (no validation beyond the original's
-plain ``assert`` statements): freeing page 0 or pages beyond the rank adds
-them to the pool, a token double free puts a slot on the list twice, a
-``dp_rank`` is not range-checked, and mismatched or negative lengths give
-whatever the arithmetic gives. That is the behaviour ``hostpool_nb.paged``
-replaces with ``HostPoolError`` (SPEC-paged section 2), and what it is measured
-against; an oracle that validated would hide the difference and cost time the
-original does not spend. Tests compare against it only on correct calls.
-
-Ambiguities of SPEC-paged section 1, and the reading chosen here:
-
-1. "free list ``1..pages_per_rank``" (and token ``1..size_per_rank``) is
-   inclusive: a rank starts with ``pages_per_rank`` pages, so
-   ``available_size`` starts at ``pages_per_rank * page_size`` (the cache
-   holds one extra padding page 0). "Beyond the rank" means page
-   ``> pages_per_rank``.
-2. ``release_pages[r]`` is one int32 array per rank (empty initially); each
-   ``free`` appends its new pages (ascending within the call, as
-   ``np.setdiff1d`` returns them) to the end. int32 so that a merge keeps
-   ``free_pages[r]`` int32 whatever integer dtype was freed. Its order is not
-   part of the contract (a merge sorts); the released *set* is.
-3. ``alloc(0)`` returns an empty int64 array (paged) / empty int32 array
-   (token), not ``None``; it takes no page and never merges.
-4. ``alloc_extend`` needing no new page (e.g. ``extend_num_tokens == 0``)
-   returns an empty-or-filled int32 array, never ``None``, and does not merge.
-5. ``alloc_extend`` writes into ``np.zeros(extend_num_tokens, int32)``: if
-   ``extend_num_tokens`` is larger than the extensions' sum the tail stays 0
-   (the padding slot); if smaller, numpy raises after the pages were taken.
-   Both are outside the contract (``hostpool_nb.paged`` raises first).
-6. An empty ``free`` is a no-op even inside a free group (nothing is stored).
-7. Inside a group ``free`` stores ``np.asarray(free_index)`` (no copy) in
-   ``free_group[dp_rank]``.
-8. ``free_group_begin()`` only clears ``is_not_in_free_group``; it does not
-   drop frees still pending from an earlier ``begin`` (a nested begin keeps
-   them).
-9. ``free_group_end()`` leaves the group first, then for ranks
-   ``0..dp_size-1`` in order frees each non-empty concatenation in one
-   ``free`` call (ranks with nothing pending make no call), then empties the
-   lists. Outside a group it is a no-op.
-10. ``clear(dp_rank=r)`` resets rank ``r`` (free list, release list, its
-    pending frees) and sets ``is_not_in_free_group = True``; other ranks'
-    pending frees are kept, neither freed nor dropped (the next
-    ``free_group_end`` frees them). ``clear()`` resets every rank and so drops
-    every pending free.
-11. ``backup_state()`` returns ``(free_copies, release_copies)``, two lists of
-    per-rank array copies (paged), or a list of per-rank ``free_slots`` copies
-    (token). Free groups are not part of the state. ``restore_state`` copies
-    again, so one state can be restored several times.
-12. ``merge_and_sort_free`` is ``np.sort(np.concatenate([free, release]))``:
-    the two lists are disjoint by construction (``free`` subtracts both), so
-    the union needs no de-duplication. With an empty release list it changes
-    nothing (the free list is not re-sorted).
-13. The ``debug_mode`` assertions run before any state change. Token
-    ``free`` flattens and casts the slots to int32 before appending.
-14. No lock: SPEC-paged section 1 mentions none for the originals.
-15. ``TokenToKVPoolAllocator`` has ``page_size == 1`` and no ``debug_mode``,
-    ``alloc_extend`` or ``alloc_decode`` (section 1 lists none for it).
+Readings of the behaviour where it leaves a choice: the free lists start as
+``1..pages_per_rank`` (inclusive); ``release_pages[r]`` gets each free's new
+pages appended, ascending within the call; ``alloc(0)`` returns an empty
+array; an ``alloc_extend`` needing no new page never merges; inside a free
+group ``free`` stores ``np.asarray(free_index)`` in ``free_group[r]``;
+``free_group_begin`` only clears the flag; ``free_group_end`` leaves the
+group, then frees each rank's non-empty concatenation in one call;
+``clear(r)`` drops rank ``r``'s pending frees and leaves the group (other
+ranks' stay pending); a snapshot copies the lists, not the group; a merge
+with nothing released changes nothing; the batch calls' debug checks come
+before any change; the token ``free`` appends the slots as int32.
 """
 
 from __future__ import annotations
@@ -86,12 +34,57 @@ _I32 = np.int32
 _I64 = np.int64
 
 
+def _check(ok: Any, message: str) -> None:
+    """The original's ``assert``, kept when Python runs with -O."""
+    if not bool(np.all(ok)):
+        raise AssertionError(message)
+
+
+class _Ranked:
+    """Free groups and kvcache forwarding, as both allocators have them."""
+
+    dp_size: int
+    _kvcache: Any
+    free_group: list[list[np.ndarray]]
+    is_not_in_free_group: bool
+
+    def free(self, free_index: Any, dp_rank: int = 0) -> None:
+        raise NotImplementedError
+
+    def free_group_begin(self) -> None:
+        self.is_not_in_free_group = False
+
+    def free_group_end(self) -> None:
+        self.is_not_in_free_group = True
+        for r in range(self.dp_size):
+            pending = self.free_group[r]
+            if pending:
+                self.free(np.concatenate(pending), dp_rank=r)
+            self.free_group[r] = []
+
+    def _defer(self, index: np.ndarray, dp_rank: int) -> bool:
+        """Store ``index`` in the open group, if any; whether it was."""
+        if self.is_not_in_free_group:
+            return False
+        self.free_group[dp_rank].append(index)
+        return True
+
+    def get_kvcache(self) -> Any:
+        return self._kvcache
+
+    def get_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
+        return self._kvcache.get_cpu_copy(*args, **kwargs)
+
+    def load_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
+        return self._kvcache.load_cpu_copy(*args, **kwargs)
+
+
 def _ceil_div(a: np.ndarray, b: int) -> np.ndarray:
     return -(-a // b)
 
 
-class PagedTokenToKVPoolAllocator:
-    """SPEC-paged section 1's paged allocator: page ids from 1, a release list, sort-merge."""
+class PagedTokenToKVPoolAllocator(_Ranked):
+    """The paged allocator: page ids from 1, a release list, sort-merge."""
 
     def __init__(self, size: int, page_size: int, kvcache: Any, debug_mode: bool = False, dp_size: int = 1) -> None:
         self.size = size
@@ -151,7 +144,7 @@ class PagedTokenToKVPoolAllocator:
 
     def alloc(self, need_size: int, dp_rank: int = 0) -> np.ndarray | None:
         ps = self.page_size
-        assert need_size % ps == 0, f"need_size={need_size} is not a multiple of page_size={ps}"
+        _check(need_size % ps == 0, f"need_size={need_size} is not a multiple of page_size={ps}")
         pages = self._take_pages(need_size // ps, dp_rank)
         if pages is None:
             return None
@@ -170,7 +163,7 @@ class PagedTokenToKVPoolAllocator:
         seq = np.asarray(seq_lens, dtype=_I64)
         last = np.asarray(last_loc, dtype=_I64)
         if self.debug_mode:
-            assert np.all((last + 1) % ps == prefix % ps), "last_loc does not match prefix_lens"
+            _check((last + 1) % ps == prefix % ps, "last_loc does not match prefix_lens")
         new_per_request = _ceil_div(seq, ps) - _ceil_div(prefix, ps)
         pages = self._take_pages(int(new_per_request.sum()), dp_rank)
         if pages is None:
@@ -205,7 +198,7 @@ class PagedTokenToKVPoolAllocator:
         seq = np.asarray(seq_lens, dtype=_I64)
         last = np.asarray(last_loc, dtype=_I64)
         if self.debug_mode:
-            assert np.all((last + 2) % ps == seq % ps), "last_loc does not match seq_lens"
+            _check((last + 2) % ps == seq % ps, "last_loc does not match seq_lens")
         needs_page = _ceil_div(seq, ps) > _ceil_div(seq - 1, ps)
         pages = self._take_pages(int(needs_page.sum()), dp_rank)
         if pages is None:
@@ -226,8 +219,7 @@ class PagedTokenToKVPoolAllocator:
         index = np.asarray(free_index)
         if index.size == 0:
             return
-        if not self.is_not_in_free_group:
-            self.free_group[dp_rank].append(index)
+        if self._defer(index, dp_rank):
             return
         pages = np.unique(index // self.page_size).astype(_I64, copy=False)
         # O(free list): set-difference against every free and released page.
@@ -235,31 +227,9 @@ class PagedTokenToKVPoolAllocator:
         new = np.setdiff1d(pages, known).astype(_I32)
         self.release_pages[dp_rank] = np.concatenate([self.release_pages[dp_rank], new])
 
-    def free_group_begin(self) -> None:
-        self.is_not_in_free_group = False
 
-    def free_group_end(self) -> None:
-        self.is_not_in_free_group = True
-        for r in range(self.dp_size):
-            pending = self.free_group[r]
-            if pending:
-                self.free(np.concatenate(pending), dp_rank=r)
-            self.free_group[r] = []
-
-    # -- kvcache forwarding ----------------------------------------------------
-
-    def get_kvcache(self) -> Any:
-        return self._kvcache
-
-    def get_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
-        return self._kvcache.get_cpu_copy(*args, **kwargs)
-
-    def load_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
-        return self._kvcache.load_cpu_copy(*args, **kwargs)
-
-
-class TokenToKVPoolAllocator:
-    """SPEC-paged section 1's token allocator: a free list, frees appended as given."""
+class TokenToKVPoolAllocator(_Ranked):
+    """The token allocator: a free list, frees appended as given."""
 
     def __init__(self, size: int, kvcache: Any, dp_size: int = 1) -> None:
         self.size = size
@@ -292,7 +262,7 @@ class TokenToKVPoolAllocator:
         free = self.free_slots[dp_rank]
         if need_size > len(free):
             return None
-        select = free[:need_size].copy()
+        select: np.ndarray = free[:need_size].copy()
         self.free_slots[dp_rank] = free[need_size:]
         return select
 
@@ -300,32 +270,11 @@ class TokenToKVPoolAllocator:
         index = np.asarray(free_index)
         if index.size == 0:
             return
-        if not self.is_not_in_free_group:
-            self.free_group[dp_rank].append(index)
+        if self._defer(index, dp_rank):
             return
         # Appended as given: no merge, no sort, no de-duplication.
         appended = index.reshape(-1).astype(_I32)
         self.free_slots[dp_rank] = np.concatenate([self.free_slots[dp_rank], appended])
-
-    def free_group_begin(self) -> None:
-        self.is_not_in_free_group = False
-
-    def free_group_end(self) -> None:
-        self.is_not_in_free_group = True
-        for r in range(self.dp_size):
-            pending = self.free_group[r]
-            if pending:
-                self.free(np.concatenate(pending), dp_rank=r)
-            self.free_group[r] = []
-
-    def get_kvcache(self) -> Any:
-        return self._kvcache
-
-    def get_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
-        return self._kvcache.get_cpu_copy(*args, **kwargs)
-
-    def load_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
-        return self._kvcache.load_cpu_copy(*args, **kwargs)
 
 
 __all__ = ["PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator"]

@@ -1,0 +1,290 @@
+"""The layout of every state array, and the kernels' status codes: the one place that says so.
+
+Each pool keeps its state in int64 arrays that only kernels change. The
+kernels compile these constants in, so this module is stamped into their
+cache (``_jit.py``): changing it recompiles them.
+
+The core pool (``LogicalHostPool``, and each rank of ``hostpool_nb.paged``)
+--------------------------------------------------------------------------
+A pool of ``n`` pages keeps one array ``st`` of :func:`state_length` words:
+
+``st[:HEADER]``
+    Scalars at the ``H_*`` offsets: the lists' places, the pool's shape, and
+    counters that only grow (``clear()`` keeps them).
+the ring (:func:`ring_view`), ``n`` int32 page ids after the header
+    From ring position ``st[H_HEAD]`` on: the ``st[H_NFREE]`` pages of the
+    free list, the ``st[H_NREL]`` of the release list (freed, not merged
+    yet), the ``st[H_NPEND]`` of the pending list (freed in a free group).
+    Free list then release list is the FIFO order allocation follows; a
+    sorted pool's merge rewrites both as one ascending list. The entries
+    after the live window are scratch: ``free`` stages the pages it has
+    checked there, which is always room enough, since it stages only held
+    pages.
+the owner flags (:func:`owner_view`), one byte per page after the ring
+    ``OWNER_ALLOCATED`` for a page a caller holds, ``OWNER_FREE`` for one on
+    the free or release list, ``OWNER_PENDING`` for one on the pending list.
+``st[st[H_TRACK]:]``, only with ``track=True``
+    Two words per page: the number of the allocation that handed it out,
+    then the site ids (high 32 bits: that allocation's; low: the last free's)
+    that ``_tracking.py``'s table resolves.
+
+A paged rank's free group (``GP_*``)
+------------------------------------
+``gp[GP_COUNT]`` pending page ids from ``gp[GP_HEADER]`` on, in the order
+freed, then one mark byte per page (``MARK_PENDING``: freed earlier in the
+group; ``MARK_STAGED``: during the call freeing it). ``gp[GP_FAULT]`` is
+scratch: the slot a failed free stopped at.
+
+A host page pool (``HP_*``)
+---------------------------
+``HP_HEADER`` header words, then a FIFO ring of ``n`` int32 page ids (the
+free list from ``st[HP_HEAD]``; scratch after it), ``n`` generations
+(incremented at each hand-out), ``n`` pin counts, ``n`` allocated bytes (0
+or 1 at all times), and ``n`` mark bytes (scratch of one ``free`` call,
+zero between calls). ``HP_FAULT`` and ``HP_FAULT_GEN`` are scratch: the
+page a failed call stopped at and the generation it was given.
+
+Status codes
+------------
+A kernel returns a value ``>= 0`` on success, or ``-1 - (position << 5 |
+code)`` (:func:`fail`), where ``code`` is an ``E_*`` below and ``position``
+the offending index into the kernel's input; :func:`decode_status` splits
+it. A failed kernel leaves the state as it was, but for its scratch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._jit import callee
+
+# -- the core pool's header ---------------------------------------------------------
+H_HEAD = 0  # ring position of the first free page
+H_NFREE = 1  # pages on the free list
+H_NREL = 2  # pages on the release list
+H_NPAGES = 3  # ring capacity: size // page_size
+H_PAGE_SIZE = 4
+H_PAGE_SHIFT = 5  # log2(page_size) if a power of two, else -1
+H_MERGES = 6  # merges performed
+H_NPEND = 7  # pages on the pending list
+H_GROUP_DEPTH = 8  # free groups begun and not ended
+H_SORTED = 9  # merge order: 0 FIFO, 1 ascending page ids
+H_ALLOC_CALLS = 10  # alloc and alloc_many calls answered (slots or None)
+H_FAILED_ALLOCS = 11  # of those, answered None
+H_FREE_CALLS = 12  # free calls that freed at least one page
+H_PEAK = 13  # most pages allocated at once
+H_CLEARS = 14  # clear() calls: a free_group() block tells it was ended by one
+H_TRACK = 15  # where the tracking words start (0: the pool does not track)
+H_SEQ = 16  # the next allocation's number, in a tracking pool
+HEADER = 24  # the spare words keep room for later counters
+
+OWNER_FREE = 0
+OWNER_ALLOCATED = 1
+OWNER_PENDING = 2
+OWNER_STAGED = 3  # paged: a page being freed by the current call
+
+MAX_PAGES = 2**31 - 1  # ring entries are int32 page ids
+
+# -- status codes -------------------------------------------------------------------
+E_SHORT = 1  # fewer available pages than requested
+E_RANGE = 2  # a slot or page outside the pool (or the rank)
+E_MISALIGNED = 3  # a page's first slot (or a size) is not a multiple of page_size
+E_PARTIAL = 4  # the slots after a page's first are not that page's, in order
+E_NOT_ALLOCATED = 5  # the page is not held: a double free, or never allocated
+E_DUPLICATE = 6  # a page named twice in one call
+E_CORRUPT = 7  # the state is inconsistent (never through the public API)
+E_NEGATIVE = 8  # a size or length is negative
+E_NO_GROUP = 9  # free_group_end without a group
+E_PAGE0 = 10  # paged: a slot of the padding page 0
+E_SEQ_BELOW_PREFIX = 11  # paged alloc_extend: seq_lens[i] < prefix_lens[i]
+E_TOTAL = 12  # paged alloc_extend: extend_num_tokens is not the sum of the extensions
+E_LAST_LOC = 13  # paged debug_mode: last_loc does not continue the request
+E_SEQ_BELOW_ONE = 14  # paged alloc_decode: seq_lens[i] < 1
+E_LENGTH = 15  # free's input is not a whole number of pages
+E_PINNED = 16  # host: a pinned page freed or released
+E_STALE = 17  # host: a generation that is not the page's any more
+E_UNDERFLOW = 18  # host: dec_lock_ref of an unpinned page
+_CODE_BITS = 5
+
+
+@callee()
+def fail(code: int, position: int) -> int:
+    """The status of a failure: ``code`` at input ``position``."""
+    return -1 - ((position << _CODE_BITS) | code)
+
+
+def decode_status(status: int) -> tuple[int, int]:
+    """Split a failure status into ``(code, position)``."""
+    err = -1 - int(status)
+    return err & ((1 << _CODE_BITS) - 1), err >> _CODE_BITS
+
+
+def status_of(code: int) -> int:
+    """The status a kernel returns for ``code`` at position 0 (``-1 - code``), for fast comparisons."""
+    return -1 - code
+
+
+# -- the core pool's arrays ------------------------------------------------------------
+
+
+def ring_words(num_pages: int) -> int:
+    """int64 words holding ``num_pages`` int32 page ids."""
+    return (num_pages + 1) // 2
+
+
+_ring_words = callee()(ring_words)
+
+
+def track_offset(num_pages: int) -> int:
+    """Where a tracking pool's per-page words start: right after the owner flags."""
+    return HEADER + ring_words(num_pages) + (num_pages + 7) // 8
+
+
+def state_length(num_pages: int, tracked: bool = False) -> int:
+    """Length of the state array of a pool of ``num_pages`` pages (two words more per page when tracked)."""
+    return track_offset(num_pages) + (2 * num_pages if tracked else 0)
+
+
+def page_shift(page_size: int) -> int:
+    """``log2(page_size)`` if it is a power of two, else -1."""
+    return page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
+
+
+def new_state(num_pages: int, page_size: int, sorted_order: bool = False, track: bool = False) -> NDArray[np.int64]:
+    """A zeroed state array with its header set; a kernel's reset then lists the pages."""
+    st = np.zeros(state_length(num_pages, track), dtype=np.int64)
+    st[H_NPAGES] = num_pages
+    st[H_PAGE_SIZE] = page_size
+    st[H_PAGE_SHIFT] = page_shift(page_size)
+    st[H_SORTED] = int(sorted_order)
+    if track:
+        st[H_TRACK] = track_offset(num_pages)
+        st[H_SEQ] = 1  # allocations are numbered from 1
+    return st
+
+
+def ring_ids(st: NDArray[np.int64], num_pages: int) -> NDArray[np.int32]:
+    """The ring, as Python code reads it."""
+    return st[HEADER : HEADER + ring_words(num_pages)].view(np.int32)[:num_pages]
+
+
+def owner_flags(st: NDArray[np.int64], num_pages: int) -> NDArray[np.uint8]:
+    """The owner flags, as Python code reads them."""
+    return st[HEADER + ring_words(num_pages) :].view(np.uint8)[:num_pages]
+
+
+@callee(views=True)
+def ring_view(st: NDArray[np.int64]) -> NDArray[np.int32]:
+    """The ring, as kernels read it."""
+    n = st[H_NPAGES]
+    return st[HEADER : HEADER + _ring_words(n)].view(np.int32)[:n]
+
+
+@callee(views=True)
+def owner_view(st: NDArray[np.int64]) -> NDArray[np.uint8]:
+    """The owner flags, as kernels read them."""
+    n = st[H_NPAGES]
+    return st[HEADER + _ring_words(n) :].view(np.uint8)[:n]
+
+
+@callee()
+def ring_tail(st: NDArray[np.int64]) -> int:
+    """Ring position just past the live window: where ``free`` stages pages."""
+    n: int = st[H_NPAGES]
+    tail: int = st[H_HEAD] + st[H_NFREE] + st[H_NREL] + st[H_NPEND]
+    return tail - n if tail >= n else tail
+
+
+# -- a paged rank's free group ------------------------------------------------------------
+GP_COUNT = 0
+GP_CAP = 1  # pages + 1: room for every page once
+GP_FAULT = 2  # scratch
+GP_HEADER = 3
+MARK_NONE = 0
+MARK_PENDING = 1
+MARK_STAGED = 2
+
+
+def group_length(num_pages: int) -> int:
+    """Length of a rank's group buffer: header, a page id per page, a mark byte per page."""
+    cap = num_pages + 1
+    return GP_HEADER + cap + (cap + 7) // 8
+
+
+def group_marks(gp: NDArray[np.int64]) -> NDArray[np.uint8]:
+    """The mark bytes of a group buffer, as Python code reads them."""
+    cap = int(gp[GP_CAP])
+    return gp[GP_HEADER + cap :].view(np.uint8)[:cap]
+
+
+@callee(views=True)
+def marks_view(gp: NDArray[np.int64]) -> NDArray[np.uint8]:
+    """The mark bytes of a group buffer, as kernels read them."""
+    cap = gp[GP_CAP]
+    return gp[GP_HEADER + cap :].view(np.uint8)[:cap]
+
+
+# -- a host page pool ------------------------------------------------------------------------
+HP_HEAD = 0  # ring position of the first free page
+HP_NFREE = 1  # pages on the free list
+HP_NPAGES = 2  # pool_size
+HP_ALLOC_CALLS = 3  # reserve and alloc calls answered (pages or None)
+HP_EXHAUSTED = 4  # of those, answered None
+HP_FREE_CALLS = 5  # release and free calls that freed at least one page
+HP_PEAK = 6  # most pages held at once
+HP_CLEARS = 7  # clear() calls
+HP_PINNED = 8  # pages whose pin count is above 0
+HP_FAULT = 9  # scratch
+HP_FAULT_GEN = 10  # scratch
+HP_HEADER = 16
+HP_SCRATCH = (HP_FAULT, HP_FAULT_GEN)
+
+
+def host_offsets(n: int) -> tuple[int, int, int, int, int]:
+    """Word offsets of a host pool's ring, generations, pin counts, allocated bytes and marks."""
+    ring = HP_HEADER
+    gen = ring + ring_words(n)
+    ref = gen + n
+    flags = ref + n
+    marks = flags + (n + 7) // 8
+    return ring, gen, ref, flags, marks
+
+
+def host_state_length(n: int) -> int:
+    """Length of a host pool's state array (about 22 bytes a page)."""
+    return host_offsets(n)[4] + (n + 7) // 8
+
+
+@callee(views=True)
+def host_ring(st: NDArray[np.int64]) -> NDArray[np.int32]:
+    n = st[HP_NPAGES]
+    return st[HP_HEADER : HP_HEADER + _ring_words(n)].view(np.int32)[:n]
+
+
+@callee(views=True)
+def host_gens(st: NDArray[np.int64]) -> NDArray[np.int64]:
+    n = st[HP_NPAGES]
+    start = HP_HEADER + _ring_words(n)
+    return st[start : start + n]
+
+
+@callee(views=True)
+def host_refs(st: NDArray[np.int64]) -> NDArray[np.int64]:
+    n = st[HP_NPAGES]
+    start = HP_HEADER + _ring_words(n) + n
+    return st[start : start + n]
+
+
+@callee(views=True)
+def host_flags(st: NDArray[np.int64]) -> NDArray[np.uint8]:
+    n = st[HP_NPAGES]
+    start = HP_HEADER + _ring_words(n) + 2 * n
+    return st[start:].view(np.uint8)[:n]
+
+
+@callee(views=True)
+def host_marks(st: NDArray[np.int64]) -> NDArray[np.uint8]:
+    n = st[HP_NPAGES]
+    start = HP_HEADER + _ring_words(n) + 2 * n + (n + 7) // 8
+    return st[start:].view(np.uint8)[:n]

@@ -1,0 +1,189 @@
+"""sglang-jax's host KV tier bookkeeping, in plain Python lists.
+
+``LRUHostKVPool`` (the HiCache L2 tier) and ``QueueHostKVPool`` (the staging
+slots of prefill/decode disaggregation) as ``docs/behaviour.md`` describes
+them. The original's costs are kept: the free list is a Python list,
+allocation pops from its front and the double-free check is
+``id in free_list``, each O(free pages) per page.
+
+It also keeps the original's failure modes: ``free`` frees the pages before
+a bad one and then raises, and the errors are plain ``ValueError`` (range)
+and ``RuntimeError`` (double free, pinned, underflow) with the original's
+texts. There is no data plane: ``_slots`` holds whatever a caller stores,
+and ``_pending`` the transfers a caller staged, which ``_drop_pending``
+discards.
+
+Readings of the behaviour chosen here:
+
+1. The double-free test of ``LRUHostKVPool`` is ``id in free_list``, as the
+   common section says; ``_allocated[id]`` agrees with it after every call.
+2. ``free`` de-duplicates with ``dict.fromkeys``, keeping first
+   occurrences; a numpy array's ids are read as Python ints first.
+3. The peak is ``pool_size - len(free_list)`` after a successful
+   allocation, the most pages held at once.
+4. ``QueueHostKVPool`` keeps no per-page state: the original keeps it for the
+   LRU pool only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("hostpool_nb.originals")
+
+
+class _HostPoolBase:
+    """What both pools share: the FIFO free list, the lock, the peak and the exhaustion count."""
+
+    def __init__(self, pool_size: int) -> None:
+        if pool_size <= 0:
+            raise ValueError(f"pool_size must be positive, got {pool_size}")
+        self._pool_size = pool_size
+        self._free_list: list[int] = list(range(pool_size))
+        self._lock = threading.Lock()
+        self._peak_used = 0
+        self._exhaust_count = 0
+        self._last_exhaust_log = 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if k != "_lock"}  # copies get a lock of their own
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+        self._lock = threading.Lock()
+
+    def available_size(self) -> int:
+        with self._lock:
+            return len(self._free_list)
+
+    def total_size(self) -> int:
+        return self._pool_size
+
+    def _exhausted(self, need: int) -> None:
+        self._exhaust_count += 1
+        now = time.monotonic()
+        if now - self._last_exhaust_log >= 1.0:
+            self._last_exhaust_log = now
+            log.info("host pool exhausted: need %d pages, %d free", need, len(self._free_list))
+
+    def _note_peak(self) -> None:
+        self._peak_used = max(self._peak_used, self._pool_size - len(self._free_list))
+
+
+class QueueHostKVPool(_HostPoolBase):
+    """One-shot staging slots: ``reserve`` the front id, ``release`` it back to the end."""
+
+    def reserve(self) -> int | None:
+        with self._lock:
+            if not self._free_list:
+                self._exhausted(1)
+                return None
+            buffer_id = self._free_list.pop(0)
+            self._note_peak()
+            return buffer_id
+
+    def release(self, buffer_id: int) -> None:
+        with self._lock:
+            if buffer_id in self._free_list:
+                raise RuntimeError(f"double free of buffer_id={buffer_id}")
+            if not 0 <= buffer_id < self._pool_size:
+                raise ValueError(f"buffer_id={buffer_id} outside pool range [0, {self._pool_size})")
+            self._free_list.append(buffer_id)
+
+
+class LRUHostKVPool(_HostPoolBase):
+    """The HiCache L2 tier: pages hold data until released; pinned pages cannot be freed."""
+
+    def __init__(self, pool_size: int) -> None:
+        super().__init__(pool_size)
+        self._allocated = [False] * pool_size
+        self._generation = [0] * pool_size
+        self._lock_ref = [0] * pool_size
+        self._slots: list[Any] = [None] * pool_size
+        self._pending: dict[int, list[Any]] = {}
+
+    def _drop_pending(self, page: int) -> None:
+        self._pending.pop(page, None)
+
+    def _hand_out(self, page: int) -> None:
+        self._allocated[page] = True
+        self._generation[page] += 1
+
+    def _give_back(self, page: int) -> None:
+        self._drop_pending(page)
+        self._slots[page] = None
+        self._allocated[page] = False
+        self._free_list.append(page)
+
+    def reserve(self) -> int | None:
+        with self._lock:
+            if not self._free_list:
+                self._exhausted(1)
+                return None
+            page = self._free_list.pop(0)
+            self._hand_out(page)
+            self._note_peak()
+            return page
+
+    def release(self, buffer_id: int) -> None:
+        with self._lock:
+            if not 0 <= buffer_id < self._pool_size:
+                raise ValueError(f"buffer_id={buffer_id} outside pool range [0, {self._pool_size})")
+            if buffer_id in self._free_list:
+                raise RuntimeError(f"double free of buffer_id={buffer_id}")
+            if self._lock_ref[buffer_id] > 0:
+                raise RuntimeError(f"release of locked buffer_id={buffer_id} (lock_ref={self._lock_ref[buffer_id]})")
+            self._give_back(buffer_id)
+
+    def alloc(self, need_pages: int) -> np.ndarray | None:
+        if need_pages <= 0:
+            raise ValueError(f"need_pages must be positive, got {need_pages}")
+        with self._lock:
+            if len(self._free_list) < need_pages:
+                self._exhausted(need_pages)
+                return None
+            pages = []
+            for _ in range(need_pages):
+                page = self._free_list.pop(0)
+                self._hand_out(page)
+                pages.append(page)
+            self._note_peak()
+            return np.array(pages, dtype=np.int64)
+
+    def free(self, host_page_ids: Iterable[Any]) -> None:
+        # Python ints, as the radix cache's page lists hold: numpy scalars would make each
+        # ``in free_list`` test several times slower than the original's own timing.
+        ids = host_page_ids.tolist() if isinstance(host_page_ids, np.ndarray) else host_page_ids
+        with self._lock:
+            for page in dict.fromkeys(ids):
+                if not 0 <= page < self._pool_size:
+                    raise ValueError(f"page id={page} outside pool range [0, {self._pool_size})")
+                if page in self._free_list:
+                    raise RuntimeError(f"double free of page id={page}")
+                if self._lock_ref[page] > 0:
+                    raise RuntimeError(f"free of locked page id={page} (lock_ref={self._lock_ref[page]})")
+                self._give_back(int(page))
+
+    def _require_allocated(self, buffer_id: int) -> None:
+        if not 0 <= buffer_id < self._pool_size:
+            raise ValueError(f"buffer_id={buffer_id} outside pool range [0, {self._pool_size})")
+        if not self._allocated[buffer_id]:
+            raise RuntimeError(f"buffer_id={buffer_id} is not allocated (in free-list)")
+
+    def inc_lock_ref(self, buffer_id: int) -> None:
+        with self._lock:
+            self._require_allocated(buffer_id)
+            self._lock_ref[buffer_id] += 1
+
+    def dec_lock_ref(self, buffer_id: int) -> None:
+        with self._lock:
+            self._require_allocated(buffer_id)
+            if self._lock_ref[buffer_id] == 0:
+                raise RuntimeError(f"dec_lock_ref underflow on buffer_id={buffer_id}")
+            self._lock_ref[buffer_id] -= 1
