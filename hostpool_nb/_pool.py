@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 
 from . import _kernels as K
 from . import _layout as L
-from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_sizes, as_slots
+from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_sizes, as_slots, pool_shape
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
 from ._fork import register as register_fork_lock
 from ._hooks import DataPlaneHooks
@@ -55,8 +55,8 @@ _STATUS_SHORT = L.status_of(L.E_SHORT)
 _STATUS_MISALIGNED = L.status_of(L.E_MISALIGNED)  # at position 0: the length is not page-aligned
 # Above this many slots, ``alloc`` checks capacity before allocating its
 # output: 256 KiB, past which np.empty maps fresh memory (microseconds, or a
-# MemoryError for absurd sizes) instead of reusing the allocator's free
-# blocks (about 100 ns, less than the extra lock round trip would cost).
+# MemoryError for absurd sizes); below, reusing the allocator's free blocks
+# costs less than the extra lock round trip would.
 _PRECHECK_SLOTS = 1 << 15
 
 
@@ -141,12 +141,7 @@ class LogicalHostPool(DataPlaneHooks):
     def __init__(
         self, size: int, page_size: int, layout: str = "layer_first", *, merge: str = "fifo", track: bool = False
     ) -> None:
-        size = as_count(size, "size")
-        page_size = as_count(page_size, "page_size")
-        if page_size < 1:
-            raise HostPoolError(f"page_size must be at least 1, got page_size={page_size}")
-        if size < 0:
-            raise HostPoolError(f"size must be non-negative, got size={size}")
+        size, page_size = pool_shape(size, page_size)
         for name, value in (("size", size), ("page_size", page_size)):
             if value > _INT64_MAX:  # the kernels compute slot ids in int64
                 raise HostPoolError(f"{name} must fit in int64, got {name}={value}")
@@ -275,11 +270,7 @@ class LogicalHostPool(DataPlaneHooks):
             status = _alloc_short(self._st, out)
         finally:
             lock.release()
-        if status >= 0:
-            return out
-        if status == _STATUS_SHORT:
-            return None
-        raise self._alloc_error(status, need_size)
+        return out if status >= 0 else self._refusal(status, need_size)
 
     def _alloc_checked(self, need_size: int, tag: Any) -> NDArray[np.int64] | None:
         """``alloc`` for a tracking pool, a negative size or a long one: every check in Python."""
@@ -295,12 +286,17 @@ class LogicalHostPool(DataPlaneHooks):
         if need_size > _PRECHECK_SLOTS and self._refused(need_size):
             return None
         out = _empty(need_size, _INT64)
-        status = self._take(out, where, tag)
-        if status >= 0:
-            return out
-        if status == _STATUS_SHORT:
-            return None
-        raise self._alloc_error(status, need_size)
+        lock = self.lock
+        lock.acquire()  # not ``_take``: a call less on the path every tracked alloc takes
+        try:
+            if where is None:  # a plain pool's long call
+                status = _alloc_pages(self._st, out)
+            else:  # the site's id is looked up under the lock, where a sweep cannot drop it
+                site = self._tracker.intern(where, tag, self._st)  # type: ignore[union-attr]  # tracked: where is set
+                status = (_alloc_tracked_short if need_size <= K.SHORT_SLOTS else _alloc_tracked)(self._st, out, site)
+        finally:
+            lock.release()
+        return out if status >= 0 else self._refusal(status, need_size)
 
     def _take(self, out: NDArray[np.int64], where: SiteKey | None, tag: Any) -> int:
         """Allocate ``len(out)`` slots into ``out`` under the lock (recording ``where``, if tracked); the status."""
@@ -316,14 +312,16 @@ class LogicalHostPool(DataPlaneHooks):
         finally:
             lock.release()
 
-    def _alloc_error(self, status: int, need_size: int) -> Exception:
-        """The error an allocation kernel reported: a misaligned size, or a corrupted pool."""
+    def _refusal(self, status: int, need_size: int) -> NDArray[np.int64] | None:
+        """What a failed allocation kernel means: ``None`` (too few slots), or the error it reported."""
+        if status == _STATUS_SHORT:
+            return None
         if status == _STATUS_MISALIGNED:
-            return AlignmentError(
+            raise AlignmentError(
                 f"LogicalHostPool allocation must be page-aligned, got need_size={need_size}, "
                 f"page_size={self.page_size}"
             )
-        return self._corrupt("alloc", status)
+        raise self._corrupt("alloc", status)
 
     def alloc_many(self, sizes: Any, *, tag: Any = None) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
         """Allocate a batch of requests at once: all of them, or none.
@@ -453,10 +451,14 @@ class LogicalHostPool(DataPlaneHooks):
             raise RuntimeError("_free_tracked called on a pool that does not track")
         where = tracker.where(None, 2)
         kernel = _free_tracked_short if slots.size <= K.SHORT_SLOTS else _free_tracked
-        with self.lock:
+        lock = self.lock
+        lock.acquire()  # not ``with``, which costs more, on the path a tracked round trip takes twice
+        try:
             status = kernel(self._st, slots, tracker.intern(where, None, self._st))
             if status < 0:  # the error's history is read under the same hold as the failed free
                 raise self._free_error(status, slots)
+        finally:
+            lock.release()
         return status
 
     # -- free groups --------------------------------------------------------

@@ -58,12 +58,18 @@ class Site:
 
     def key(self) -> SiteKey:
         """What the table is keyed on: the place, and the tag as it was at the call."""
+        if type(self.tag) in _PLAIN_TAGS:
+            return (self.file, self.line, self.function, self.tag)
         return (self.file, self.line, self.function, self.tag_hash, self.tag_repr)
 
 
 # (file, line, function, tag's hash, tag's repr): immutable, so a table keyed on
-# it never calls back into a caller's object.
-SiteKey = tuple[str, int, str, int, str]
+# it never calls back into a caller's object. No tag, or an int or str tag (a
+# request id), is immutable itself and stands in the key as it is, which saves
+# a call per tracked call: (file, line, function, tag).
+SiteKey = tuple[Any, ...]
+_PLAIN_TAGS = (int, str, type(None))
+_FULL_KEY = 5  # the length of a key with the tag's hash and repr
 
 _FIXED = (Site("<unknown>", 0, "?"), Site("<clear()>", 0, "clear"))
 
@@ -110,8 +116,8 @@ def caller(depth: int = 2) -> tuple[str, int, str]:
     The search starts ``depth`` frames above this function's: the public
     method's caller, when the pool's method passes how deep it calls this
     (a known chain, so no frame inside the package is created just to be
-    skipped: about 80 ns each). Frames still inside the package (the torch
-    adapter's, say) are skipped from there.
+    skipped). Frames still inside the package (the torch adapter's, say)
+    are skipped from there.
     """
     try:
         frame: FrameType | None = _getframe(depth)
@@ -119,7 +125,7 @@ def caller(depth: int = 2) -> tuple[str, int, str]:
         frame = _getframe(1)
     # The test for a frame inside the package (hostpool_nb or one of its
     # modules; hostpool_nb_x is not) is written out here, not called: a
-    # tracked round trip asks twice, and the call cost 75 ns of its ~2.1 us.
+    # tracked round trip asks twice.
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if module != _PACKAGE and not module.startswith(_SUBMODULE):
@@ -203,8 +209,9 @@ class Tracker:
         1 from a public method, to start at its caller.
         """
         file, line, function = caller(depth + 2)
-        if tag is None:  # the common case, without a call
-            return file, line, function, 0, "None"
+        cls = type(tag)
+        if tag is None or cls is int or cls is str:  # immutable: the key holds it (see SiteKey)
+            return file, line, function, tag
         tag_hash, tag_repr = tag_identity(tag)
         return file, line, function, tag_hash, tag_repr
 
@@ -215,7 +222,8 @@ class Tracker:
             return sid
         if len(self._ids) >= max(2 * self._live_after_sweep, _SWEEP_AT):
             self.sweep(st)
-        file, line, function, tag_hash, tag_repr = key
+        file, line, function = key[:3]
+        tag_hash, tag_repr = key[3:] if len(key) == _FULL_KEY else (hash(tag), repr(tag))  # plain tags: cheap
         site = Site(file, line, function, tag, tag_hash, tag_repr)
         if self._free_ids:
             sid = self._free_ids.pop()

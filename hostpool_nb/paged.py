@@ -3,7 +3,7 @@
 ``PagedTokenToKVPoolAllocator`` and ``TokenToKVPoolAllocator`` take the
 arguments, return the values (with their dtypes) and allocate in the order
 of the numpy allocators of sglang-jax (JAX serving), for every call those
-handle correctly (``SPEC-paged.md`` section 1), and raise a
+handle correctly (``docs/behaviour.md`` section 3), and raise a
 :class:`~hostpool_nb.HostPoolError` (a ``ValueError``), before changing
 anything, for the calls they get silently wrong: slots of the padding page
 0 or beyond the rank, a ``dp_rank`` outside ``[0, dp_size)``, a misaligned
@@ -23,8 +23,8 @@ is read through ``numpy.asarray``. Use::
 
     from hostpool_nb.paged import PagedTokenToKVPoolAllocator  # instead of sgl_jax's
 
-Where SPEC-paged leaves a choice, this module takes the one below (and
-``bench/paged_baselines.py``, the oracle, the same where it applies):
+Where docs/behaviour.md (section 3) leaves a choice, this module takes the one below (and
+``hostpool_nb.originals.paged``, the oracle, the same where it applies):
 
 - Free groups do not nest and ``free_group_end()`` outside one does
   nothing, as the original's flag. A free inside a group is checked at
@@ -55,7 +55,7 @@ from numpy.typing import NDArray
 from . import _kernels as K
 from . import _layout as L
 from . import _paged_kernels as P
-from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_int_vector, as_slots
+from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_int_vector, as_slots, pool_shape
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, SlotRangeError
 from ._fork import register as register_fork_lock
 from ._host import HostKVPoolMixin, HostPagePool
@@ -112,15 +112,10 @@ class _RankedAllocator:
 
     @staticmethod
     def _shape(size: Any, page_size: Any, dp_size: Any) -> tuple[int, int, int]:
-        size = as_count(size, "size")
-        page_size = as_count(page_size, "page_size")
+        size, page_size = pool_shape(size, page_size)
         dp_size = as_count(dp_size, "dp_size")
-        if page_size < 1:
-            raise HostPoolError(f"page_size must be at least 1, got page_size={page_size}")
         if dp_size < 1:
             raise HostPoolError(f"dp_size must be at least 1, got dp_size={dp_size}")
-        if size < 0:
-            raise HostPoolError(f"size must be non-negative, got size={size}")
         return size, page_size, dp_size
 
     # -- ranks and groups ---------------------------------------------------------

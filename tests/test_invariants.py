@@ -218,9 +218,9 @@ def test_free_error_of_an_unexpected_code_is_a_runtime_error(code: int) -> None:
     assert f"code {code}" in str(err)
 
 
-@pytest.mark.parametrize("code", [c for c in range(1, 16) if c != L.E_MISALIGNED])
+@pytest.mark.parametrize("code", [c for c in range(1, 16) if c not in (L.E_SHORT, L.E_MISALIGNED)])
 def test_alloc_error_of_an_unexpected_code_is_a_runtime_error(code: int) -> None:
     pool = LogicalHostPool(64, 16)
-    err = pool._alloc_error(L.fail(code, 0), 16)
-    assert type(err) is RuntimeError
-    assert f"code {code}" in str(err)
+    with pytest.raises(RuntimeError, match=f"code {code}") as info:
+        pool._refusal(L.fail(code, 0), 16)
+    assert type(info.value) is RuntimeError
