@@ -11,8 +11,12 @@ for the format.
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
+import importlib.util
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,6 +25,7 @@ from numpy.typing import NDArray
 from ._errors import HostPoolError
 from ._pool import LogicalHostPool
 from ._tracking import HISTORY_MARK
+from .originals.sglang import LogicalHostPool as Original
 from .trace import Operation, Trace, TraceError, describe_slots, load
 
 
@@ -98,6 +103,158 @@ def _compare(op: Operation, value: Any, exc: BaseException | None) -> Divergence
     return None
 
 
+# -- timing a trace -----------------------------------------------------------------------
+
+_ALLOC, _FREE, _ALLOC_MANY, _OTHER, _RAISES = range(5)
+
+
+@dataclass
+class TraceTiming:
+    """Seconds per recorded operation, by implementation (``samples``: each repeat's), and what to know."""
+
+    per_op: dict[str, float]
+    samples: dict[str, list[float]]
+    notes: list[str] = field(default_factory=list)
+
+
+def _pool_steps(trace: Trace) -> list[tuple[int, Any]]:
+    """Every replayable call as recorded, a call that raised among them (its error is expected)."""
+    steps: list[tuple[int, Any]] = []
+    for op in trace.operations:
+        if not op.replayable:
+            continue
+        if op.error:
+            steps.append((_RAISES, op))
+        elif op.name == "alloc":
+            steps.append((_ALLOC, op.arg))
+        elif op.name == "free":
+            steps.append((_FREE, op.slots))
+        elif op.name == "alloc_many":
+            steps.append((_ALLOC_MANY, op.sizes))
+        else:
+            steps.append((_OTHER, op))
+    return steps
+
+
+def original_problem(trace: Trace) -> str | None:
+    """Why the original algorithm cannot replay ``trace`` (it has no such calls), or ``None``."""
+    if trace.merge != "fifo":
+        return f"the pool merges {trace.merge!r}; the original merges in FIFO order only"
+    snapshots = sorted({op.name for op in trace.operations if op.name in ("backup", "restore") and not op.error})
+    return f"it has {'/'.join(snapshots)} calls, which the original does not have" if snapshots else None
+
+
+def _original_steps(trace: Trace, convert: Any) -> list[tuple[int, Any, Operation]]:
+    """The calls a scheduler on the original makes: alloc_many as one alloc of the total, a free group's
+    frees at its end, nothing for merge (FIFO order does not change) or for calls that raised."""
+    steps: list[tuple[int, Any, Operation]] = []
+    depth = 0
+    pending: list[tuple[int, Any, Operation]] = []
+    for op in trace.operations:
+        if not op.replayable or op.error:
+            continue
+        if op.name == "alloc":
+            steps.append((_ALLOC, op.arg, op))
+        elif op.name == "alloc_many" and op.sizes is not None:
+            steps.append((_ALLOC, int(op.sizes.sum()), op))
+        elif op.name == "free":
+            (pending if depth else steps).append((_FREE, convert(op.slots), op))
+        elif op.name == "free_group_begin":
+            depth += 1
+        elif op.name == "free_group_end":
+            depth -= 1
+            if depth == 0:
+                steps += pending
+                pending = []
+        elif op.name == "clear":
+            steps.append((_OTHER, op, op))
+            depth, pending = 0, []
+    return steps
+
+
+def _run_steps(pool: Any, steps: list[Any]) -> None:
+    """The timed replay: every step, results dropped."""
+    alloc, free = pool.alloc, pool.free
+    backups: dict[int, Any] = {}
+    for step in steps:
+        code, arg = step[0], step[1]
+        if code == _ALLOC:
+            alloc(arg)
+        elif code == _FREE:
+            free(arg)
+        elif code == _ALLOC_MANY:  # hostpool_nb's steps only
+            pool.alloc_many(arg)
+        else:  # the rare calls, and those that raise: _run catches and returns the error
+            _run(pool, arg, backups)
+
+
+def _check_original(pool: Any, steps: list[tuple[int, Any, Operation]], name: str) -> None:
+    """One replay with every answer compared to the record: equal slots and counts, or a TraceError."""
+    for code, arg, op in steps:
+        got = pool.alloc(arg) if code == _ALLOC else pool.free(arg) if code == _FREE else pool.clear()
+        if code == _ALLOC:
+            want = op.slots if op.result >= 0 else None
+            if not _same_slots(want, None if got is None else np.asarray(got)):
+                raise TraceError(
+                    f"the original ({name}) diverges at operation {op.index} ({op.name}): "
+                    f"expected {describe_slots(want)}, got {describe_slots(got)}"
+                )
+        elif code == _FREE and got != op.result:
+            raise TraceError(f"the original ({name}) diverges at operation {op.index} (free): {got}, not {op.result}")
+
+
+def time_trace(trace: Trace, repeats: int = 5, with_torch: bool | None = None) -> TraceTiming:
+    """Seconds per recorded operation of ``trace`` on hostpool_nb and on the original algorithm.
+
+    Every repeat replays the trace on a fresh pool (built outside the timed
+    region), the implementations interleaved; the figure is the median.
+    First, hostpool_nb's replay must match the record (:func:`replay`) and
+    the original's every allocation and free, or a :class:`TraceError`
+    says where it does not. The original runs on numpy, and on torch too
+    when ``with_torch`` (by default: when torch imports).
+    """
+    done, skipped, divergence = replay(trace)
+    if divergence is not None:
+        raise TraceError(f"hostpool_nb diverges from the trace at {divergence}: was it recorded on this version?")
+    notes = [f"{done} operations replayed" + (f", {skipped} not replayable skipped" if skipped else "")]
+    makers: dict[str, Any] = {
+        "hostpool_nb": lambda: LogicalHostPool(trace.size, trace.page_size, merge=trace.merge, track=trace.track)
+    }
+    plans: dict[str, list[Any]] = {"hostpool_nb": _pool_steps(trace)}
+    problem = original_problem(trace)
+    if problem is not None:
+        notes.append(f"the original algorithm is not timed: {problem}")
+    else:
+        if with_torch is None:
+            with_torch = importlib.util.find_spec("torch") is not None
+        backends = ["numpy", "torch"] if with_torch else ["numpy"]
+        for backend in backends:
+            convert: Any = (lambda a: a) if backend == "numpy" else _torch_of
+            plans[backend] = _original_steps(trace, convert)
+            makers[backend] = functools.partial(Original, trace.size, trace.page_size, backend=backend)
+            _check_original(makers[backend](), plans[backend], backend)
+    samples: dict[str, list[float]] = {name: [] for name in makers}
+    names = list(makers)
+    for r in range(repeats + 1):  # the first round warms up (kernels loaded) and is dropped
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            pool = makers[name]()
+            gc.disable()
+            t0 = time.perf_counter()
+            _run_steps(pool, plans[name])
+            seconds = (time.perf_counter() - t0) / max(done, 1)
+            gc.enable()
+            if r:
+                samples[name].append(seconds)
+    per_op = {name: float(np.median(s)) for name, s in samples.items()}
+    return TraceTiming(per_op, samples, notes)
+
+
+def _torch_of(slots: Any) -> Any:
+    import torch  # noqa: PLC0415 - only for the torch baseline, when torch is installed
+
+    return torch.from_numpy(np.array(slots))
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m hostpool_nb.replay PATH``: 0 if every operation matches, 1 at the first divergence."""
     ap = argparse.ArgumentParser(
@@ -105,7 +262,13 @@ def main(argv: list[str] | None = None) -> int:
         description="Replay a trace recorded with pool.recording(path) on a fresh pool, checking every result.",
     )
     ap.add_argument("path", help="the trace file")
+    ap.add_argument(
+        "--time", action="store_true", help="also time it on hostpool_nb and on the original algorithm, side by side"
+    )
+    ap.add_argument("--repeats", type=int, default=5, help="timed replays of each implementation (default 5)")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
     try:
         trace = load(args.path)
     except FileNotFoundError:
@@ -127,10 +290,23 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     note = f"; {skipped} not replayable (their input was not numbers), skipped" if skipped else ""
     print(f"{args.path}: {pool}: all {done} operations match{note}")
+    if args.time:
+        try:
+            timing = time_trace(trace, args.repeats)
+        except TraceError as exc:
+            print(f"python -m hostpool_nb.replay: error: {exc}", file=sys.stderr)
+            return 2
+        ours = timing.per_op["hostpool_nb"]
+        for name, seconds in timing.per_op.items():
+            ratio = "" if name == "hostpool_nb" else f"  ({seconds / ours:.2f}x hostpool_nb's time)"
+            label = name if name == "hostpool_nb" else f"original on {name}"
+            print(f"  {label:>19}: {seconds * 1e6:9.3f} us per operation, median of {args.repeats}{ratio}")
+        for line in timing.notes[1:]:
+            print(f"  {line}")
     return 0
 
 
-__all__ = ["Divergence", "main", "replay"]
+__all__ = ["Divergence", "TraceTiming", "main", "replay", "time_trace"]
 
 
 if __name__ == "__main__":

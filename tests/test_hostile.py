@@ -610,12 +610,10 @@ def test_an_alloc_beyond_int64_inside_a_recording_is_unreadable(tmp_path: Path, 
     assert "1 not replayable" in capsys.readouterr().out
 
 
-# -- 13. the benchmark's replay decides as the replay does --------------------------------------------
+# -- 13. timing a trace decides as the replay does --------------------------------------------
 
 
-def test_bench_skips_what_replay_skips(tmp_path: Path) -> None:
-    from bench import recorded
-
+def test_timing_a_trace_skips_what_replay_skips(tmp_path: Path) -> None:
     pool = LogicalHostPool(4 * PS, PS, track=True)
     path = tmp_path / "t.npz"
     with pool.recording(path):
@@ -624,9 +622,10 @@ def test_bench_skips_what_replay_skips(tmp_path: Path) -> None:
         assert pool.alloc(PS) is not None
     trace = T.load(path)
     assert trace.operations[0].arg == PS
-    assert [recorded.replayable(op) for op in trace.operations] == [False, True]
-    plan = recorded.hostpool_plan(trace)
-    recorded.run_checked(LogicalHostPool(4 * PS, PS), plan, "hostpool_nb", str(path))
+    assert [op.replayable for op in trace.operations] == [False, True]
+    timing = R.time_trace(trace, repeats=1, with_torch=False)  # the benchmark's --trace times it this way
+    assert set(timing.per_op) == {"hostpool_nb", "numpy"}
+    assert timing.notes[0] == "1 operations replayed, 1 not replayable skipped"
 
 
 # -- 14. paged free while a thread writes its array ----------------------------------------------

@@ -4,7 +4,7 @@ What is recorded for every kind of call, the file format as numpy reads it,
 record -> replay round trips on random workloads, the divergence report on
 deliberately altered traces, and clear errors (exit status 2, no traceback)
 for damaged files. The command line is run as a subprocess once per outcome;
-the other cases call ``trace.main``, which is what ``python -m
+the other cases call ``replay.main``, which is what ``python -m
 hostpool_nb.replay`` runs.
 """
 
@@ -1065,3 +1065,54 @@ def test_uint64_sizes_below_2_63_are_recorded_as_numbers(tmp_path: Path) -> None
     assert op.unreadable is False
     assert op.sizes is not None
     assert op.sizes.tolist() == [16, 2**62]
+
+
+# -- timing a trace (python -m hostpool_nb.replay --time) ------------------------------------------
+
+
+def test_replay_time_times_the_pool_and_the_original(tmp_path: Path, capsys: Any) -> None:
+    path = small_trace(tmp_path / "t.npz")
+    assert R.main([str(path), "--time", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("all 5 operations match")
+    assert out[1].strip().startswith("hostpool_nb:")
+    assert "us per operation, median of 2" in out[1]
+    assert out[2].strip().startswith("original on numpy:")
+    assert "x hostpool_nb's time)" in out[2]
+
+
+def test_a_sorted_pool_is_timed_alone_and_says_why(tmp_path: Path) -> None:
+    pool = LogicalHostPool(64, 16, merge="sorted")
+    path = tmp_path / "t.npz"
+    with pool.recording(path):
+        pool.free(pool.alloc(32))
+    timing = R.time_trace(T.load(path), repeats=1, with_torch=False)
+    assert list(timing.per_op) == ["hostpool_nb"]
+    assert (
+        timing.notes[1]
+        == "the original algorithm is not timed: the pool merges 'sorted'; the original merges in FIFO order only"
+    )
+
+
+def test_the_original_replays_a_free_group_at_its_end(tmp_path: Path) -> None:
+    pool = LogicalHostPool(64, 16)
+    path = tmp_path / "t.npz"
+    with pool.recording(path):
+        held = pool.alloc(48)
+        with pool.free_group():
+            pool.free(held[:16])
+            assert pool.alloc(16) is not None  # the pending page is not handed out in the group
+        assert pool.alloc(16) is not None  # it is now
+    trace = T.load(path)
+    steps = R._original_steps(trace, lambda a: a)
+    assert [(code, op.name) for code, _, op in steps] == [(0, "alloc"), (0, "alloc"), (1, "free"), (0, "alloc")]
+    timing = R.time_trace(trace, repeats=1, with_torch=False)  # the original gives the recorded slots
+    assert set(timing.per_op) == {"hostpool_nb", "numpy"}
+
+
+def test_replay_time_refuses_zero_repeats(tmp_path: Path, capsys: Any) -> None:
+    path = small_trace(tmp_path / "t.npz")
+    with pytest.raises(SystemExit) as info:
+        R.main([str(path), "--time", "--repeats", "0"])
+    assert info.value.code == 2
+    assert "--repeats must be at least 1, got 0" in capsys.readouterr().err

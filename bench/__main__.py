@@ -1,0 +1,138 @@
+"""python -m bench: hostpool_nb against the original algorithms, side by side in one process.
+
+Every workload runs hostpool_nb and the algorithm it replaces (on numpy,
+and on torch when torch imports) in the same process, interleaved; each
+figure is a median of repeats, each ratio baseline time / hostpool_nb time
+(above 1: hostpool_nb is faster). The default run takes a few minutes on 2
+cores; --scale multiplies repeats, loop lengths and trace lengths, and from
+2 on also times every allocation size in steps of 4 (--full is --scale 3).
+--trace PATH times a trace recorded with pool.recording(PATH) as well; your
+own workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from . import host, kvtrace, memory, paged, pool, startup, tracking  # noqa: F401 - each registers its workloads
+from .core import TORCH, WORKLOADS, Context
+from .report import machine_info, machine_line, summary, table, wrap, write_json, write_plot
+from .timing import Progress
+
+PROG = "python -m bench"
+FULL_SCALE = 3.0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        fail(message)
+
+
+def fail(message: str) -> None:
+    """One line on stderr and exit status 2: a mistake is reported before anything is measured."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _writable(option: str, path: str | None) -> None:
+    if path is None:
+        return
+    p = Path(path)
+    if path.endswith(("/", os.sep)) or p.is_dir():
+        fail(f"cannot write {option} {path}: it is a directory")
+    if not p.parent.is_dir():
+        fail(f"cannot write {option} {path}: directory {p.parent} does not exist")
+    if not os.access(p.parent, os.W_OK):
+        fail(f"cannot write {option} {path}: directory {p.parent} is not writable")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scale", type=float, default=1.0, help="more repeats, longer loops and traces (default 1)")
+    ap.add_argument("--full", action="store_true", help=f"the complete run: --scale {FULL_SCALE:g}")
+    ap.add_argument("--only", metavar="NAMES", help=f"comma-separated workloads, of: {','.join(WORKLOADS)}")
+    ap.add_argument("--trace", metavar="PATH", help="time a trace recorded with pool.recording(PATH) too")
+    ap.add_argument("--json", metavar="PATH", help="write every figure, with the machine's details, to PATH")
+    ap.add_argument("--plot", metavar="PATH", help="draw the round trips to a PNG (needs matplotlib)")
+    ap.add_argument("--no-torch", action="store_true", help="leave the torch baseline out even if torch imports")
+    ap.add_argument("--torch-threads", type=int, default=1, metavar="N", help="torch intra-op threads (default 1)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar (shown only on a terminal)")
+    args = ap.parse_args(argv)
+    if args.full:
+        args.scale = FULL_SCALE
+    if not args.scale > 0:
+        fail(f"--scale must be positive, got {args.scale}")
+    if args.torch_threads < 0:
+        fail(f"--torch-threads must be 0 (torch's default) or more, got {args.torch_threads}")
+    if args.only is not None:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = [n for n in names if n not in WORKLOADS]
+        if not names or unknown:
+            fail(f"--only: unknown workload(s) {','.join(unknown) or '(none)'}; choose from {','.join(WORKLOADS)}")
+        args.only = names
+    elif args.trace is not None and len(sys.argv if argv is None else argv) <= 3:
+        args.only = ["recorded"]  # --trace PATH alone times only the trace
+    if args.trace is not None:
+        from hostpool_nb.trace import TraceError, load
+
+        try:
+            load(args.trace)
+        except (OSError, TraceError) as exc:
+            fail(f"--trace {args.trace}: {exc}")
+    _writable("--json", args.json)
+    _writable("--plot", args.plot)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with_torch = None if not args.no_torch else False
+    impls = pool.implementations(with_torch)
+    if TORCH in impls and args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)  # one thread, as hostpool_nb and numpy use
+    names = args.only or [n for n in WORKLOADS if n != "recorded" or args.trace]
+    chosen = [WORKLOADS[n] for n in names]
+    total = sum(max(w.seconds, 1.0) * args.scale for w in chosen)
+    progress = Progress(total, enabled=not args.no_progress)
+    ctx = Context(args.scale, impls, progress.advance, progress.label)
+    ctx.raw["trace_path"] = args.trace
+    started = time.perf_counter()
+    rows = []
+    done = 0.0
+    try:
+        progress.label("compiling and loading kernels")
+        from hostpool_nb import warmup
+
+        warmup.compile_all(quiet=True)
+        for w in chosen:
+            ctx.tick = lambda share, w=w: progress.advance(share * max(w.seconds, 1.0) * args.scale)
+            rows += w.run(ctx)
+            done += max(w.seconds, 1.0) * args.scale
+            progress.reach(done)
+    finally:
+        progress.close()
+    info = machine_info()
+    elapsed = time.perf_counter() - started
+    print(wrap(f"hostpool_nb benchmark, scale {args.scale:g} ({elapsed:.0f} s); {machine_line(info)}"))
+    print("x numpy, x torch = baseline time / hostpool_nb time (above 1x: hostpool_nb is faster or smaller)")
+    print()
+    print(table(rows, TORCH in impls))
+    print()
+    print(wrap(summary(rows)))
+    for note in ctx.notes:
+        print(wrap(note, "- ", "  "))
+    if args.json:
+        write_json(args.json, rows, ctx.notes, info, scale=args.scale, elapsed_s=elapsed)
+    if args.plot:
+        write_plot(args.plot, rows, info)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""python -m bench.compare [REV]: this checkout's pool against a revision's, side by side.
+
+Every change to the hot path says what it cost or saved. The two pools are
+timed in one process, interleaved, on the cells of python -m bench; the
+ratio REV time / this time is what a change is judged by (above 1: this
+checkout is faster). REV's package is extracted with git archive into a
+folder under the system's temporary directory, under another name, so both
+import at once; its kernels compile there once.
+
+Cells (--only-cells, comma-separated): 64:64, 16:16, 1:1 (one page);
+64:65536, 16:65536, 1:65536; 1:65536s (from a free list shuffled page by
+page); 1:trace, 16:trace, 64:trace (the KV-cache trace, per call); 64:64t
+(one page on a pool made with track=True).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+from .kvtrace import make_trace, measure_trace
+from .pool import MIB_SLOTS, measure_roundtrip
+from .report import fmt_ratio, fmt_value
+from .timing import median
+
+ROOT = Path(__file__).resolve().parent.parent
+CELLS = [
+    "64:64",
+    "16:16",
+    "1:1",
+    "64:65536",
+    "16:65536",
+    "1:65536",
+    "1:65536s",
+    "1:trace",
+    "16:trace",
+    "64:trace",
+    "64:64t",
+]
+TRACE_OPS = 30_000
+
+
+def _git(*args: str) -> bytes:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, check=True).stdout
+
+
+def load_revision(rev: str) -> tuple[str, Callable[..., Any]]:
+    """``(short sha, LogicalHostPool class)`` of ``rev``'s package, imported under another name."""
+    try:
+        sha = _git("rev-parse", "--verify", f"{rev}^{{commit}}").decode().strip()
+    except subprocess.CalledProcessError:
+        raise SystemExit(f"python -m bench.compare: error: {rev!r} is not a git revision of {ROOT}") from None
+    name = f"hostpool_nb_{sha[:10]}"
+    base = Path(tempfile.gettempdir()) / "hostpool_nb-compare"
+    target = base / name
+    if not (target / "__init__.py").is_file():
+        tmp = base / f".{name}.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        with tarfile.open(fileobj=BytesIO(_git("archive", "--format=tar", sha, "hostpool_nb"))) as tar:
+            tar.extractall(tmp, filter="data")
+        (tmp / "hostpool_nb").rename(target)
+        tmp.rmdir()
+    sys.path.insert(0, str(base))
+    return sha[:10], importlib.import_module(name).LogicalHostPool
+
+
+def measure_cell(
+    cell: str, impls: dict[str, Callable[..., Any]], repeats: int, min_loop_s: float
+) -> dict[str, list[float]]:
+    ps_text, k_text = cell.split(":")
+    ps = int(ps_text)
+    if k_text == "trace":
+        return measure_trace(impls, make_trace(MIB_SLOTS, ps, TRACE_OPS), repeats, floors=False)
+    tracked = k_text.endswith("t")
+    shuffled = k_text.endswith("s")
+    k = int(k_text.rstrip("ts"))
+    if tracked:
+        impls = {n: functools.partial(cls, track=True) for n, cls in impls.items()}
+    size = MIB_SLOTS if k > 1 else 1 << 16
+    return measure_roundtrip(impls, ps, k, size, repeats, min_loop_s, 1.0, shuffled)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("rev", nargs="?", default="HEAD", help="the git revision to compare against (default: HEAD)")
+    ap.add_argument("--repeats", type=int, default=7, help="interleaved repeats per cell (default: 7)")
+    ap.add_argument("--min-loop", type=float, default=0.05, metavar="S", help="shortest timed loop (default 0.05 s)")
+    ap.add_argument("--only-cells", metavar="CELLS", help="comma-separated cells (default: all)")
+    args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats: {args.repeats} is not a positive number")
+    cells = CELLS
+    if args.only_cells is not None:
+        cells = list(dict.fromkeys(c.strip() for c in args.only_cells.split(",") if c.strip()))
+        unknown = [c for c in cells if c not in CELLS]
+        if not cells or unknown:
+            ap.error(f"--only-cells: unknown cell(s) {','.join(unknown) or '(none)'}; choose from {','.join(CELLS)}")
+    from hostpool_nb import LogicalHostPool
+
+    short, old = load_revision(args.rev)
+    impls = {"hostpool_nb": LogicalHostPool, short: old}
+    print(f"this checkout against {args.rev} ({short}): ratio = {short} time / this time, paired min..max")
+    print(f"{'cell':>9}  {'this':>9}  {short:>10}  {'ratio':>6}  paired")
+    for cell in cells:
+        s = measure_cell(cell, impls, args.repeats, args.min_loop)
+        mine, theirs = s["hostpool_nb"], s[short]
+        paired = sorted(b / a for a, b in zip(mine, theirs, strict=True))
+        print(
+            f"{cell:>9}  {fmt_value(median(mine), 's'):>9}  {fmt_value(median(theirs), 's'):>10}  "
+            f"{fmt_ratio(median(theirs) / median(mine)):>6}  {paired[0]:.2f}..{paired[-1]:.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

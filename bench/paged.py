@@ -1,0 +1,194 @@
+"""sglang-jax's device allocators: ``hostpool_nb.paged`` against the original algorithm, one call at a time.
+
+The calls timed are ``free`` of one request (with 10k to 1M pages free:
+the original's free grows with the free list), ``alloc_extend`` and
+``alloc_decode`` of a batch (as Python lists, as sglang-jax passes them,
+and as int64 arrays) and ``merge_and_sort_free``. Each timed call starts
+from a state set up outside the timed region (an ``alloc`` of the request
+before each ``free``, ``restore_state`` of a snapshot before the others)
+and is timed alone; a sample is the median call of its iterations. Before
+timing, one call on each side must give the same result and leave the
+same lists.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .core import HOSTPOOL, NUMPY, Context, Row, fmt_count, workload
+from .pool import Divergence
+from .timing import gc_paused, interleaved, median
+
+PAGE_SIZE = 16
+
+
+def implementations() -> dict[str, Callable[[int, int], Any]]:
+    from hostpool_nb.originals import paged as original
+    from hostpool_nb.paged import PagedTokenToKVPoolAllocator
+
+    return {
+        HOSTPOOL: lambda size, ps: PagedTokenToKVPoolAllocator(size, ps, None),
+        NUMPY: lambda size, ps: original.PagedTokenToKVPoolAllocator(size, ps, None),
+    }
+
+
+def _lists(a: Any) -> tuple[list[int], list[int], int]:
+    return a.free_pages[0].tolist(), sorted(a.release_pages[0].tolist()), a.available_size()
+
+
+def _same(values: dict[str, Any], what: str) -> None:
+    ref = values[NUMPY]
+    for name, value in values.items():
+        same = (
+            np.array_equal(value, ref) and np.asarray(value).dtype == np.asarray(ref).dtype
+            if isinstance(ref, np.ndarray)
+            else value == ref
+        )
+        if not same:
+            raise Divergence(f"paged {what}: {name} gave {value!r:.80}, the original {ref!r:.80}")
+
+
+def _timed_calls(prepare: Callable[[], tuple[Any, ...]], call: Callable[..., Any], n: int) -> float:
+    """Median seconds of ``n`` calls, each timed alone after its untimed set-up."""
+    clock = time.perf_counter
+    times = []
+    with gc_paused():
+        for _ in range(n):
+            args = prepare()
+            t0 = clock()
+            call(*args)
+            times.append(clock() - t0)
+    return median(times)
+
+
+def measure(
+    subjects: dict[str, tuple[Any, Callable[[], tuple[Any, ...]], Callable[..., Any]]],
+    what: str,
+    ctx: Context,
+    compare_result: bool = True,
+) -> dict[str, list[float]]:
+    """``subjects``: name -> (allocator, set-up returning the call's arguments, call). Samples by name."""
+    results, lists, first = {}, {}, {}
+    for name, (a, prepare, call) in subjects.items():
+        args = prepare()
+        t0 = time.perf_counter()
+        results[name] = call(*args)
+        first[name] = time.perf_counter() - t0
+        lists[name] = _lists(a)
+    if compare_result:
+        _same(results, f"{what}: the result")
+    _same(lists, f"{what}: the lists after the call")
+    iters = {name: max(3, min(int(ctx.loop_s() / max(t, 1e-9)) + 1, 20000)) for name, t in first.items()}
+    runners = {name: _calls_runner(prepare, call, iters[name]) for name, (_, prepare, call) in subjects.items()}
+    return interleaved(runners, ctx.repeats())
+
+
+def _calls_runner(prepare: Callable[[], tuple[Any, ...]], call: Callable[..., Any], n: int) -> Callable[[], float]:
+    return lambda: _timed_calls(prepare, call, n)
+
+
+def _restoring(a: Any, args: tuple[Any, ...], call: Callable[..., Any]) -> tuple[Any, Any, Any]:
+    state = a.backup_state()
+
+    def prepare() -> tuple[Any, ...]:
+        a.restore_state(state)
+        return args
+
+    return a, prepare, call
+
+
+def _requests(impls: dict[str, Any], pool_pages: int, lens: np.ndarray) -> dict[str, tuple[Any, np.ndarray]]:
+    """Allocators holding requests of ``lens`` tokens (one alloc_extend from empty), and each one's last slot."""
+    n = lens.shape[0]
+    made, got = {}, {}
+    for name, make in impls.items():
+        a = make(PAGE_SIZE * pool_pages, PAGE_SIZE)
+        got[name] = a.alloc_extend([0] * n, lens.tolist(), [-1] * n, int(lens.sum()))
+        made[name] = a
+    _same(got, "set-up alloc_extend")
+    ends = np.cumsum(lens) - 1
+    return {name: (a, np.asarray(got[name], dtype=np.int64)[ends]) for name, a in made.items()}
+
+
+@workload("paged", seconds=30)
+def paged(ctx: Context) -> list[Row]:
+    impls = implementations()
+    rows = []
+    tokens = ctx.size(2048, 64)
+    pool_pages = ctx.size(62_500, 2048)
+    for free_pages in (10_000, 62_500, 250_000, 1_000_000) if not ctx.tiny else (64, 256):
+        ctx.label(f"paged free, {fmt_count(free_pages)} pages free")
+        subjects = {}
+        for name, make in impls.items():
+            a = make(PAGE_SIZE * (free_pages + tokens // PAGE_SIZE), PAGE_SIZE)
+            subjects[name] = (a, _free_setup(a, tokens), a.free)
+        s = measure(subjects, f"free with {free_pages} pages free", ctx, compare_result=False)
+        row = _row(f"free {tokens} tok, {fmt_count(free_pages)} free", s)
+        rows.append(row.at_least(NUMPY, 300) if free_pages == 62_500 else row)
+        ctx.tick(0.1)
+    rng = np.random.default_rng(0)
+    requests, longest = ctx.size(32, 4), ctx.size(4096, 64)
+    prefix = rng.integers(0, longest + 1, requests)
+    seq = prefix + rng.integers(1, longest // 2 + 1, requests)
+    lens = rng.integers(1, longest + 1, ctx.size(256, 8))
+    lens[0] = max(PAGE_SIZE, lens[0] - lens[0] % PAGE_SIZE)  # one full page: a decode takes at least one
+    for form in ("lists", "arrays"):
+        conv = (lambda x: x.tolist()) if form == "lists" else (lambda x: x.astype(np.int64))
+        ctx.label(f"paged alloc_extend, {form}")
+        subjects = {
+            name: _restoring(a, (conv(prefix), conv(seq), conv(last), int(np.sum(seq - prefix))), a.alloc_extend)
+            for name, (a, last) in _requests(impls, pool_pages, prefix).items()
+        }
+        row = _row(f"extend {requests} reqs, {form}", measure(subjects, "alloc_extend", ctx))
+        rows.append(row.at_least(NUMPY, 25) if form == "lists" else row)
+        ctx.label(f"paged alloc_decode, {form}")
+        subjects = {
+            name: _restoring(a, (conv(lens + 1), conv(last)), a.alloc_decode)
+            for name, (a, last) in _requests(impls, pool_pages, lens).items()
+        }
+        row = _row(f"decode {lens.shape[0]} seqs, {form}", measure(subjects, "alloc_decode", ctx))
+        rows.append(row.at_least(NUMPY, 4) if form == "lists" else row)
+        ctx.tick(0.2)
+    ctx.label("paged merge_and_sort_free")
+    released, held, free = ctx.size(100_000, 512), ctx.size(37_500, 128), ctx.size(62_500, 256)
+    order = np.random.default_rng(2).permutation(np.arange(1, released + held + 1))[:released]
+    subjects = {}
+    for name, make in impls.items():
+        a = make(PAGE_SIZE * (free + released + held), PAGE_SIZE)
+        a.alloc(PAGE_SIZE * (released + held))
+        for chunk in np.array_split(order, 100):
+            a.free((chunk[:, None] * PAGE_SIZE + np.arange(PAGE_SIZE)).reshape(-1).astype(np.int32))
+        subjects[name] = _restoring(a, (), a.merge_and_sort_free)
+    rows.append(
+        _row(f"merge {fmt_count(released)} released", measure(subjects, "merge_and_sort_free", ctx)).at_least(NUMPY, 4)
+    )
+    ctx.tick(0.2)
+    ctx.notes.append(
+        f"paged allocator (page size {PAGE_SIZE}): hostpool_nb.paged against the original algorithm in numpy "
+        "(hostpool_nb.originals.paged); each call timed alone from a state set up untimed; free of one 2048-token "
+        "request as int32, with N pages free; extend/decode batches as lists and as int64 arrays; merge of 100k "
+        "released pages among 200k"
+    )
+    return rows
+
+
+def _free_setup(a: Any, tokens: int) -> Callable[[], tuple[Any, ...]]:
+    def prepare() -> tuple[Any, ...]:
+        return (np.asarray(a.alloc(tokens)).astype(np.int32),)
+
+    return prepare
+
+
+def _row(params: str, samples: dict[str, list[float]]) -> Row:
+    return Row(
+        "paged allocator",
+        params,
+        "s",
+        {n: median(s) for n, s in samples.items()},
+        samples=samples,
+        columns=(HOSTPOOL, NUMPY),
+    )

@@ -1,0 +1,206 @@
+"""The results as a table (tabulate), a summary of the targets, a JSON document and a plot.
+
+Every ratio is baseline / hostpool_nb (above 1: hostpool_nb is faster, or
+smaller), and every target is a bound on a ratio, so no figure has to be
+read backwards; the tracking rows bound hostpool_nb against itself and say
+so. The table shows hostpool_nb's value and the ratios; the baselines' own
+figures and the spread of the paired ratios are in ``--json``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import textwrap
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import tabulate as _tabulate
+
+from .core import HOSTPOOL, IMPLS, NUMPY, TORCH, Row
+
+WIDTH = 100
+PARAMS_MAX = 26
+TARGET_MAX = 16
+
+
+def wrap(text: str, first: str = "", rest: str = "") -> str:
+    """``text`` filled to :data:`WIDTH` columns; paths and names are never split."""
+    return textwrap.fill(
+        text, WIDTH, initial_indent=first, subsequent_indent=rest, break_long_words=False, break_on_hyphens=False
+    )
+
+
+def fmt_value(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "s":
+        for scale, name in ((1, "s"), (1e-3, "ms"), (1e-6, "µs")):
+            if value >= scale:
+                return f"{value / scale:.3g} {name}"
+        return f"{value * 1e9:.3g} ns"
+    if unit == "x":
+        return f"{value:.2f}x"
+    return f"{value:.3g} {unit.replace('/page', '/pg')}"
+
+
+def fmt_ratio(r: float | None) -> str:
+    if r is None:
+        return "-"
+    return f"{r:.3g}x" if r < 100 else f"{r:,.0f}x"
+
+
+def table(rows: list[Row], torch_ran: bool) -> str:
+    """One table at most :data:`WIDTH` columns wide; long params and targets become footnotes."""
+    notes: list[str] = []
+
+    def fit(text: str, limit: int) -> str:
+        if len(text) <= limit:
+            return text or "-"
+        notes.append(text)
+        return f"[{len(notes)}]"
+
+    lines = []
+    for r in rows:
+        ratios = r.ratios
+        cells = [fmt_value(r.values.get(HOSTPOOL), r.unit)]
+        for name in (NUMPY, TORCH):
+            shown = name in r.columns and (name != TORCH or torch_ran)
+            cells.append(
+                fmt_ratio(ratios.get(name)) if shown else ("n/a" if name == TORCH and name in r.columns else "-")
+            )
+        met = {True: "yes", False: "NO", None: "-"}[r.met]
+        lines.append([r.workload, fit(r.params, PARAMS_MAX), *cells, fit(r.target, TARGET_MAX), met])
+    _tabulate.MIN_PADDING = 0  # columns as wide as their widest cell: the table fits WIDTH
+    text = _tabulate.tabulate(
+        lines,
+        headers=["workload", "params", HOSTPOOL, "x numpy", "x torch", "target", "met?"],
+        colalign=("left", "left", "right", "right", "right", "left", "left"),
+        disable_numparse=True,
+    )
+    foot = [wrap(t, f"[{i}] ", "    ") for i, t in enumerate(notes, 1)]
+    return "\n".join([text, *foot])
+
+
+def summary(rows: list[Row]) -> str:
+    """One line: how many targets were met, and which were missed."""
+    met = [r for r in rows if r.met is True]
+    missed = [r for r in rows if r.met is False]
+    line = f"targets: {len(met)} of {len(met) + len(missed)} met"
+    if missed:
+        line += "; missed (NO): " + "; ".join(f"{r.workload} {r.params} ({r.target})" for r in missed)
+    return line
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine and library versions, from numba's own system report, and the date."""
+    info: dict[str, Any] = {}
+    try:
+        from numba.misc.numba_sysinfo import get_sysinfo
+
+        sys_info = get_sysinfo()
+        info = {
+            "cpu": sys_info.get("CPU Name"),
+            "cpu_count": sys_info.get("CPU Count"),
+            "cpu_features": sys_info.get("CPU Features"),
+            "memory_bytes": sys_info.get("Mem Total"),
+            "os": f"{sys_info.get('OS Name')} {sys_info.get('OS Version')}",
+        }
+    except Exception:  # noqa: BLE001 - numba's report is a convenience: fall back to the platform's
+        info = {"cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
+    import numba
+    import numpy
+
+    import hostpool_nb
+
+    info.update(
+        python=platform.python_version(),
+        numpy=numpy.__version__,
+        numba=numba.__version__,
+        hostpool_nb=hostpool_nb.__version__,
+        git=_git_revision(),
+        date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    )
+    try:
+        from importlib.metadata import version
+
+        info["torch"] = version("torch")
+    except Exception:  # noqa: BLE001 - not installed
+        info["torch"] = None
+    return info
+
+
+def _git_revision() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=False
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (rev + ("+dirty" if dirty else "")) or None
+
+
+def machine_line(info: dict[str, Any]) -> str:
+    return (
+        f"{info['cpu']}, {info['cpu_count']} cores; Python {info['python']}, numpy {info['numpy']}, "
+        f"numba {info['numba']}, torch {info['torch'] or 'not installed'}; hostpool_nb {info['hostpool_nb']} "
+        f"({info['git'] or 'no git'}); {info['date']}"
+    )
+
+
+def write_json(path: str, rows: list[Row], notes: list[str], info: dict[str, Any], **extra: Any) -> None:
+    doc = {"schema": 2, "machine": info, "rows": [{**asdict(r), "ratios": r.ratios} for r in rows], "notes": notes}
+    doc.update(extra)
+    Path(path).write_text(json.dumps(doc, indent=2, allow_nan=False, default=_plain) + "\n")
+
+
+def _plain(obj: Any) -> Any:
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def write_plot(path: str, rows: list[Row], info: dict[str, Any]) -> None:
+    """Time per round trip against allocation size, log-log, one panel per page size (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install matplotlib (or the bench extra)") from None
+    cells = [r for r in rows if r.workload == "round trip" and "shuffled" not in r.params]
+    floor = next((r.values[HOSTPOOL] for r in rows if r.workload == "memory floor"), None)
+    page_sizes = sorted({r.extra["page_size"] for r in cells})
+    fig, axes = plt.subplots(1, len(page_sizes), figsize=(4.6 * len(page_sizes), 4.2), sharey=True, squeeze=False)
+    for ax, ps in zip(axes[0], page_sizes, strict=True):
+        mine = sorted((r for r in cells if r.extra["page_size"] == ps), key=lambda r: r.extra["k"])
+        for name, (color, marker) in zip(IMPLS, (("C0", "o"), ("C1", "s"), ("C3", "^")), strict=True):
+            pts = [(r.extra["k"], r.values[name]) for r in mine if name in r.values]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker=marker, color=color, label=name)
+        if floor is not None:
+            ax.plot([65536], [floor], "x", color="0.4", label="memory floor, 65,536 slots")
+        ax.set(xscale="log", yscale="log", title=f"page size {ps}", xlabel="slots per alloc + free (k)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("seconds per round trip")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"round trip, median time per call - {info['cpu']}, {info['date']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,121 @@
+"""The method: every implementation timed side by side in one process, interleaved, medians.
+
+The machine is shared and noisy, so each repeat runs every implementation
+once, in an order that rotates from repeat to repeat, and a figure is the
+median of its repeats; the garbage collector is paused inside timed
+regions, as ``timeit`` does.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+
+def median(samples: Sequence[float]) -> float:
+    return float(statistics.median(samples))
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def timed(fn: Callable[..., Any], *args: Any) -> float:
+    """Seconds taken by ``fn(*args)``, with the collector paused."""
+    with gc_paused():
+        t0 = time.perf_counter()
+        fn(*args)
+        return time.perf_counter() - t0
+
+
+def interleaved(
+    runners: dict[str, Callable[[], float]], repeats: int, tick: Callable[[], None] | None = None
+) -> dict[str, list[float]]:
+    """Run each runner ``repeats`` times, repeat ``r`` starting at runner ``r``; every sample, by name."""
+    names = list(runners)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(runners[name]())
+            if tick is not None:
+                tick()
+    return samples
+
+
+def loop_count(cycle_s: dict[str, float], min_loop_s: float, max_loop_s: float, min_cycles: int = 3) -> int:
+    """Whole cycles per timed loop: the fastest loop lasts ``min_loop_s``, the slowest at most ``max_loop_s``."""
+    fastest = max(min(cycle_s.values()), 1e-9)
+    slowest = max(*cycle_s.values(), 1e-9)
+    return max(min_cycles, min(math.ceil(min_loop_s / fastest), int(max_loop_s / slowest)))
+
+
+class Progress:
+    """A tqdm bar on stderr, when stderr is a terminal and tqdm is installed; counted in estimated seconds.
+
+    Each workload advances the bar by its share of its estimate as its cells
+    finish, so the ETA is that of the work left, not of a count of steps
+    whose lengths differ a thousandfold. The label says what runs now.
+    """
+
+    def __init__(self, total_s: float, enabled: bool = True, stream: TextIO | None = None) -> None:
+        stream = sys.stderr if stream is None else stream
+        self._bar: Any = None
+        self._done = 0.0
+        if not (enabled and _is_tty(stream)):
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return
+        self._bar = tqdm(
+            total=max(total_s, 1.0),
+            file=stream,
+            leave=False,
+            dynamic_ncols=True,
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} elapsed, about {remaining} left",
+        )
+
+    @property
+    def shown(self) -> bool:
+        return self._bar is not None
+
+    def label(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.set_description_str(text, refresh=True)
+
+    def advance(self, seconds: float) -> None:
+        self._done += seconds
+        if self._bar is not None:
+            self._bar.update(seconds)
+
+    def reach(self, seconds: float) -> None:
+        """Move to ``seconds`` done (a workload's end), whatever its cells reported."""
+        if seconds > self._done:
+            self.advance(seconds - self._done)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _is_tty(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except (OSError, ValueError):  # a closed or detached stream
+        return False
