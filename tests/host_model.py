@@ -1,6 +1,6 @@
-"""What a HostPagePool should do, from SPEC-host: the original bookkeeping plus the package's stricter rules.
+"""What a HostPagePool should do: the original bookkeeping (docs/behaviour.md, section 4) and the stricter rules.
 
-``Expected`` wraps the original algorithm (``bench/host_baselines.py``'s
+``Expected`` wraps the original algorithm (``hostpool_nb.originals.host_tier``'s
 ``LRUHostKVPool``, plain Python lists) and applies to it what hostpool_nb
 adds: a call that raises changes nothing (the original frees the pages
 before a bad one: here it runs on a copy first), the errors are the

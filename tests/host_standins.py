@@ -1,7 +1,7 @@
-"""Stand-ins for sglang-jax's host KV pools, with transfer-like methods, written from SPEC-host.
+"""Stand-ins for sglang-jax's host KV pools, with transfer-like methods, written from docs/behaviour.md (section 4).
 
-The bookkeeping is the original algorithm of ``bench/host_baselines.py``; on
-top, each stand-in has what its data plane does to that bookkeeping (SPEC
+The bookkeeping is the original algorithm of ``hostpool_nb.originals.host_tier``; on
+top, each stand-in has what its data plane does to that bookkeeping (docs/behaviour.md
 "Per-page state"): a transfer captures a page's generation when it starts
 and, under ``_lock``, keeps its result only if the page is still allocated
 at that generation; transfers staged for a page are dropped when it is

@@ -8,7 +8,7 @@ the arrays are left out on purpose: ``free`` stages the page ids it has
 validated behind the ring's live window and behind the group's pending ids
 (``_paged_kernels.py``), and a failed call may leave them there.
 
-``compare`` checks an allocator against the oracle of ``bench/paged_baselines.py``
+``compare`` checks an allocator against the oracle of ``hostpool_nb.originals.paged``
 after a step: the free list in order (it is what the next allocation takes),
 the released pages as a set (their order is not part of the contract), the
 dtypes, ``available_size`` of every rank and whether a free group is open.

@@ -1,11 +1,11 @@
 """A slow, obviously correct model of hostpool_nb.LogicalHostPool.
 
-Written from SPEC.md and the scheduler-API issue, not from the package's
+Written from docs/behaviour.md, sections 1 and 2, not from the package's
 code: the free list is a Python list of slot ids, the release list and the
 pending list are lists of freed chunks (lists), and chunks are merged onto
 the free list only when an allocation needs more slots than the free list
-holds (or on ``merge()``), exactly as SPEC section 1 describes the original.
-On top of that it applies hostpool_nb's stricter checks (SPEC section 2),
+holds (or on ``merge()``), exactly as docs/behaviour.md, section 1 describes the original.
+On top of that it applies hostpool_nb's stricter checks (docs/behaviour.md, section 2),
 with a set of allocated page ids for ownership, and raises the package's
 exception classes in the package's check order:
 

@@ -1,4 +1,4 @@
-"""Every misuse in SPEC's table and issue 2 item 4, and the inputs that are fine.
+"""Every misuse in the table of docs/behaviour.md, section 1, and the inputs that are fine.
 
 Each bad call must raise the documented type, with a message naming the
 offending value, and leave the pool's state exactly as it was. Setup for the
@@ -110,14 +110,14 @@ class _BrokenIndex:
 # -- free -------------------------------------------------------------------
 
 FREE_CASES = [
-    # SPEC table: the same page freed twice (page 2 was freed in the fixture).
+    # The table of docs/behaviour.md: the same page freed twice (page 2 was freed in the fixture).
     pytest.param(page(2), DoubleFreeError, ["page 2", "32..47", "not allocated"], id="double-free"),
     pytest.param(page(0) + page(0), DoubleFreeError, ["page 0", "0..15", "twice"], id="twice-in-one-call"),
     pytest.param(page(0) + page(1) + page(0), DoubleFreeError, ["page 0", "indices[32]"], id="twice-apart"),
     pytest.param(page(3), DoubleFreeError, ["page 3", "48..63"], id="never-allocated"),
     # A valid page first: its release must be rolled back.
     pytest.param(page(0) + page(3), DoubleFreeError, ["page 3", "indices[16]"], id="valid-then-unallocated"),
-    # SPEC table: slot outside [0, size).
+    # The table of docs/behaviour.md: slot outside [0, size).
     pytest.param(list(range(-PS, 0)), SlotRangeError, ["-16", "[0, 64)"], id="negative-slot"),
     pytest.param(list(range(SIZE, SIZE + PS)), SlotRangeError, ["64", "[0, 64)"], id="slot-at-size"),
     pytest.param(page(0) + [10**6 + j for j in range(PS)], SlotRangeError, ["1000000"], id="slot-far-out"),
@@ -155,7 +155,7 @@ FREE_CASES = [
         [exact(f"free got slot {2**64} at indices[1] (flattened), outside the int64 range")],
         id="int64-min-then-huge",
     ),
-    # SPEC table: 16 slots straddling two pages; partial and unordered pages.
+    # The table of docs/behaviour.md: 16 slots straddling two pages; partial and unordered pages.
     pytest.param(list(range(8, 24)), PartialPageError, ["slot 8", "page_size=16"], id="straddle"),
     pytest.param(page(0)[:8] + page(1)[:8], PartialPageError, ["slot 16", "expected 8"], id="two-half-pages"),
     pytest.param(page(0)[::-1], PartialPageError, ["slot 15"], id="reversed-page"),
@@ -175,7 +175,7 @@ FREE_CASES = [
         [exact("LogicalHostPool free must be page-aligned, got len(indices)=24, page_size=16")],
         id="misaligned-2d",
     ),
-    # Non-integer data (issue 2 item 4): TypeError naming the dtype.
+    # Non-integer data : TypeError naming the dtype.
     pytest.param(np.arange(PS, dtype=np.float64), TypeError, ["float64"], id="float64"),
     pytest.param(np.arange(PS, dtype=np.float32), TypeError, ["float32"], id="float32"),
     pytest.param([float(s) for s in page(0)], TypeError, ["float64"], id="float-list"),
@@ -242,7 +242,7 @@ def test_free_python_ints_beyond_int64_are_range_errors(pool: LogicalHostPool, s
 
     Like ``np.full(16, 2**63, dtype=np.uint64)`` (a SlotRangeError naming the
     slot), a list holding a slot beyond the int64 range is a slot outside
-    ``[0, size)`` (SPEC table, issue 2 item 4: a ValueError subclass).
+    ``[0, size)`` (a ValueError subclass).
     """
     # The last list mixes signs: numpy infers float64 for it, but every entry
     # is a Python int, and the first slot is out of range.
@@ -263,7 +263,7 @@ def test_free_python_ints_beyond_int64_are_range_errors(pool: LogicalHostPool, s
 # -- alloc ----------------------------------------------------------------------
 
 ALLOC_CASES = [
-    # SPEC table: alloc(-16) with page 16, size 64 corrupted the original.
+    # The table of docs/behaviour.md: alloc(-16) with page 16, size 64 corrupted the original.
     pytest.param(-16, HostPoolError, ["need_size=-16"], id="negative-aligned"),
     pytest.param(-(2**70), HostPoolError, [str(-(2**70))], id="negative-huge"),
     pytest.param(
@@ -358,7 +358,7 @@ def test_refused_huge_alloc_allocates_nothing(snapshot: Any, refused: Any) -> No
 @pytest.mark.parametrize("kind", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64])
 def test_alloc_accepts_numpy_integers(pool: LogicalHostPool, kind: type) -> None:
     out = pool.alloc(kind(PS))
-    # The FIFO order of SPEC: the free list (page 3) before the release list (page 2).
+    # The FIFO order of docs/behaviour.md: the free list (page 3) before the release list (page 2).
     assert out is not None
     assert out.tolist() == page(3)
     assert pool.alloc(kind(PS)).tolist() == page(2)
@@ -369,7 +369,7 @@ def test_alloc_accepts_numpy_integers(pool: LogicalHostPool, kind: type) -> None
 # -- constructor ----------------------------------------------------------------
 
 CTOR_CASES = [
-    # SPEC table: page_size=0 was a ZeroDivisionError in the original.
+    # The table of docs/behaviour.md: page_size=0 was a ZeroDivisionError in the original.
     pytest.param(SIZE, 0, HostPoolError, ["page_size=0"], id="page-size-0"),
     pytest.param(SIZE, -1, HostPoolError, ["page_size=-1"], id="page-size-negative"),
     pytest.param(-16, PS, HostPoolError, ["size=-16"], id="size-negative"),
@@ -478,7 +478,7 @@ def test_too_large_is_decided_at_the_addressable_limit(monkeypatch: pytest.Monke
 def test_page_size_beyond_int64_is_a_value_error() -> None:
     """A page_size the pool cannot represent is caller misuse: ValueError, not OverflowError.
 
-    SPEC section 2: misuse by the caller is ValueError/TypeError with the
+    docs/behaviour.md, section 2: misuse by the caller is ValueError/TypeError with the
     offending value in the message.
     """
     for size, page_size in ((0, 2**63), (2**63, 2**63)):
@@ -497,7 +497,7 @@ def test_numpy_integer_constructor_arguments() -> None:
 
 
 def test_2d_indices_free_whole_rows(pool: LogicalHostPool) -> None:
-    """SPEC table: shape (2, 16) is 32 slots, two pages, flattened in C order."""
+    """The table of docs/behaviour.md: shape (2, 16) is 32 slots, two pages, flattened in C order."""
     assert pool.alloc(2 * PS).tolist() == page(3) + page(2)  # now everything is held
     indices = np.array([page(3), page(0)])
     assert indices.shape == (2, PS)
@@ -609,7 +609,7 @@ def test_zero_size_pool(ps: int, snapshot: Any, unchanged: Any) -> None:
     assert pool.available_size() == 0
 
 
-# -- SPEC section 1: attributes and data-plane hooks ------------------------------------
+# -- docs/behaviour.md, section 1: attributes and data-plane hooks ------------------------------------
 
 
 @pytest.mark.parametrize("layout", [None, "page_first", ("any", "object")])

@@ -276,7 +276,7 @@ def test_a_double_free_race_frees_once() -> None:
 
 
 def test_the_plain_stand_ins_behave_as_specified() -> None:
-    """The stand-ins judge the mixin, so they are checked against SPEC-host's texts too."""
+    """The stand-ins judge the mixin, so they are checked against the texts of docs/behaviour.md, section 4 too."""
     q = StandInQueue(2)
     assert (q.reserve(), q.reserve(), q.reserve()) == (0, 1, None)
     q.release(0)

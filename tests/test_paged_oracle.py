@@ -1,7 +1,7 @@
-"""The paged oracle itself (bench/paged_baselines.py) against SPEC-paged section 1.
+"""The paged oracle itself (hostpool_nb.originals.paged) against docs/behaviour.md, section 3.
 
 This oracle judges hostpool_nb.paged, so it must itself be right: every
-expected value below is worked out by hand from the SPEC text (the comments
+expected value below is worked out by hand from docs/behaviour.md (the comments
 show the arithmetic), never computed by the oracle.
 """
 

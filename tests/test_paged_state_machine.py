@@ -1,7 +1,7 @@
-"""Differential state machines: hostpool_nb.paged against the oracle of bench/paged_baselines.py.
+"""Differential state machines: hostpool_nb.paged against the oracle of hostpool_nb.originals.paged.
 
 Hypothesis drives an allocator and the oracle (sglang-jax's algorithm from
-SPEC-paged section 1, in numpy) with the same calls, as a scheduler makes
+docs/behaviour.md, section 3, in numpy) with the same calls, as a scheduler makes
 them: ``alloc_extend`` batches mixing new requests (prefix 0, ``last_loc``
 -1) and live ones (prefixes ending mid-page and at page ends), ``alloc_decode``
 batches (new requests too), ``alloc`` of whole pages, frees of whole
@@ -70,14 +70,14 @@ def as_form(values: list[int], form: str) -> Any:
 
 
 def check_array(got: Any, want: Any, dtype: Any) -> None:
-    """Both refused, or the same values with the dtype of SPEC-paged section 1."""
+    """Both refused, or the same values with the dtype of docs/behaviour.md, section 3."""
     if want is None:
         assert got is None, f"the oracle refused, the allocator returned {got!r}"
         return
     assert isinstance(got, np.ndarray), f"the allocator returned {got!r}, the oracle {want!r}"
     assert isinstance(want, np.ndarray)
     assert got.dtype == dtype
-    assert want.dtype == dtype  # the oracle follows SPEC-paged too: a broken oracle judges nothing
+    assert want.dtype == dtype  # the oracle follows docs/behaviour.md (section 3) too: a broken oracle judges nothing
     assert got.ndim == 1
     assert got.tolist() == want.tolist()
 

@@ -1,4 +1,4 @@
-"""A caller's thread writing the array that ``free`` is reading (SPEC section 2).
+"""A caller's thread writing the array that ``free`` is reading (docs/behaviour.md, section 2).
 
 ``free`` hands a caller's int64 array to a kernel that runs without the GIL,
 so another thread of the caller may write that array meanwhile. The pool

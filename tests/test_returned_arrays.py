@@ -1,4 +1,4 @@
-"""alloc() returns fresh, caller-owned int64 arrays (SPEC table, last row).
+"""alloc() returns fresh, caller-owned int64 arrays (docs/behaviour.md's table, last row).
 
 The original returned a view of its free list. Ours must return a 1-D,
 C-contiguous, writeable int64 array that shares no memory with the pool or

@@ -900,7 +900,7 @@ def test_pool_matches_reference(page_size: int, merge: str, snapshot: Any, uncha
 
 
 def test_reference_observable_order() -> None:
-    """The model itself reproduces SPEC's worked example of FIFO order."""
+    """The model itself reproduces the worked example of docs/behaviour.md of FIFO order."""
     ref = ReferencePool(8, 1)
     assert ref.alloc(8) == list(range(8))
     ref.free([0, 1])
@@ -911,7 +911,7 @@ def test_reference_observable_order() -> None:
 @pytest.mark.parametrize("cls", [ReferencePool, LogicalHostPool])
 @pytest.mark.parametrize(("merge", "order"), [("fifo", [6, 7, 2, 3, 0, 1]), ("sorted", [0, 1, 2, 3, 6, 7])])
 def test_merge_order_and_free_group_example(cls: Any, merge: str, order: list[int]) -> None:
-    """The issue's two merge orders and a free group, on a worked example, for model and pool alike."""
+    """The two merge orders and a free group, on a worked example, for model and pool alike."""
     pool = cls(8, 1, merge=merge)
     assert np.asarray(pool.alloc(8)).tolist() == list(range(8))
     pool.free([6, 7])
@@ -925,7 +925,7 @@ def test_merge_order_and_free_group_example(cls: Any, merge: str, order: list[in
 
 
 def test_pool_observable_order() -> None:
-    """SPEC's example on the pool, plus release-order merging after free slots."""
+    """The worked example of docs/behaviour.md on the pool, plus release-order merging after free slots."""
     pool = LogicalHostPool(8, 1)
     assert pool.alloc(8).tolist() == list(range(8))
     pool.free([0, 1])

@@ -413,7 +413,7 @@ def test_free_multidimensional_tensors_flatten_in_c_order(page_size: int) -> Non
 
 
 def test_free_two_rows_of_a_page_is_two_pages() -> None:
-    """SPEC: indices of shape (2, 16) are 32 slots, two pages (not 2 rows)."""
+    """indices of shape (2, 16) are 32 slots, two pages (not 2 rows)."""
     pool = LogicalHostPool(64, 16)
     got = pool.alloc(32)
     assert pool.free(got.view(2, 16)) == 32

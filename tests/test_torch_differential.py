@@ -1,4 +1,4 @@
-"""hostpool_nb.torch against the original algorithm on torch (SPEC section 1).
+"""hostpool_nb.torch against the original algorithm on torch (docs/behaviour.md, section 1).
 
 ``hostpool_nb.originals.sglang.LogicalHostPool`` on torch is the original pool's algorithm: a tensor
 of free slots, a release list of freed chunks, a merge only when an
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.torch
 
 PAGE_SIZES = [1, 16, 64]
 # How a batch of slot ids is handed to the adapter; the oracle always gets a
-# fresh 1-D int64 tensor (it counts rows of a 2-D input, SPEC section 1).
+# fresh 1-D int64 tensor (it counts rows of a 2-D input, docs/behaviour.md, section 1).
 FORMS = ["int64", "int32", "int16", "2d", "fortran", "strided", "numpy", "list"]
 # Step kinds, weighted: clear() is rare so that pages cycle through the
 # free and release lists and merges happen.
@@ -130,7 +130,7 @@ def test_same_slots_in_same_order_as_the_original(page_size: int, data: st.DataO
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_spec_example_release_order(page_size: int) -> None:
-    """SPEC section 1: alloc all, free two chunks, alloc returns them in order."""
+    """docs/behaviour.md, section 1: alloc all, free two chunks, alloc returns them in order."""
     size = 8 * page_size
     for pool in (LogicalHostPool(size, page_size), Original(size, page_size, backend="torch")):
         everything = pool.alloc(size)
