@@ -12,7 +12,10 @@ there, is the owner of each of those locks, so it can release them, and a
 pool's state is whatever its last complete call left.
 
 A fork waits for calls in flight, so a thread that holds ``pool.lock`` for
-long (``with pool.lock: ...``) delays it.
+long (``with pool.lock: ...``) delays it. The kernels' compile lock is
+taken last (:func:`hold_last`), so a fork also waits for a compile in flight
+(a child would inherit numba's compiler lock held), and a call that compiles
+under its pool's lock cannot deadlock against the forking thread.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ _registry_lock = threading.Lock()
 _live: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _numbers = itertools.count()
 _held: list[Any] = []
+_last: list[Any] = []  # locks taken after every pool's
 
 
 def register(obj: Any) -> None:
@@ -36,10 +40,15 @@ def register(obj: Any) -> None:
         _live[next(_numbers)] = obj
 
 
+def hold_last(lock: Any) -> None:
+    """Hold ``lock`` across every later fork, taken after every pool's lock."""
+    with _registry_lock:
+        _last.append(lock)
+
+
 def _before_fork() -> None:
     _registry_lock.acquire()
-    for _, obj in sorted(_live.items()):
-        lock = obj.lock
+    for lock in [obj.lock for _, obj in sorted(_live.items())] + _last:
         lock.acquire()
         _held.append(lock)
 

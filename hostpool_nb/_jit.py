@@ -1,18 +1,17 @@
-"""Numba options and the on-disk kernel cache: the one place that sets them.
+"""Numba options, the on-disk kernel cache, and how pools call kernels: the one place that sets them.
 
-Every kernel compiles at import from an explicit signature (or loads from
-the cache); a helper that only kernels call compiles with them instead
-(:func:`callee`). ``nogil`` lets
-other threads run while a kernel works (the pool's lock already serialises
-state changes), but for the twins compiled with ``nogil=False`` for calls
-too short to be worth handing the GIL over (see ``_kernels.py``).
-``cache`` turns the seconds of compiling on every start into a cache load.
-No ``fastmath``: the kernels are integer code. No reference counting of
-arrays (numba's NRT), but in the kernels that return a view: see
-:func:`_njit`.
+A kernel (:func:`kernel`) compiles from its explicit signature on its first
+use, not at import: a process pays only for the kernels it calls, and a
+warm cache turns each compile into a load. A helper that only kernels call
+(:func:`callee`) is compiled with its callers instead. ``nogil`` lets other
+threads run while a kernel works (the pool's lock already serialises state
+changes), but for the twins compiled with ``nogil=False`` for calls too
+short to be worth handing the GIL over (:func:`twin`). No ``fastmath``:
+the kernels are integer code. No reference counting of arrays (numba's
+NRT), but in the kernels that return a view: see :func:`_njit`.
 
 The cache is a speed-up, never a requirement, so no cache problem may stop
-``import hostpool_nb``:
+a pool from working:
 
 * No writable cache directory (a read-only install with an unwritable HOME
   and no NUMBA_CACHE_DIR): numba raises "no locator available" while setting
@@ -33,15 +32,21 @@ them all.
 
 Each fallback costs start-up time, so it is reported by one
 :class:`KernelCacheWarning` per process that says how to get the cache back.
-Only these cache paths fall back: a kernel that fails to compile, and
-``MemoryError`` or ``KeyboardInterrupt`` anywhere, propagate. The private
-numba attributes used for recovery are read with ``getattr`` fallbacks, so a
-numba change degrades to compiling in memory, not to a failed import.
+A compile that takes longer than :data:`NOTICE_AFTER_S` is announced once
+per process on the ``hostpool_nb`` logger. Only these cache paths fall
+back: a kernel that fails to compile, and ``MemoryError`` or
+``KeyboardInterrupt`` anywhere, propagate. The private numba attributes used
+for recovery are read with ``getattr`` fallbacks, so a numba change degrades
+to compiling in memory, not to a failed pool.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import os
+import sys
+import threading
 import types
 import warnings
 from collections.abc import Callable
@@ -49,9 +54,11 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import numpy as np
+from numba import config as _numba_config
 from numba import njit
 
 from ._errors import KernelCacheWarning
+from ._fork import hold_last
 
 # (reason, remedy) for the warning; see _warn_once.
 _Problem = tuple[str, str]
@@ -61,13 +68,28 @@ _Problem = tuple[str, str]
 # returns the same values, numba's scalars boxed as Python ones.
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-# Set once the warning is out: one per process for all kernels. Kernels are
-# compiled while their module is imported, which the import lock serialises.
-_warned = False
-
+JIT_DISABLED = bool(getattr(_numba_config, "DISABLE_JIT", False))  # numba's config module sets it from the env
 
 # Every module whose code or constants kernels compile in.
 KERNEL_MODULES = ("_jit.py", "_layout.py", "_kernels.py", "_paged_kernels.py", "_host_kernels.py")
+
+# A compile running longer than this says so, once per process.
+NOTICE_AFTER_S = 1.0
+
+_log = logging.getLogger("hostpool_nb")
+
+
+class _Compiler:
+    """One compile at a time, held across ``os.fork`` so a child never inherits one half done."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.warned = False  # the KernelCacheWarning is out
+        self.announced = False  # the slow-compile notice is out
+
+
+_COMPILER = _Compiler()
+hold_last(_COMPILER.lock)
 
 
 def _package_stamp() -> tuple[tuple[str, int, int], ...]:
@@ -85,30 +107,78 @@ def _package_stamp() -> tuple[tuple[str, int, int], ...]:
 
 _PACKAGE_STAMP = _package_stamp()
 
+# Every kernel made by kernel() and twin(), in definition order: what warmup compiles.
+KERNELS: list[Kernel] = []
+
+
+class Kernel:
+    """A numba kernel compiled from its signature on first use: :attr:`dispatcher` compiles it.
+
+    Calling the kernel calls numba's dispatcher (which checks the argument
+    types); pools call :func:`entry_point` or :func:`fast` instead. Nothing
+    else compiles it: reading its attributes, listing the module's kernels
+    or asking :func:`is_callee` does not.
+    """
+
+    def __init__(self, func: Callable[..., Any], signature: str | tuple[str, ...], *, nogil: bool, views: bool) -> None:
+        self.py_func = func
+        self.signature = signature
+        self.nogil = nogil
+        self.views = views
+        self.__name__ = func.__name__
+        self.__qualname__ = func.__qualname__
+        self.__module__ = func.__module__
+        self.__doc__ = func.__doc__
+        self._dispatcher: Any = None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the kernel has been compiled (or loaded from the cache) in this process."""
+        return self._dispatcher is not None
+
+    @property
+    def dispatcher(self) -> Any:
+        """numba's dispatcher, compiled for the signature (or loaded from the cache) on first access."""
+        compiled = self._dispatcher
+        if compiled is None:
+            with _COMPILER.lock:
+                compiled = self._dispatcher
+                if compiled is None:
+                    compiled = self._dispatcher = _announced(self)
+        return compiled
+
+    def __call__(self, *args: Any) -> Any:
+        return self.dispatcher(*args)
+
+    def __repr__(self) -> str:
+        state = "compiled" if self.compiled else "not compiled yet"
+        return f"<hostpool_nb kernel {self.__module__}.{self.__qualname__} {self.signature!r}, {state}>"
+
 
 def kernel(signature: str | tuple[str, ...], *, nogil: bool = True, views: bool = False) -> Callable[[_F], _F]:
-    """Decorator: compile a kernel for ``signature``, cached on disk if possible.
+    """Decorator: a kernel for ``signature``, compiled on first use, cached on disk if possible.
 
     A tuple of signatures compiles one specialisation for each; the
-    kernels that the pool calls from Python have exactly one, for
-    :func:`_kernels.entry_point`. A function that only kernels call is a
+    kernels that the pools call from Python have exactly one, for
+    :func:`entry_point`. A function that only kernels call is a
     :func:`callee` instead.
 
     ``nogil=False`` compiles a kernel that keeps the GIL while it runs.
     ``views=True`` is for a kernel that returns a view of its argument,
     which needs numba's reference counting (see :func:`_njit`).
 
-    Returns numba's dispatcher, or the function itself under
+    Returns a :class:`Kernel`, or the function itself under
     ``NUMBA_DISABLE_JIT=1``. See the module docstring for the fallbacks.
     The Python annotations are for type checkers only: numba compiles from
     ``signature`` and never reads them.
     """
 
     def decorate(func: _F) -> _F:
-        compiled, problem = _compile(func, signature, nogil=nogil, views=views)
-        if problem is not None:
-            _warn_once(*problem)
-        return cast("_F", compiled)
+        if JIT_DISABLED:
+            return func
+        made = Kernel(func, signature, nogil=nogil, views=views)
+        KERNELS.append(made)
+        return cast("_F", made)
 
     return decorate
 
@@ -120,21 +190,92 @@ def callee(*, views: bool = False) -> Callable[[_F], _F]:
     needs code of its own only while a kernel that calls it compiles (a
     cache miss). It is therefore compiled then, in memory, for the
     argument types that kernel passes, and never loaded from the cache on
-    its own, which would cost every start. The Python annotations document
-    the types. Where they say
-    ``int``, a caller may pass an int32 page id read from the ring; numba
-    does integer arithmetic in int64 at least, so the results are the
-    same. ``views=True`` as for :func:`kernel`. Returns numba's dispatcher,
-    or the function itself under ``NUMBA_DISABLE_JIT=1``.
+    its own. It gets no Python or C wrapper (nothing outside a kernel calls
+    it), and its constant and integer arguments are typed as int64
+    (:func:`_type_constants_plainly`), so calls with ``0``, a variable or
+    an int32 share one compile. The Python
+    annotations document the types. Where they say ``int``, a caller may
+    pass an int32 page id read from the ring; numba does integer
+    arithmetic in int64 at least, so the results are the same.
+    ``views=True`` as for :func:`kernel`. Returns numba's dispatcher, or the
+    function itself under ``NUMBA_DISABLE_JIT=1``; tests call one from
+    Python through :func:`callable_from_python`.
     """
 
     def decorate(func: _F) -> _F:
-        dispatcher = _njit(None, cache=False, views=views)(func)
-        if dispatcher is not func:  # not NUMBA_DISABLE_JIT=1
-            dispatcher.compiled_with_callers = True  # what is_callee reads
+        if JIT_DISABLED:
+            return func
+        dispatcher = _njit(None, cache=False, views=views, wrappers=False)(func)
+        dispatcher.compiled_with_callers = True  # what is_callee reads
+        _type_constants_plainly(dispatcher)
+        _refuse_python_calls(dispatcher)
         return cast("_F", dispatcher)
 
     return decorate
+
+
+def _type_constants_plainly(dispatcher: Any) -> None:
+    """Type a callee's constant and integer arguments plainly: ``Literal[int](0)`` and int32 as int64.
+
+    numba compiles a called function once per distinct literal argument
+    and per integer width: ``fail(E_RANGE, 0)`` and ``fail(E_SHORT, 0)``
+    were two compiles of a one-line function, and a flag test of a page id
+    read from the int32 ring another than of one computed in int64. Such
+    duplicates were a fifth of the package's compile time. Every integer
+    argument of a callee here is a count, a position or an id, so widening
+    it to int64 changes no result (unsigned 64-bit values are left as they
+    are). ``get_call_template`` is where a caller's typing asks for the
+    callee's signature; without it (a numba change) calls are typed as
+    numba types them.
+    """
+    original = getattr(dispatcher, "get_call_template", None)
+    if original is None:
+        return
+    from numba.core import types as nb  # noqa: PLC0415 - numba's typing, needed only with the JIT on
+
+    unliteral: Callable[[Any], Any] = nb.unliteral
+
+    def plain(t: Any) -> Any:
+        t = unliteral(t)
+        # numba's type stubs omit Integer's fields; getattr keeps the typing honest.
+        if isinstance(t, nb.Integer) and (getattr(t, "signed", False) or getattr(t, "bitwidth", 64) < _WORD_BITS):
+            return nb.int64
+        return t
+
+    def get_call_template(args: Any, kws: Any) -> Any:
+        return original(tuple(plain(a) for a in args), {k: plain(v) for k, v in kws.items()})
+
+    dispatcher.get_call_template = get_call_template
+
+
+def as_callee(made: _F) -> _F:
+    """The Python function of the kernel ``made``, as a :func:`callee`: for another kernel to call.
+
+    The same source compiled a second way, and only when a kernel calling
+    it compiles: the plain kernel stays flat (see ``_kernels.py``) while a
+    variant wraps its work. Under ``NUMBA_DISABLE_JIT=1``, the function.
+    """
+    return callee()(cast("_F", getattr(made, "py_func", made)))
+
+
+def _refuse_python_calls(dispatcher: Any) -> None:
+    """Make a call of the callee from Python a ``TypeError``: without a Python wrapper it would crash."""
+    base = type(dispatcher)
+    guarded = _GUARDED.get(base)
+    if guarded is None:
+
+        def __call__(self: Any, *args: Any, **kws: Any) -> Any:
+            raise TypeError(
+                f"{self.py_func.__qualname__} is compiled into the kernels that call it and has no Python "
+                "entry point; call it through hostpool_nb._jit.callable_from_python"
+            )
+
+        guarded = _GUARDED[base] = type(f"Callee{base.__name__}", (base,), {"__call__": __call__})
+    dispatcher.__class__ = guarded
+
+
+_GUARDED: dict[type, type] = {}
+_WORD_BITS = 64
 
 
 def is_callee(obj: object) -> bool:
@@ -142,17 +283,36 @@ def is_callee(obj: object) -> bool:
     return getattr(obj, "compiled_with_callers", False) is True
 
 
+def callable_from_python(func: _F) -> _F:
+    """A callee (which has no Python wrapper) compiled inside a kernel that Python can call: for tests.
+
+    Under ``NUMBA_DISABLE_JIT=1``, the function itself.
+    """
+    if not is_callee(func):
+        return func
+    made = _TRAMPOLINES.get(func)
+    if made is None:
+
+        def call(*args: Any) -> Any:
+            return func(*args)
+
+        made = _TRAMPOLINES[func] = _njit(None, cache=False, views=True)(call)
+    return cast("_F", made)
+
+
+_TRAMPOLINES: dict[Any, Any] = {}
+
+
 def twin(func: _F, signature: str, *, name: str, nogil: bool) -> _F:
     """Compile a kernel's Python function a second time, as ``name``, with other options.
 
     For a kernel wanted both with and without ``nogil``. A twin is compiled
     from the same source, not as a kernel calling the other: such a call
-    passes its arrays across a function boundary, whose reference counting
-    costs more than a one-page alloc's work. numba names
-    a kernel's cache files after its qualified name, so the twin gets its
-    own (the index key, the bytecode's hash, cannot tell the two apart).
-    ``func`` is the kernel's dispatcher, or the plain function under
-    ``NUMBA_DISABLE_JIT=1``.
+    passes its arrays across a function boundary, which costs more than a
+    one-page alloc's work. numba names a kernel's cache files after its
+    qualified name, so the twin gets its own (the index key, the
+    bytecode's hash, cannot tell the two apart). ``func`` is a kernel, or
+    the plain function under ``NUMBA_DISABLE_JIT=1``.
     """
     py_func: Callable[..., Any] = getattr(func, "py_func", func)
     copy = types.FunctionType(py_func.__code__, py_func.__globals__, name, py_func.__defaults__, py_func.__closure__)
@@ -161,6 +321,117 @@ def twin(func: _F, signature: str, *, name: str, nogil: bool) -> _F:
     copy.__doc__ = py_func.__doc__
     copy.__annotations__ = dict(py_func.__annotations__)
     return kernel(signature, nogil=nogil)(cast("_F", copy))
+
+
+def entry_point(kernel: _F) -> _F:
+    """How a module calls a kernel it binds to a global: ``_alloc = entry_point(K.alloc)``.
+
+    Returns a stand-in that, on its first call, compiles the kernel (or
+    loads it) and rebinds every global of the calling module that holds
+    the stand-in to the kernel's compiled entry point (:func:`fast`); from
+    then on a call costs nothing extra. Under ``NUMBA_DISABLE_JIT=1``, the
+    plain function as :func:`fast` gives it.
+    """
+    if not isinstance(kernel, Kernel):
+        return fast(kernel)
+    module_globals = sys._getframe(1).f_globals
+    made = kernel
+
+    def first_call(*args: Any) -> Any:
+        compiled = fast(cast("_F", made))
+        for name, value in list(module_globals.items()):
+            if value is first_call:
+                module_globals[name] = compiled
+        return compiled(*args)
+
+    first_call.__qualname__ = first_call.__name__ = f"first_call_of_{kernel.__name__}"
+    return cast("_F", first_call)
+
+
+def fast(kernel: _F) -> _F:
+    """The fastest callable for a kernel compiled from one signature, compiling it now if need be.
+
+    numba's dispatcher resolves argument types on every call, which costs
+    more than a small kernel's work. The compiled entry point skips that, but
+    it trusts its arguments: callers must pass exactly the signature's types
+    (C-contiguous int64 arrays), which every pool class guarantees. Falls
+    back to the dispatcher itself when numba offers no single entry point.
+    Under ``NUMBA_DISABLE_JIT=1``, gives the plain function wrapped so that
+    its integer results are Python ints, as the compiled kernels' are (a
+    plain kernel computes them from array elements, numpy integers): so the
+    pool's hot paths need no ``int()`` of their own.
+    """
+    if not isinstance(kernel, Kernel):
+        return _python_ints(kernel)
+    dispatcher = kernel.dispatcher
+    overloads = getattr(dispatcher, "overloads", {})
+    if len(overloads) != 1:
+        return cast("_F", dispatcher)
+    (compiled,) = overloads.values()
+    return cast("_F", getattr(compiled, "entry_point", dispatcher))
+
+
+class Entries:
+    """The :func:`fast` entry points of a named tuple of kernels, each compiled on its first access.
+
+    ``Entries(kernels).alloc`` compiles ``kernels.alloc`` (or loads it) the
+    first time and is a plain attribute from then on: a pool reads the
+    kernels of its page-size class through one of these without paying for
+    the classes it does not use.
+    """
+
+    def __init__(self, kernels: Any) -> None:
+        self._kernels = kernels
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        entry = fast(getattr(self._kernels, name))
+        setattr(self, name, entry)
+        return entry
+
+
+def _python_ints(func: _F) -> _F:
+    """``func`` with a numpy integer result returned as a Python int."""
+
+    @functools.wraps(func)
+    def call(*args: Any) -> Any:
+        result = func(*args)
+        return int(result) if isinstance(result, np.integer) else result
+
+    return cast("_F", call)
+
+
+# -- compiling ----------------------------------------------------------------------
+
+
+def _announced(made: Kernel) -> Any:
+    """Compile ``made`` (see :func:`_compile`), saying so once per process if it takes long."""
+    timer = None
+    if not _COMPILER.announced:
+        timer = threading.Timer(NOTICE_AFTER_S, _announce)
+        timer.daemon = True
+        timer.start()
+    try:
+        dispatcher, problem = _compile(made.py_func, made.signature, nogil=made.nogil, views=made.views)
+    finally:
+        if timer is not None:
+            timer.cancel()
+    if problem is not None:
+        _warn_once(*problem)
+    return dispatcher
+
+
+def _announce() -> None:
+    if _COMPILER.announced:
+        return
+    _COMPILER.announced = True
+    where = os.environ.get("NUMBA_CACHE_DIR") or "numba's cache (next to the package, else ~/.cache/numba)"
+    _log.warning(
+        "hostpool_nb: compiling numba kernels on their first use; each is cached in %s and loads in "
+        "milliseconds from then on. `python -m hostpool_nb.warmup` compiles them all ahead of time.",
+        where,
+    )
 
 
 def _compile(
@@ -177,8 +448,6 @@ def _compile(
             f"numba has no writable cache directory ({exc})",
             "set NUMBA_CACHE_DIR to a writable directory",
         )
-    if dispatcher is func:  # NUMBA_DISABLE_JIT=1: njit hands the function back
-        return func, None
     _stamp_with_package(dispatcher)
 
     error = _try_compile(dispatcher, signature)
@@ -291,7 +560,7 @@ def _in_memory(
 
 
 def _njit(
-    signature: list[str] | None, *, cache: bool, nogil: bool = True, views: bool = False
+    signature: list[str] | None, *, cache: bool, nogil: bool = True, views: bool = False, wrappers: bool = True
 ) -> Callable[[Callable[..., Any]], Any]:
     """numba's ``njit`` with the package's options, set here and nowhere else.
 
@@ -306,55 +575,39 @@ def _njit(
     would fail to compile. Only a kernel that returns a view of its argument
     (``views=True``) keeps the counting: numba refuses to return one
     without it. It is safe to call from the others, whose arrays carry no
-    count to change.
+    count to change. ``wrappers=False`` (callees) skips the Python entry
+    point too, which only a call from outside numba needs.
     """
-    counting: dict[str, Any] = {"_nrt": views}  # numba's type stubs omit this private option
-    return njit(signature, nogil=nogil, cache=cache, **counting)
+    # _nrt: numba's type stubs omit this private option. No C entry point
+    # (a cfunc wrapper): nothing here calls a kernel through one.
+    options: dict[str, Any] = {"_nrt": views, "no_cfunc_wrapper": True}
+    if not wrappers:
+        options["no_cpython_wrapper"] = True
+    return njit(signature, nogil=nogil, cache=cache, **options)
 
 
 def _warn_once(reason: str, remedy: str) -> None:
     """Emit the process's one :class:`KernelCacheWarning`; later calls do nothing."""
-    global _warned  # noqa: PLW0603 - one flag per process, by design (see its definition)
-    if _warned:
+    if _COMPILER.warned:
         return
-    _warned = True
+    _COMPILER.warned = True
     warnings.warn(
-        f"hostpool_nb: numba kernels are compiled in memory on every start (about 10 s) "
+        f"hostpool_nb: numba kernels are compiled in memory on every start (seconds) "
         f"because {reason}. To enable the on-disk cache, {remedy}.",
         KernelCacheWarning,
-        stacklevel=3,  # the kernel's definition
+        stacklevel=_outside_the_package(),
     )
 
 
-def _python_ints(func: _F) -> _F:
-    """``func`` with a numpy integer result returned as a Python int."""
-
-    @functools.wraps(func)
-    def call(*args: Any) -> Any:
-        result = func(*args)
-        return int(result) if isinstance(result, np.integer) else result
-
-    return cast("_F", call)
-
-
-def entry_point(kernel: _F) -> _F:
-    """Return the fastest callable for a kernel compiled from one signature.
-
-    numba's dispatcher resolves argument types on every call, which costs
-    more than a small kernel's work. The compiled entry point skips that, but
-    it trusts its arguments: callers must pass exactly the signature's types
-    (C-contiguous int64 arrays), which every pool class guarantees. This is
-    how every pool calls every kernel. Falls back to
-    the dispatcher itself when numba offers no single entry point. Under
-    ``NUMBA_DISABLE_JIT=1``, gives the plain function wrapped so that its
-    integer results are Python ints, as the compiled kernels' are (a plain
-    kernel computes them from array elements, numpy integers): so the
-    pool's hot paths need no ``int()`` of their own.
-    """
-    overloads = getattr(kernel, "overloads", None)
-    if overloads is None:  # NUMBA_DISABLE_JIT=1
-        return _python_ints(kernel)
-    if len(overloads) != 1:
-        return kernel
-    (compiled,) = overloads.values()
-    return cast("_F", getattr(compiled, "entry_point", kernel))
+def _outside_the_package() -> int:
+    """The ``stacklevel`` of the first frame outside hostpool_nb: the caller whose call compiled."""
+    package = __name__.rpartition(".")[0]
+    level = 1
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name != package and not name.startswith(package + "."):
+            return level
+        frame = frame.f_back
+        level += 1
+    return 1

@@ -10,9 +10,12 @@ Measured trade-offs behind the choices here are in ``docs/architecture.md``.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import numpy as np
 from numpy.typing import NDArray
 
+from ._jit import as_callee as _as_callee
 from ._jit import callee as _callee
 from ._jit import kernel as _jit
 from ._jit import twin as _twin
@@ -44,6 +47,7 @@ from ._layout import (
     H_SEQ,
     H_SORTED,
     H_TRACK,
+    HEADER,
     OWNER_ALLOCATED,
     OWNER_FREE,
     OWNER_PENDING,
@@ -56,6 +60,11 @@ from ._layout import (
 # The kernels' Python annotations are for type checkers only: numba compiles
 # each kernel from its signature string, a callee for its callers' types.
 # A local annotated ``int`` holds an array element or a shape entry.
+
+# Kernels hold their loops themselves and call only small helpers that call
+# nothing big in turn: numba optimises and generates machine code for every
+# compiled function with everything it calls linked in, so a loop nested
+# three calls deep was compiled four times over (docs/architecture.md).
 
 _LOW32 = (1 << 32) - 1  # a tracking word's low half: the site that last freed the page
 
@@ -86,75 +95,58 @@ def reset(st: NDArray[np.int64]) -> int:
 
 
 @_callee()
-def _list_free(owner: NDArray[np.uint8], into: NDArray[np.int32], start: int) -> int:
-    """Write the free pages from ``start`` on, ascending, to ``into`` until it is full; return the page after.
-
-    Branch-free: every page's id is written and the position moves on only
-    for a free page, so a mix of free and allocated pages costs no
-    mispredicted branch. Every write stays in ``into``: the loop ends when
-    it is full, and the caller has counted the free pages.
-    """
-    n = owner.shape[0]
-    m = into.shape[0]
-    q = 0
-    p = start
-    while q < m and p < n:
-        into[q] = p
-        q += owner[p] == OWNER_FREE
-        p += 1
-    return p
-
-
-@_callee()
-def _sort_window(st: NDArray[np.int64]) -> int:
-    """Rewrite the free and release lists as one ascending free list.
-
-    The owner flags already say which pages are free (``OWNER_FREE``; a
-    pending page is flagged apart), so one pass over them lists the pages in
-    order: O(pages), no comparison sort. The window keeps its place on the
-    ring, so the pending list behind it stays where it is. Returns the
-    number of pages on the free list, or ``E_CORRUPT`` (state unchanged) if
-    the flags do not count as many free pages as the lists hold.
-    """
-    n: int = st[H_NPAGES]
-    live: int = st[H_NFREE] + st[H_NREL]
-    owner = owner_view(st)
-    found = 0
-    for p in range(n):  # a sum of comparisons: LLVM vectorises it
-        found += owner[p] == OWNER_FREE
-    if found != live:
-        return fail(E_CORRUPT, 0)
-    head: int = st[H_HEAD]
-    ring = ring_view(st)
-    first = min(live, n - head)  # the window is ring[head:head + first], then ring[:live - first]
-    _list_free(owner, ring[: live - first], _list_free(owner, ring[head : head + first], 0))
-    st[H_NFREE] = live
-    st[H_NREL] = 0
-    return live
-
-
-@_jit("i8(i8[::1])")
-def merge(st: NDArray[np.int64]) -> int:
+def merge_lists(st: NDArray[np.int64]) -> int:
     """Fold the release list into the free list.
 
     FIFO order: the release list already sits right behind the free list on
     the ring, in the order it was freed, so merging moves a boundary and
     copies nothing. Sorted order (``H_SORTED``): the two become one
-    ascending list (:func:`_sort_window`). Nothing happens, and nothing is
-    counted, without released pages. Returns the number of pages merged, or
-    ``E_CORRUPT`` with the state unchanged.
+    ascending list. The owner flags already say which pages are free
+    (``OWNER_FREE``; a pending page is flagged apart), so one pass over them
+    lists the pages in order: O(pages), no comparison sort, and without a
+    branch per page (every id is written, the position moves on only for a
+    free page). The window keeps its place on the ring, so the pending list
+    behind it stays where it is. Nothing happens, and nothing is counted,
+    without released pages. Returns the number of pages merged, or
+    ``E_CORRUPT`` with the state unchanged if the flags do not count as
+    many free pages as the lists hold.
     """
     moved: int = st[H_NREL]
-    if moved > 0:
-        if st[H_SORTED] != 0:
-            status = _sort_window(st)
-            if status < 0:
-                return status
-        else:
-            st[H_NFREE] += moved
-            st[H_NREL] = 0
-        st[H_MERGES] += 1
+    if moved == 0:
+        return 0
+    if st[H_SORTED] != 0:
+        n: int = st[H_NPAGES]
+        live: int = st[H_NFREE] + moved
+        owner = owner_view(st)
+        found = 0
+        for p in range(n):  # a sum of comparisons: LLVM vectorises it
+            found += owner[p] == OWNER_FREE
+        if found != live:
+            return fail(E_CORRUPT, 0)
+        ring = ring_view(st)
+        head: int = st[H_HEAD]
+        first = min(live, n - head)  # the window is ring[head:head + first], then ring[:live - first]
+        p = 0
+        for segment in range(2):
+            into = ring[head : head + first] if segment == 0 else ring[: live - first]
+            m = into.shape[0]
+            q = 0
+            while q < m and p < n:  # every write stays in ``into``: the free pages were counted
+                into[q] = p
+                q += owner[p] == OWNER_FREE
+                p += 1
+        st[H_NFREE] = live
+    else:
+        st[H_NFREE] += moved
+    st[H_NREL] = 0
+    st[H_MERGES] += 1
     return moved
+
+
+@_jit("i8(i8[::1])")
+def merge(st: NDArray[np.int64]) -> int:
+    """:func:`merge_lists`, for the pools to call."""
+    return merge_lists(st)
 
 
 @_callee()
@@ -173,7 +165,7 @@ def refuse(st: NDArray[np.int64]) -> int:
 
     The pool refuses a request larger than the whole pool, or one that a
     capacity check finds short before allocating its output, without
-    calling :func:`alloc_pages`; the counters must still see it.
+    calling an alloc kernel; the counters must still see it.
     """
     count_alloc(st, 1)
     return fail(E_SHORT, 0)
@@ -193,6 +185,18 @@ def refuse(st: NDArray[np.int64]) -> int:
 # vectorises (64 is as fast as one plain pass; larger blocks gain nothing).
 _RUN_PROBE = 8
 _RUN_BLOCK = 64
+
+# A stretch of at least ``_LONG_SLOTS`` slots (and two pages) is taken as a
+# run; anything shorter goes a page at a time. Taking a run costs calls,
+# views and three passes (measure, test, fill) where the page-at-a-time
+# loop makes one, so only long runs repay it.
+_LONG_SLOTS = 1024
+
+
+@_callee()
+def long_run(page_size: int) -> int:
+    """Pages in a stretch long enough to take as a run, for pages of ``page_size`` slots."""
+    return max(2, _LONG_SLOTS // page_size)
 
 
 @_callee()  # a caller's slots, the ring's ids
@@ -225,78 +229,66 @@ def _run_length(ids: NDArray[np.int64] | NDArray[np.int32], start: int, limit: i
     return k
 
 
-# Eight owner flags in one word: a flag value repeated in every byte.
-_EVERY_BYTE = np.uint64(0x0101010101010101)
+# Eight owner flags in one word of the state: a flag value repeated in every byte.
+_EVERY_BYTE = 0x0101010101010101
 # Runs shorter than this are tested and flagged a byte at a time: for them
-# the word view and the two edge loops cost more than they save.
+# the word loop and the two edge loops cost more than they save.
 _WORDS_FROM = 64
 
 
 @_callee()
-def _flags_are_by_words(owner: NDArray[np.uint8], start: int, length: int, want: int) -> bool:
-    """:func:`_flags_are` for a long run: eight flags at a time.
+def _flags_are(st: NDArray[np.int64], owner: NDArray[np.uint8], start: int, length: int, want: int) -> bool:
+    """Whether pages ``start .. start + length - 1`` are all flagged ``want``.
 
-    The bytes up to the first multiple of 8 one by one, then whole uint64
-    words (byte by byte, LLVM widens each byte to a 64-bit lane), then the
-    rest.
+    A short run byte by byte in one small loop; a long one eight flags at a
+    time: the bytes up to the first multiple of 8 one by one, then whole
+    words, then the rest. The owner flags start on a word of ``st``, so
+    flags ``8q .. 8q + 7`` are the word ``st[base + q]``, read as it is
+    (byte by byte, LLVM widens each byte to a 64-bit lane; and no view of
+    another dtype to compile).
     """
+    if length < _WORDS_FROM:
+        flags = owner[start : start + length]  # a slice: no negative-index test per flag
+        bad = 0
+        for p in range(length):
+            bad |= flags[p] ^ want
+        return bad == 0
     end = start + length
-    lo = min(end, (start + 7) & ~7)
-    hi = max(lo, end & ~7)
+    lo = (start + 7) & ~7
+    hi = end & ~7
     bad = 0
     for p in range(start, lo):
         bad |= owner[p] ^ want
     for p in range(hi, end):
         bad |= owner[p] ^ want
-    words = owner[lo:hi].view(np.uint64)
-    pattern = np.uint64(want) * _EVERY_BYTE
-    acc = np.uint64(0)
+    base = HEADER + (st[H_NPAGES] + 1) // 2  # the ring's int64 words end here (_layout.py)
+    words = st[base + (lo >> 3) : base + (hi >> 3)]
+    pattern = want * _EVERY_BYTE
     for q in range(words.shape[0]):
-        acc |= words[q] ^ pattern
-    return bad == 0 and acc == 0
-
-
-@_callee()
-def _flags_are(owner: NDArray[np.uint8], start: int, length: int, want: int) -> bool:
-    """Whether pages ``start .. start + length - 1`` are all flagged ``want``.
-
-    A short run byte by byte in one small loop (which its callers inline),
-    a long one by words (:func:`_flags_are_by_words`).
-    """
-    if length >= _WORDS_FROM:
-        return _flags_are_by_words(owner, start, length, want)
-    flags = owner[start : start + length]  # a slice: no negative-index test per flag
-    bad = 0
-    for p in range(length):
-        bad |= flags[p] ^ want
+        bad |= words[q] ^ pattern
     return bad == 0
 
 
 @_callee()
-def _set_flags_by_words(owner: NDArray[np.uint8], start: int, length: int, flag: int) -> None:
-    """:func:`_set_flags` for a long run, whole words where it can."""
+def _set_flags(st: NDArray[np.int64], owner: NDArray[np.uint8], start: int, length: int, flag: int) -> None:
+    """Flag pages ``start .. start + length - 1`` as ``flag``: a short run in one fill, a long one by words."""
+    if length < _WORDS_FROM:
+        flags = owner[start : start + length]
+        for p in range(length):
+            flags[p] = flag
+        return
     end = start + length
-    lo = min(end, (start + 7) & ~7)
-    hi = max(lo, end & ~7)
+    lo = (start + 7) & ~7
+    hi = end & ~7
     for p in range(start, lo):
         owner[p] = flag
     for p in range(hi, end):
         owner[p] = flag
-    words = owner[lo:hi].view(np.uint64)
-    pattern = np.uint64(flag) * _EVERY_BYTE
+    base = HEADER + (st[H_NPAGES] + 1) // 2  # the ring's int64 words end here (_layout.py)
+    words = st[base + (lo >> 3) : base + (hi >> 3)]
+    pattern = flag * _EVERY_BYTE
     for q in range(words.shape[0]):
         words[q] = pattern
-
-
-@_callee()
-def _set_flags(owner: NDArray[np.uint8], start: int, length: int, flag: int) -> None:
-    """Flag pages ``start .. start + length - 1`` as ``flag``: a short run in one fill, a long one by words."""
-    if length >= _WORDS_FROM:
-        _set_flags_by_words(owner, start, length, flag)
-        return
-    flags = owner[start : start + length]
-    for p in range(length):
-        flags[p] = flag
 
 
 @_callee()
@@ -331,108 +323,62 @@ def _fill_run(out: NDArray[np.int64], start: int, length: int, first: int) -> No
         dst[j] = first + j
 
 
-# A stretch of at least ``_LONG_SLOTS`` slots (and two pages) is taken as a
-# run; anything shorter goes a page at a time. Taking a run costs calls,
-# views and three passes (measure, test, fill) where the page-at-a-time
-# loop makes one, so only long runs repay it.
-_LONG_SLOTS = 1024
-
-
 @_callee()
-def long_run(page_size: int) -> int:
-    """Pages in a stretch long enough to take as a run, for pages of ``page_size`` slots."""
-    return max(2, _LONG_SLOTS // page_size)
+def _claim_slots(ids: NDArray[np.int32], out: NDArray[np.int64], owner: NDArray[np.uint8]) -> int:
+    """Flag the pages ``ids`` allocated and write them to ``out``, until one is not a free page: how many.
 
-
-# -- alloc --------------------------------------------------------------------
-
-
-@_callee()
-def _claim(
-    owner: NDArray[np.uint8], ids: NDArray[np.int32], out: NDArray[np.int64], at: int, page_size: int, long: int
-) -> int:
-    """Flag the pages ``ids`` (from the free list) allocated and write their slots to ``out``.
-
-    Slots go to ``out`` from page ``at`` of it on. Where the id ``long - 1``
-    places ahead continues the current one, the stretch is measured
-    (:func:`_run_length`) and, when its flags all say free, taken whole:
-    one flag test, one fill, one vectorised write of its slots (the ring
-    is read once and never copied). Everything else goes a page at a
-    time. ``long`` larger than ``len(ids)`` takes no run at all, the
-    plain page-by-page claim the tests compare against.
-
-    Returns ``len(ids)``; or, on an id that is not a page or a page that is
-    not free (a corrupted ring), that id's position, with every flag it set
-    put back.
+    Page size 1's loop, a function of its own: views indexed from 0 (no
+    negative-index test), and few enough live values that the flags'
+    base stays in a register (inlined into the kernel, it was reloaded from
+    the stack for every slot, 15% slower).
     """
     n = owner.shape[0]
     count: int = ids.shape[0]
-    i = 0
-    skip = 0  # a stretch that failed its flag test is not measured twice
-    while i < count:
-        if i >= skip and i + long <= count:
-            p = ids[i]
-            if 0 <= p < n and ids[i + long - 1] == p + long - 1:
-                # Bounded so that the run stays a run of pages: an id beyond
-                # the last page fails on its own, below.
-                length = _run_length(ids, i, min(count - i, n - p), p)
-                if _flags_are(owner, p, length, OWNER_FREE):
-                    _set_flags(owner, p, length, OWNER_ALLOCATED)
-                    _fill_run(out, (at + i) * page_size, length * page_size, p * page_size)
-                    i += length
-                    continue
-                skip = i + length  # page by page, to the first page that is not free
-        end = min(count, i + long)
-        # A view indexed from 0, so LLVM drops the negative-index test.
-        block = ids[i:end]
-        stop = end
-        if page_size == 1:
-            # Through a view of ``out`` indexed from 0, like ``block``, in a
-            # loop of its own rather than a page-size test per page.
-            dst = out[at + i : at + end]
-            for k in range(end - i):
-                p = block[k]
-                if p < 0 or p >= n or owner[p] != OWNER_FREE:
-                    stop = i + k
-                    break
-                owner[p] = OWNER_ALLOCATED
-                dst[k] = p
-        else:
-            for k in range(end - i):
-                p = block[k]
-                if p < 0 or p >= n or owner[p] != OWNER_FREE:
-                    stop = i + k
-                    break
-                owner[p] = OWNER_ALLOCATED
-                # A call per page, but a vectorised fill (faster than an inline loop).
-                _fill_run(out, (at + i + k) * page_size, page_size, p * page_size)
-        i = stop
-        if stop < end:
-            break
-    if i < count:
-        for e in range(i):  # corrupted: undo the flags set so far
-            owner[ids[e]] = OWNER_FREE
-    return i
+    for k in range(count):
+        p = ids[k]
+        if p < 0 or p >= n or owner[p] != OWNER_FREE:
+            return k
+        owner[p] = OWNER_ALLOCATED
+        out[k] = p
+    return count
 
 
-@_jit("i8(i8[::1], i8[::1])")
-def alloc_pages(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
-    """Pop ``len(out) // page_size`` pages from the front of the free list.
+@_callee()
+def _stage_slots(
+    slots: NDArray[np.int64], into: NDArray[np.int32], owner: NDArray[np.uint8], mark: int
+) -> tuple[int, int]:
+    """Flag the allocated pages ``slots`` ``mark`` and stage them ``into`` the ring, until one is not.
 
-    ``out`` (int64, caller-provided, length a multiple of ``page_size``)
-    receives the slot ids ``p * page_size + 0 .. page_size - 1`` of each
-    page ``p``, pages in list order. Merges the release list if the free
-    list alone is too short (FIFO: after reading on from the free list into
-    the release list, which is the same; sorted: first). Returns
-    ``len(out)``, or a failure (``E_SHORT``, or ``E_CORRUPT`` if a listed
-    page is not free) with the lists unchanged; ``out`` is then partly
-    written and should be discarded. Counts the call either way; but
-    ``E_MISALIGNED`` (``len(out)`` is not a multiple of ``page_size``: the
-    pool's alignment check, made here to spare the hot path a Python
-    check) comes before anything, counters included.
+    Returns how many were staged and the value that stopped it, as read
+    (the one read of it), for the caller's error; ``len(slots)`` and 0 when
+    none did. Page size 1's loop, a function of its own for the reason
+    :func:`_claim_slots` gives.
+    """
+    n = owner.shape[0]
+    for k in range(slots.shape[0]):
+        p = slots[k]  # the only read of this element
+        if p < 0 or p >= n or owner[p] != OWNER_ALLOCATED:
+            return k, p
+        owner[p] = mark
+        into[k] = p
+    return slots.shape[0], 0
+
+
+# -- alloc --------------------------------------------------------------------
+# One kernel per page-size class (page size 1, where a page id is a slot id,
+# and larger pages), so a process compiles only the classes its pools use.
+
+
+@_callee()
+def _alloc_begin(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
+    """An allocation's checks: the pages to take (above 0), or what the kernel returns (0 or a failure).
+
+    ``E_MISALIGNED`` (``len(out)`` not a multiple of ``page_size``: the
+    pool's alignment check, made here to spare the hot path a Python check)
+    comes before anything, counters included. An empty allocation and one
+    the lists cannot serve (``E_SHORT``) are counted here.
     """
     page_size: int = st[H_PAGE_SIZE]
-    n = st[H_NPAGES]
     if out.shape[0] % page_size != 0:
         return fail(E_MISALIGNED, 0)  # not counted: no allocation was asked for
     need: int = out.shape[0] // page_size
@@ -442,47 +388,177 @@ def alloc_pages(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     if need > st[H_NFREE] + st[H_NREL]:
         count_alloc(st, 1)
         return fail(E_SHORT, 0)
+    return need
+
+
+@_callee()
+def _alloc_end(st: NDArray[np.int64], need: int, got: int) -> int:
+    """Commit an allocation whose pages were claimed: move the head, merge, count; the slots handed out.
+
+    ``got < need`` is a corrupted ring: the flags of the ``got`` pages
+    claimed are put back, and the result is ``E_CORRUPT`` at the first bad
+    position, with the lists unchanged.
+    """
+    n: int = st[H_NPAGES]
+    head: int = st[H_HEAD]
+    if got < need:
+        owner = owner_view(st)
+        ring = ring_view(st)
+        for e in range(got):
+            pos = head + e
+            owner[ring[pos if pos < n else pos - n]] = OWNER_FREE
+        return fail(E_CORRUPT, got)
+    if need > st[H_NFREE]:
+        # FIFO here: a sorted pool merged before reading the ring.
+        st[H_NFREE] += st[H_NREL]
+        st[H_NREL] = 0
+        st[H_MERGES] += 1
+    st[H_HEAD] = head + need if head + need < n else head + need - n
+    st[H_NFREE] -= need
+    count_alloc(st, 0)
+    page_size: int = st[H_PAGE_SIZE]
+    return need * page_size
+
+
+@_jit("i8(i8[::1], i8[::1])")
+def alloc_pn(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
+    """Pop ``len(out) // page_size`` pages from the front of the free list; for ``page_size > 1``.
+
+    ``out`` (int64, caller-provided, length a multiple of ``page_size``)
+    receives the slot ids ``p * page_size + 0 .. page_size - 1`` of each
+    page ``p``, pages in list order. Merges the release list if the free
+    list alone is too short (FIFO: after reading on from the free list into
+    the release list, which is the same; sorted: first, as a sorted merge
+    reorders the pages). Returns ``len(out)``, or a failure (``E_SHORT``,
+    or ``E_CORRUPT`` if a listed page is not free) with the lists
+    unchanged; ``out`` is then partly written and should be discarded.
+    Counts the call either way; but ``E_MISALIGNED`` comes before anything,
+    counters included.
+
+    The pages are ``ring[head:]``, then, if they wrap, ``ring[:rest]``: two
+    segments, one loop for both. Where the id ``long - 1`` places ahead
+    continues the current one, the stretch is measured
+    (:func:`_run_length`) and, when its flags all say free, taken whole:
+    one flag test, one fill, one vectorised write of its slots (the ring is
+    read once and never copied). Everything else goes a page at a time.
+    """
+    need = _alloc_begin(st, out)
+    if need <= 0:
+        return need
     if need > st[H_NFREE] and st[H_SORTED] != 0:
-        # A sorted merge reorders the pages, so it must come before reading
-        # them; after it the free list alone holds them all.
-        status = merge(st)
+        status = merge_lists(st)  # after it the free list alone holds the pages
         if status < 0:
             return status
     owner = owner_view(st)
     ring = ring_view(st)
-    head = st[H_HEAD]
-    long = long_run(page_size)
-    # The release list follows the free list on the ring, so reading on from
-    # the head also reads the pages a merge would provide. The pages are
-    # ring[head:] then, if they wrap, ring[:rest].
-    first = min(need, n - head)
-    rest = need - first
-    if need == 1:
-        # The single-page round trip, without _claim's call and block view.
+    page_size: int = st[H_PAGE_SIZE]
+    n = ring.shape[0]
+    head: int = st[H_HEAD]
+    got = 0
+    if need == 1:  # the single-page round trip, without the loops and views
         p = ring[head]
-        got = 0
         if 0 <= p < n and owner[p] == OWNER_FREE:
             owner[p] = OWNER_ALLOCATED
             _fill_run(out, 0, page_size, p * page_size)
             got = 1
-    else:
-        got = _claim(owner, ring[head : head + first], out, 0, page_size, long)
-    if got == first and rest > 0:
-        got = first + _claim(owner, ring[:rest], out, first, page_size, long)
-        if got < need:  # put back the first part's flags too
-            for p in ring[head : head + first]:
-                owner[p] = OWNER_FREE
-    if got < need:
-        return fail(E_CORRUPT, got)
-    if need > st[H_NFREE]:
-        merge(st)  # FIFO here: a sorted pool merged before reading the ring
-    st[H_HEAD] = head + need if head + need < n else rest
-    st[H_NFREE] -= need
-    count_alloc(st, 0)
-    return need * page_size
+        return _alloc_end(st, need, got)
+    long = long_run(page_size)
+    first = min(need, n - head)
+    for segment in range(2):
+        ids = ring[head : head + first] if segment == 0 else ring[: need - first]
+        count = ids.shape[0]
+        i = 0
+        skip = 0  # a stretch that failed its flag test is not measured twice
+        while i < count:
+            if i >= skip and i + long <= count:
+                p = ids[i]
+                if 0 <= p < n and ids[i + long - 1] == p + long - 1:
+                    # Bounded so that the run stays a run of pages: an id
+                    # beyond the last page fails on its own, below.
+                    length = _run_length(ids, i, min(count - i, n - p), p)
+                    if _flags_are(st, owner, p, length, OWNER_FREE):
+                        _set_flags(st, owner, p, length, OWNER_ALLOCATED)
+                        _fill_run(out, (got + i) * page_size, length * page_size, p * page_size)
+                        i += length
+                        continue
+                    skip = i + length  # page by page, to the first page that is not free
+            end = min(count, i + long)
+            block = ids[i:end]  # a view indexed from 0, so LLVM drops the negative-index test
+            stop = end
+            for k in range(end - i):
+                p = block[k]
+                if p < 0 or p >= n or owner[p] != OWNER_FREE:
+                    stop = i + k
+                    break
+                owner[p] = OWNER_ALLOCATED
+                # A call per page, but a vectorised fill (faster than an inline loop).
+                _fill_run(out, (got + i + k) * page_size, page_size, p * page_size)
+            i = stop
+            if stop < end:
+                break
+        got += i
+        if i < count:
+            break
+    return _alloc_end(st, need, got)
+
+
+@_jit("i8(i8[::1], i8[::1])")
+def alloc_p1(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
+    """:func:`alloc_pn` for ``page_size == 1``, where ``out`` gets the page ids themselves."""
+    need = _alloc_begin(st, out)
+    if need <= 0:
+        return need
+    if need > st[H_NFREE] and st[H_SORTED] != 0:
+        status = merge_lists(st)
+        if status < 0:
+            return status
+    owner = owner_view(st)
+    ring = ring_view(st)
+    n = ring.shape[0]
+    head: int = st[H_HEAD]
+    long = long_run(1)
+    first = min(need, n - head)
+    got = 0
+    for segment in range(2):
+        ids = ring[head : head + first] if segment == 0 else ring[: need - first]
+        count = ids.shape[0]
+        i = 0
+        skip = 0
+        while i < count:
+            if i >= skip and i + long <= count:
+                p = ids[i]
+                if 0 <= p < n and ids[i + long - 1] == p + long - 1:
+                    length = _run_length(ids, i, min(count - i, n - p), p)
+                    if _flags_are(st, owner, p, length, OWNER_FREE):
+                        _set_flags(st, owner, p, length, OWNER_ALLOCATED)
+                        _fill_run(out, got + i, length, p)
+                        i += length
+                        continue
+                    skip = i + length
+            end = min(count, i + long)
+            stop = i + _claim_slots(ids[i:end], out[got + i : got + end], owner)
+            i = stop
+            if stop < end:
+                break
+        got += i
+        if i < count:
+            break
+    return _alloc_end(st, need, got)
 
 
 # -- free ---------------------------------------------------------------------
+# ``slots`` may be a caller's array that another thread writes while a free
+# kernel runs without the GIL. So each page's id is derived from one read of
+# its first slot (a run's from its first), the rest of its slots are compared
+# against that read, and the id is checked and staged in the ring's spare
+# part (pool memory, outside the live window) before anything else happens;
+# the release, and the roll-back of a failure, read only those staged ids,
+# never ``slots`` again. A racing writer can make the call fail, but never
+# make it act on a value it did not validate. A page can only be staged
+# after its flag said "allocated", and every allocated page is off the live
+# window, so the spare part of the ring always has room.
+
+
 @_callee()
 def _staged_twice(ring: NDArray[np.int32], tail: int, done: int, page: int, position: int) -> int:
     """The failure for a ``page`` that ``free`` found not allocated.
@@ -501,125 +577,57 @@ def _staged_twice(ring: NDArray[np.int32], tail: int, done: int, page: int, posi
 
 
 @_callee()
-def _unstage(ring: NDArray[np.int32], owner: NDArray[np.uint8], tail: int, done: int) -> None:
-    """Roll back a failed free: flag the ``done`` staged pages allocated again.
+def _free_end(st: NDArray[np.int64], tail: int, done: int, status: int) -> int:
+    """Finish a free that staged ``done`` pages from ring position ``tail``: commit them, or roll back.
 
-    The staged ids (from ring position ``tail``) stay outside the live
-    window, so they are left as unread scratch.
+    On a failure (``status < 0``) the staged pages are flagged allocated
+    again (their ids stay outside the live window, as unread scratch) and
+    the failure is returned. Otherwise they join the release list (inside a
+    free group, the pending list: the kernels flagged them
+    ``OWNER_PENDING``; the group's end releases them) and ``status`` is
+    returned.
     """
-    n = ring.shape[0]
-    pos = tail
-    for _ in range(done):
-        owner[ring[pos]] = OWNER_ALLOCATED
-        pos = pos + 1 if pos + 1 < n else 0
-
-
-@_callee()
-def _take_staged(st: NDArray[np.int64], count: int) -> None:
-    """Take ``count`` pages staged behind the window into the release list.
-
-    Inside a free group they join the pending list instead (the free kernels
-    flagged them ``OWNER_PENDING``); the group's end releases them.
-    """
-    if st[H_GROUP_DEPTH] > 0:
-        st[H_NPEND] += count
-    else:
-        st[H_NREL] += count
-    if count > 0:
-        st[H_FREE_CALLS] += 1
-
-
-@_callee()
-def _stage_if_allocated(
-    ring: NDArray[np.int32], owner: NDArray[np.uint8], pos: int, p: int, length: int, mark: int
-) -> int:
-    """Release a run of pages ``p .. p + length - 1`` if every one is allocated.
-
-    Flags them ``mark`` in one fill and stages them from ring position
-    ``pos`` in one block store. Returns the position after them; or -1,
-    changing nothing, when some page of the run is not allocated.
-    """
-    if not _flags_are(owner, p, length, OWNER_ALLOCATED):
-        return -1
-    _set_flags(owner, p, length, mark)
-    return _stage_run(ring, pos, p, length)
-
-
-# A kernel of its own, not a callee: compiled into free_pages, it ran slower.
-@_jit("i8(i8[::1], i8[::1], i8)")
-def _free_slot_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int) -> int:
-    """:func:`free_pages` for ``page_size == 1``, where a page id is a slot id.
-
-    The input goes in blocks of ``long`` slots. A block whose last slot
-    continues its first starts a run: the run is measured (it may go on
-    past the block) and, when every slot of it is allocated, released
-    whole. Any other block goes through a plain loop that validates, flags
-    and stages one slot at a time. Testing for runs only at block starts
-    keeps that loop as tight as a loop without runs.
-    """
-    n = st[H_NPAGES]
-    count: int = slots.shape[0]
-    owner = owner_view(st)
-    ring = ring_view(st)
-    mark = OWNER_PENDING if st[H_GROUP_DEPTH] > 0 else OWNER_FREE
-    if n == 0 and count > 0:  # no slot is in range, and no ring to stage into
-        return fail(E_RANGE, 0)
-    tail = ring_tail(st)
-    pos = tail
-    status = 0
-    c = 0  # input slots staged
-    skip = 0  # a run that failed its flag test is not measured twice
-    while c < count:
-        if c >= skip and c + long <= count:
-            p = slots[c]  # the run's ids all derive from this one read
-            if 0 <= p < n and slots[c + long - 1] == p + long - 1:
-                length = _run_length(slots, c, min(count - c, n - p), p)
-                after = _stage_if_allocated(ring, owner, pos, p, length, mark)
-                if after >= 0:
-                    pos = after
-                    c += length
-                    continue
-                skip = c + length  # slot by slot, to the exact position of the fault
-        # A block stops at the ring's end, so it stages into one view of
-        # the ring: no wrap test and no negative-index test per slot.
-        end = min(count, c + long, c + n - pos)
-        block = slots[c:end]
-        into = ring[pos : pos + end - c]
-        stop = end
-        p = 0
-        for k in range(end - c):
-            p = block[k]  # the only read of this element
-            if p < 0 or p >= n or owner[p] != OWNER_ALLOCATED:
-                stop = c + k
-                break
-            owner[p] = mark
-            into[k] = p
-        pos += stop - c
-        if pos == n:
-            pos = 0
-        c = stop  # the slots staged so far
-        if stop < end:  # the fault, from the value read above
-            status = fail(E_RANGE, c) if p < 0 or p >= n else _staged_twice(ring, tail, c, p, c)
-            break
-    if status != 0:
-        _unstage(ring, owner, tail, c)
+    if status < 0:
+        ring = ring_view(st)
+        owner = owner_view(st)
+        n = ring.shape[0]
+        pos = tail
+        for _ in range(done):
+            owner[ring[pos]] = OWNER_ALLOCATED
+            pos = pos + 1 if pos + 1 < n else 0
         return status
-    _take_staged(st, count)
-    return count
+    if st[H_GROUP_DEPTH] > 0:
+        st[H_NPEND] += done
+    else:
+        st[H_NREL] += done
+    if done > 0:
+        st[H_FREE_CALLS] += 1
+    return status
 
 
-@_callee()
-def _free_whole_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int) -> int:
-    """:func:`free_pages` for ``page_size > 1``: a page, or a run of ``long`` pages or more, at a time.
+@_jit("i8(i8[::1], i8[::1])")
+def free_pn(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
+    """Validate ``slots`` as whole allocated pages, then release them; for ``page_size > 1``.
 
-    Pages are taken in input order, so the error reported is the first one
-    in input order: the first slot out of range, misaligned or out of its
-    page's order, or the first page not allocated or named twice. Where the
-    page ``long - 1`` pages ahead begins where a run would put it, the run
-    is measured and, when every slot of it counts up and every page is
-    allocated, released whole; otherwise it goes page by page.
+    ``slots`` (int64, length a multiple of ``page_size``) is read in runs of
+    ``page_size``; each run must be one page's slots in ascending order, of
+    a page that is currently allocated and not named earlier in the call.
+    Pages may come in any order; they are appended to the release list in
+    the order given (to the pending list inside a free group). Returns the
+    number of slots freed, or a failure (``E_RANGE``, ``E_MISALIGNED``,
+    ``E_PARTIAL``, ``E_NOT_ALLOCATED``, ``E_DUPLICATE``) at the first
+    offending position in input order, with the state unchanged;
+    ``E_LENGTH`` first if ``len(slots)`` is not a multiple of
+    ``page_size``.
+
+    A page at a time, or a run of ``long`` pages or more: where the page
+    ``long - 1`` pages ahead begins where a run would put it, the run is
+    measured and, when every slot of it counts up and every page is
+    allocated, released whole.
     """
     page_size: int = st[H_PAGE_SIZE]
+    if slots.shape[0] % page_size != 0:
+        return fail(E_LENGTH, 0)
     shift = st[H_PAGE_SHIFT]
     mask = page_size - 1
     n = st[H_NPAGES]
@@ -628,11 +636,9 @@ def _free_whole_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int
     owner = owner_view(st)
     ring = ring_view(st)
     mark = OWNER_PENDING if st[H_GROUP_DEPTH] > 0 else OWNER_FREE
-    # A page can only be staged after its flag said "allocated", and every
-    # allocated page is off the live window, so the spare part of the ring
-    # (from the tail on) always has room for the pages staged here.
     if n == 0 and count > 0:  # no slot is in range, and no ring to stage into
         return fail(E_RANGE, 0)
+    long = long_run(page_size)
     tail = ring_tail(st)
     pos = tail
     status = 0
@@ -648,12 +654,11 @@ def _free_whole_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int
                 # Whole pages of a run are one run of slots: measured in one
                 # vectorised pass over every slot. A page cut short ends it.
                 length = _run_length(slots, start, min(count - c, n - p) * page_size, first) // page_size
-                if length > 0:
-                    after = _stage_if_allocated(ring, owner, pos, p, length, mark)
-                    if after >= 0:
-                        pos = after
-                        c += length
-                        continue
+                if length > 0 and _flags_are(st, owner, p, length, OWNER_ALLOCATED):
+                    _set_flags(st, owner, p, length, mark)
+                    pos = _stage_run(ring, pos, p, length)
+                    c += length
+                    continue
                 skip = c + length  # page by page, to the exact position of the fault
         # A view of the block indexed from 0: a slice per page, or indexing
         # ``slots`` from a running position, cost a reference count or a
@@ -707,44 +712,56 @@ def _free_whole_pages(st: NDArray[np.int64], slots: NDArray[np.int64], long: int
         c = stop  # the pages staged so far
         if status != 0:
             break
-    if status != 0:
-        _unstage(ring, owner, tail, c)
-        return status
-    _take_staged(st, count)
-    return count * page_size
+    return _free_end(st, tail, c, status if status != 0 else count * page_size)
 
 
 @_jit("i8(i8[::1], i8[::1])")
-def free_pages(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
-    """Validate ``slots`` as whole allocated pages, then release them.
+def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
+    """:func:`free_pn` for ``page_size == 1``, where a page id is a slot id (every length is whole pages).
 
-    ``slots`` (int64, length a multiple of ``page_size``) is read in runs of
-    ``page_size``; each run must be one page's slots in ascending order, of
-    a page that is currently allocated and not named earlier in the call.
-    Pages may come in any order; they are appended to the release list in
-    the order given (to the pending list inside a free group). Returns the
-    number of slots freed, or a failure
-    (``E_RANGE``, ``E_MISALIGNED``, ``E_PARTIAL``, ``E_NOT_ALLOCATED``,
-    ``E_DUPLICATE``) at the first offending position, with the state
-    unchanged; ``E_LENGTH`` first if ``len(slots)`` is not a multiple of
-    ``page_size``.
-
-    ``slots`` may be a caller's array that another thread writes while this
-    kernel runs without the GIL. So each page's id is derived from one read
-    of its first slot (a run's from its first), the rest of its slots are
-    compared against that read, and the id is checked and staged in the
-    ring's spare part (pool memory, outside the live window) before
-    anything else happens; the release, and the roll-back of a failure,
-    read only those staged ids, never ``slots`` again. A racing writer can
-    make the call fail, but never make it act on a value it did not
-    validate.
+    The input goes in blocks of ``long`` slots. A block whose last slot
+    continues its first starts a run: the run is measured (it may go on
+    past the block) and, when every slot of it is allocated, released
+    whole. Any other block goes through a plain loop that validates, flags
+    and stages one slot at a time. Testing for runs only at block starts
+    keeps that loop as tight as a loop without runs.
     """
-    page_size: int = st[H_PAGE_SIZE]
-    if slots.shape[0] % page_size != 0:
-        return fail(E_LENGTH, 0)
-    if page_size == 1:
-        return _free_slot_pages(st, slots, long_run(1))
-    return _free_whole_pages(st, slots, long_run(page_size))
+    n = st[H_NPAGES]
+    count: int = slots.shape[0]
+    owner = owner_view(st)
+    ring = ring_view(st)
+    mark = OWNER_PENDING if st[H_GROUP_DEPTH] > 0 else OWNER_FREE
+    if n == 0 and count > 0:  # no slot is in range, and no ring to stage into
+        return fail(E_RANGE, 0)
+    long = long_run(1)
+    tail = ring_tail(st)
+    pos = tail
+    status = 0
+    c = 0  # input slots staged
+    skip = 0  # a run that failed its flag test is not measured twice
+    while c < count:
+        if c >= skip and c + long <= count:
+            p = slots[c]  # the run's ids all derive from this one read
+            if 0 <= p < n and slots[c + long - 1] == p + long - 1:
+                length = _run_length(slots, c, min(count - c, n - p), p)
+                if _flags_are(st, owner, p, length, OWNER_ALLOCATED):
+                    _set_flags(st, owner, p, length, mark)
+                    pos = _stage_run(ring, pos, p, length)
+                    c += length
+                    continue
+                skip = c + length  # slot by slot, to the exact position of the fault
+        # A block stops at the ring's end, so it stages into one view of
+        # the ring: no wrap test and no negative-index test per slot.
+        end = min(count, c + long, c + n - pos)
+        staged, p = _stage_slots(slots[c:end], ring[pos : pos + end - c], owner, mark)
+        c += staged  # the slots staged so far
+        if c < end:  # the fault, from the value read
+            status = fail(E_RANGE, c) if p < 0 or p >= n else _staged_twice(ring, tail, c, p, c)
+            break
+        pos += staged
+        if pos == n:
+            pos = 0
+    return _free_end(st, tail, c, status if status != 0 else count)
 
 
 # Calls of at most SHORT_SLOTS slots keep the GIL: handing it over and back
@@ -753,21 +770,32 @@ def free_pages(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
 # twins for them; same work and results, only the GIL differs.
 SHORT_SLOTS = 4096
 
+_TWO = "i8(i8[::1], i8[::1])"
+alloc_pn_short = _twin(alloc_pn, _TWO, name="alloc_pn_short", nogil=False)
+alloc_p1_short = _twin(alloc_p1, _TWO, name="alloc_p1_short", nogil=False)
+free_pn_short = _twin(free_pn, _TWO, name="free_pn_short", nogil=False)
+free_p1_short = _twin(free_p1, _TWO, name="free_p1_short", nogil=False)
 
-# The same kernels compiled again, keeping the GIL: for at most SHORT_SLOTS slots.
-alloc_pages_short = _twin(alloc_pages, "i8(i8[::1], i8[::1])", name="alloc_pages_short", nogil=False)
-free_pages_short = _twin(free_pages, "i8(i8[::1], i8[::1])", name="free_pages_short", nogil=False)
+
+# -- tracking -----------------------------------------------------------------
+# A tracking pool's kernels call the plain kernels' code as callees (the same
+# source, compiled again only when a tracking pool is used), then record who
+# holds each page. The plain kernels stay as short as an untracked pool needs.
+
+_alloc_pn = _as_callee(alloc_pn)
+_alloc_p1 = _as_callee(alloc_p1)
+_free_pn = _as_callee(free_pn)
+_free_p1 = _as_callee(free_p1)
 
 
-@_jit("i8(i8[::1], i8[::1], i8)")
-def alloc_pages_tracked(st: NDArray[np.int64], out: NDArray[np.int64], site: int) -> int:
-    """:func:`alloc_pages`, then each page handed out records this allocation.
+@_callee()
+def _track_alloc(st: NDArray[np.int64], out: NDArray[np.int64], site: int, status: int) -> int:
+    """After a successful allocation into ``out`` (``status > 0``), each of its pages records it.
 
     The allocation gets the next number (``H_SEQ``); each of its pages
     records that number and ``site`` (the id of the call site and tag),
     keeping the id of the site that last freed it. O(pages).
     """
-    status = alloc_pages(st, out)
     if status <= 0:
         return status
     page_size: int = st[H_PAGE_SIZE]
@@ -782,15 +810,13 @@ def alloc_pages_tracked(st: NDArray[np.int64], out: NDArray[np.int64], site: int
     return status
 
 
-@_jit("i8(i8[::1], i8[::1], i8)")
-def free_pages_tracked(st: NDArray[np.int64], slots: NDArray[np.int64], site: int) -> int:
-    """:func:`free_pages`, then each page freed records ``site`` as the site that freed it.
+@_callee()
+def _track_free(st: NDArray[np.int64], tail: int, site: int, status: int) -> int:
+    """After a successful free (``status > 0``), each page freed records ``site`` as the site that freed it.
 
-    The pages are read back from where the free staged them on the ring (not
-    from ``slots`` again). O(pages).
+    The pages are read back from where the free staged them on the ring
+    (from position ``tail``, not from the caller's slots again). O(pages).
     """
-    tail = ring_tail(st)
-    status = free_pages(st, slots)
     if status <= 0:
         return status
     n: int = st[H_NPAGES]
@@ -804,12 +830,76 @@ def free_pages_tracked(st: NDArray[np.int64], slots: NDArray[np.int64], site: in
     return status
 
 
+_TRACKED = "i8(i8[::1], i8[::1], i8)"
+
+
+@_jit(_TRACKED)
+def alloc_pn_tracked(st: NDArray[np.int64], out: NDArray[np.int64], site: int) -> int:
+    """:func:`alloc_pn`, then each page handed out records this allocation (:func:`_track_alloc`)."""
+    return _track_alloc(st, out, site, _alloc_pn(st, out))
+
+
+@_jit(_TRACKED)
+def alloc_p1_tracked(st: NDArray[np.int64], out: NDArray[np.int64], site: int) -> int:
+    """:func:`alloc_p1`, then each page handed out records this allocation (:func:`_track_alloc`)."""
+    return _track_alloc(st, out, site, _alloc_p1(st, out))
+
+
+@_jit(_TRACKED)
+def free_pn_tracked(st: NDArray[np.int64], slots: NDArray[np.int64], site: int) -> int:
+    """:func:`free_pn`, then each page freed records ``site`` (:func:`_track_free`)."""
+    tail = ring_tail(st)
+    return _track_free(st, tail, site, _free_pn(st, slots))
+
+
+@_jit(_TRACKED)
+def free_p1_tracked(st: NDArray[np.int64], slots: NDArray[np.int64], site: int) -> int:
+    """:func:`free_p1`, then each page freed records ``site`` (:func:`_track_free`)."""
+    tail = ring_tail(st)
+    return _track_free(st, tail, site, _free_p1(st, slots))
+
+
 # The tracking kernels' twins keeping the GIL, for the same short calls.
-alloc_pages_tracked_short = _twin(
-    alloc_pages_tracked, "i8(i8[::1], i8[::1], i8)", name="alloc_pages_tracked_short", nogil=False
-)
-free_pages_tracked_short = _twin(
-    free_pages_tracked, "i8(i8[::1], i8[::1], i8)", name="free_pages_tracked_short", nogil=False
+alloc_pn_tracked_short = _twin(alloc_pn_tracked, _TRACKED, name="alloc_pn_tracked_short", nogil=False)
+alloc_p1_tracked_short = _twin(alloc_p1_tracked, _TRACKED, name="alloc_p1_tracked_short", nogil=False)
+free_pn_tracked_short = _twin(free_pn_tracked, _TRACKED, name="free_pn_tracked_short", nogil=False)
+free_p1_tracked_short = _twin(free_p1_tracked, _TRACKED, name="free_p1_tracked_short", nogil=False)
+
+
+class PageSizeKernels(NamedTuple):
+    """The alloc and free kernels of one page-size class: ``KERNELS[page_size == 1]``."""
+
+    alloc: Any
+    alloc_short: Any
+    free: Any
+    free_short: Any
+    alloc_tracked: Any
+    alloc_tracked_short: Any
+    free_tracked: Any
+    free_tracked_short: Any
+
+
+KERNELS = (
+    PageSizeKernels(
+        alloc_pn,
+        alloc_pn_short,
+        free_pn,
+        free_pn_short,
+        alloc_pn_tracked,
+        alloc_pn_tracked_short,
+        free_pn_tracked,
+        free_pn_tracked_short,
+    ),
+    PageSizeKernels(
+        alloc_p1,
+        alloc_p1_short,
+        free_p1,
+        free_p1_short,
+        alloc_p1_tracked,
+        alloc_p1_tracked_short,
+        free_p1_tracked,
+        free_p1_tracked_short,
+    ),
 )
 
 

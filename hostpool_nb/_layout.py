@@ -49,7 +49,7 @@ Status codes
 A kernel returns a value ``>= 0`` on success, or ``-1 - (position << 5 |
 code)`` (:func:`fail`), where ``code`` is an ``E_*`` below and ``position``
 the offending index into the kernel's input; :func:`decode_status` splits
-it. A failed kernel leaves the state as it was, but for its scratch.
+it, and :func:`status_for` makes one in Python. A failed kernel leaves the state as it was, but for its scratch.
 """
 
 from __future__ import annotations
@@ -108,10 +108,12 @@ E_UNDERFLOW = 18  # host: dec_lock_ref of an unpinned page
 _CODE_BITS = 5
 
 
-@callee()
-def fail(code: int, position: int) -> int:
-    """The status of a failure: ``code`` at input ``position``."""
+def status_for(code: int, position: int) -> int:
+    """The status of a failure: ``code`` at input ``position`` (what kernels return through :data:`fail`)."""
     return -1 - ((position << _CODE_BITS) | code)
+
+
+fail = callee()(status_for)  # the same, for kernels to call
 
 
 def decode_status(status: int) -> tuple[int, int]:
@@ -152,8 +154,14 @@ def page_shift(page_size: int) -> int:
 
 
 def new_state(num_pages: int, page_size: int, sorted_order: bool = False, track: bool = False) -> NDArray[np.int64]:
-    """A zeroed state array with its header set; a kernel's reset then lists the pages."""
+    """A new state: every page free, listed in ascending order, as ``reset`` leaves it.
+
+    Built with numpy rather than by the ``reset`` kernel, so that making a
+    pool compiles nothing it does not call.
+    """
     st = np.zeros(state_length(num_pages, track), dtype=np.int64)
+    ring_ids(st, num_pages)[:] = np.arange(num_pages, dtype=np.int32)  # owner flags: zero, OWNER_FREE
+    st[H_NFREE] = num_pages
     st[H_NPAGES] = num_pages
     st[H_PAGE_SIZE] = page_size
     st[H_PAGE_SHIFT] = page_shift(page_size)

@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 
 from ._jit import callee as _callee
 from ._jit import kernel as _jit
-from ._kernels import count_alloc, merge
+from ._kernels import count_alloc, merge_lists
 from ._layout import (
     E_CORRUPT,
     E_DUPLICATE,
@@ -66,8 +66,8 @@ def _ceil_div(x: int, page_size: int) -> int:
     return 0 if x <= 0 else (x - 1) // page_size + 1
 
 
-@_jit("i8(i8[::1])")
-def drop_group(gp: NDArray[np.int64]) -> int:
+@_callee()
+def _drop_group(gp: NDArray[np.int64]) -> int:
     """Forget the rank's pending frees (its pages stay allocated); return how many."""
     count: int = gp[GP_COUNT]
     marks = marks_view(gp)
@@ -96,7 +96,7 @@ def reset_rank(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
     st[H_NREL] = 0
     st[H_CLEARS] += 1
     st[H_PEAK] = max(st[H_PEAK], 1)  # the padding page counts as held (the shared invariants check it)
-    drop_group(gp)
+    _drop_group(gp)
     return cap - 1
 
 
@@ -110,7 +110,7 @@ def _take(st: NDArray[np.int64], k: int) -> int:
     unchanged) if a listed page is not flagged free.
     """
     if k > st[H_NFREE] and st[H_NREL] > 0:
-        status = merge(st)
+        status = merge_lists(st)
         if status < 0:
             return status
     if k > st[H_NFREE]:

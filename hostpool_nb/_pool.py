@@ -23,15 +23,11 @@ from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPage
 from ._fork import register as register_fork_lock
 from ._hooks import DataPlaneHooks
 from ._invariants import problems
-from ._jit import entry_point
+from ._jit import Entries, entry_point
 from ._snapshot import FORMATS, PoolState, check_format, checked_words
 from ._stats import PoolStats
 from ._tracking import HISTORY_MARK, Outstanding, SiteKey, Tracker, leak_report
 
-_alloc_pages = entry_point(K.alloc_pages)
-_free_pages = entry_point(K.free_pages)
-_alloc_short = entry_point(K.alloc_pages_short)  # keep the GIL: K.SHORT_SLOTS
-_free_short = entry_point(K.free_pages_short)
 _reset = entry_point(K.reset)
 _merge = entry_point(K.merge)
 _refuse = entry_point(K.refuse)
@@ -39,10 +35,8 @@ _plan_batch = entry_point(K.plan_batch)
 _group_begin = entry_point(K.group_begin)
 _group_end = entry_point(K.group_end)
 _load_state = entry_point(K.load_state)
-_alloc_tracked = entry_point(K.alloc_pages_tracked)
-_free_tracked = entry_point(K.free_pages_tracked)
-_alloc_tracked_short = entry_point(K.alloc_pages_tracked_short)
-_free_tracked_short = entry_point(K.free_pages_tracked_short)
+# The alloc and free kernels of each page-size class: _ENTRIES[page_size == 1].
+_ENTRIES = (Entries(K.KERNELS[0]), Entries(K.KERNELS[1]))
 
 MERGE_ORDERS = ("fifo", "sorted")
 
@@ -154,8 +148,6 @@ class LogicalHostPool(DataPlaneHooks):
         num_pages = size // page_size
         st = _new_state(size, page_size, num_pages, merge == "sorted", track)
         self._setup(size, page_size, layout, merge, st, Tracker() if track else None)
-        self.clear()
-        self._st[L.H_CLEARS] = 0  # the construction is not a clear() call
 
     def _setup(  # noqa: PLR0913, PLR0917 - every attribute the pickle restores
         self, size: int, page_size: int, layout: Any, merge: str, st: NDArray[np.int64], tracker: Tracker | None
@@ -181,6 +173,12 @@ class LogicalHostPool(DataPlaneHooks):
         # up to _plain_limit slots: short enough to keep the GIL
         # (K.SHORT_SLOTS); a tracking pool's take none.
         self._plain_limit = K.SHORT_SLOTS if tracker is None else -1
+        # This page-size class's kernels; the untracked hot paths' two are
+        # compiled (or loaded) now, the others on their first call.
+        self._k = _ENTRIES[page_size == 1]
+        if tracker is None:
+            self._alloc_short = self._k.alloc_short
+            self._free_short = self._k.free_short
         self.lock = threading.RLock()
         register_fork_lock(self)
         self._st = st
@@ -264,10 +262,11 @@ class LogicalHostPool(DataPlaneHooks):
         # faults are not paid while other threads wait; the kernel checks
         # capacity and reports E_SHORT without touching the state.
         out = _empty(need_size, _INT64)
+        kernel = self._alloc_short  # a plain attribute load: calling it as ``self.x()`` is a slower lookup
         lock = self.lock
         lock.acquire()  # acquire/release: measurably cheaper than ``with``
         try:
-            status = _alloc_short(self._st, out)
+            status = kernel(self._st, out)
         finally:
             lock.release()
         return out if status >= 0 else self._refusal(status, need_size)
@@ -290,10 +289,12 @@ class LogicalHostPool(DataPlaneHooks):
         lock.acquire()  # not ``_take``: a call less on the path every tracked alloc takes
         try:
             if where is None:  # a plain pool's long call
-                status = _alloc_pages(self._st, out)
+                kernel = self._k.alloc
+                status = kernel(self._st, out)
             else:  # the site's id is looked up under the lock, where a sweep cannot drop it
                 site = self._tracker.intern(where, tag, self._st)  # type: ignore[union-attr]  # tracked: where is set
-                status = (_alloc_tracked_short if need_size <= K.SHORT_SLOTS else _alloc_tracked)(self._st, out, site)
+                k = self._k
+                status = (k.alloc_tracked_short if need_size <= K.SHORT_SLOTS else k.alloc_tracked)(self._st, out, site)
         finally:
             lock.release()
         return out if status >= 0 else self._refusal(status, need_size)
@@ -304,11 +305,15 @@ class LogicalHostPool(DataPlaneHooks):
         lock = self.lock
         lock.acquire()
         try:
+            k = self._k
+            status: int
             if where is None:
-                return (_alloc_short if short else _alloc_pages)(self._st, out)
+                status = (k.alloc_short if short else k.alloc)(self._st, out)
+                return status
             # The site's id is looked up under the lock, where a sweep cannot drop it.
             site = self._tracker.intern(where, tag, self._st)  # type: ignore[union-attr]  # tracked: where is set
-            return (_alloc_tracked_short if short else _alloc_tracked)(self._st, out, site)
+            status = (k.alloc_tracked_short if short else k.alloc_tracked)(self._st, out, site)
+            return status
         finally:
             lock.release()
 
@@ -426,18 +431,18 @@ class LogicalHostPool(DataPlaneHooks):
         # One test for the hot path: a plain pool (a tracking pool's limit is
         # -1) and a short call, whose kernel keeps the GIL (K.SHORT_SLOTS).
         if slots.size <= self._plain_limit:
-            kernel = _free_short
+            kernel = self._free_short
         elif self._tracker is not None:
             return self._free_tracked(slots)
         else:
-            kernel = _free_pages
+            kernel = self._k.free
         # The kernel refuses a length that is not a multiple of page_size
         # (before any change) and returns the number of slots freed, a
         # Python int (_jit.entry_point).
         lock = self.lock
         lock.acquire()
         try:
-            status = kernel(self._st, slots)
+            status: int = kernel(self._st, slots)
         finally:
             lock.release()
         if status < 0:
@@ -450,11 +455,11 @@ class LogicalHostPool(DataPlaneHooks):
         if tracker is None:  # pragma: no cover - only called for a tracking pool
             raise RuntimeError("_free_tracked called on a pool that does not track")
         where = tracker.where(None, 2)
-        kernel = _free_tracked_short if slots.size <= K.SHORT_SLOTS else _free_tracked
+        kernel = self._k.free_tracked_short if slots.size <= K.SHORT_SLOTS else self._k.free_tracked
         lock = self.lock
         lock.acquire()  # not ``with``, which costs more, on the path a tracked round trip takes twice
         try:
-            status = kernel(self._st, slots, tracker.intern(where, None, self._st))
+            status: int = kernel(self._st, slots, tracker.intern(where, None, self._st))
             if status < 0:  # the error's history is read under the same hold as the failed free
                 raise self._free_error(status, slots)
         finally:

@@ -161,3 +161,11 @@ def run_child(source: str, args: dict[str, Any], timeout: float) -> dict[str, An
     assert proc.returncode == 0, f"child exited {proc.returncode} (negative: killed by signal)\n{proc.stderr[-3000:]}"
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
+
+
+@pytest.fixture(scope="session")
+def all_kernels() -> None:
+    """Every kernel compiled (or loaded): for tests that measure a call, not its first compile."""
+    from hostpool_nb.warmup import compile_all
+
+    compile_all(quiet=True)

@@ -321,7 +321,7 @@ def test_alloc_over_capacity_returns_none(pool: LogicalHostPool, need: int, snap
     refused(pool, before)
 
 
-def test_refused_huge_alloc_allocates_nothing(snapshot: Any, refused: Any) -> None:
+def test_refused_huge_alloc_allocates_nothing(snapshot: Any, refused: Any, all_kernels: None) -> None:
     """A request the pool cannot serve is refused before its output is allocated.
 
     With 2**40 slots of 2**20 pages and one page held, ``alloc(2**40)`` once

@@ -65,14 +65,17 @@ with warnings.catch_warnings(record=True) as caught:
     except hostpool_nb.DoubleFreeError:
         double = "DoubleFreeError"
     p.check_invariants()
-kernels = {n: v for n, v in vars(K).items() if hasattr(v, "stats") and hasattr(v, "overloads") and not is_callee(v)}
+from hostpool_nb._jit import Kernel
+# The kernels this process used: compiled, or loaded from the cache, on first use.
+used = {n: v.dispatcher for n, v in vars(K).items() if isinstance(v, Kernel) and v.compiled}
 callees = {n: v for n, v in vars(K).items() if is_callee(v)}
 print(json.dumps({
     "a": a.tolist(), "b": b.tolist(), "c": c.tolist(), "freed": freed,
     "short": short is None, "double": double, "available": p.available_size(),
-    "kernels": sorted(kernels),
-    "compiled": sorted(n for n, k in kernels.items() if k.stats.cache_misses),
-    "loaded": sorted(n for n, k in kernels.items() if k.stats.cache_hits and not k.stats.cache_misses),
+    "kernels": sorted(n for n, v in vars(K).items() if isinstance(v, Kernel)),
+    "used": sorted(used),
+    "compiled": sorted(n for n, k in used.items() if k.stats.cache_misses),
+    "loaded": sorted(n for n, k in used.items() if k.stats.cache_hits and not k.stats.cache_misses),
     "callees": sorted(callees),
     "callees_compiled": sorted(n for n, k in callees.items() if k.signatures),
     "warnings": [[w.category.__name__, str(w.message)] for w in caught],
@@ -247,12 +250,16 @@ def filled_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = _env(NUMBA_CACHE_DIR=str(cache), PYTHONPATH=_pythonpath(ROOT))
     res = _run([sys.executable, "-c", USE_POOL], env, cwd=cache.parent)
     assert {k: res[k] for k in EXPECTED} == EXPECTED
-    assert res["compiled"] == res["kernels"], res
-    assert len(res["kernels"]) >= 3, res
-    # Each kernel wrote its cache index; the callees, compiled into their
-    # callers, wrote none.
+    assert res["compiled"] == res["used"], res
+    # A page size 16 pool that does not track, with calls of at most
+    # 4,096 slots, used only its class's short kernels and merge: nothing
+    # else compiled.
+    assert set(res["used"]) == {"alloc_pn_short", "free_pn_short"}, res
+    assert len(res["kernels"]) > 10, res
+    # Each kernel used wrote its cache index; the callees, compiled into
+    # their callers, wrote none.
     indexed = {path.name.removeprefix("_kernels.").split("-")[0] for path in cache.rglob("_kernels.*.nbi")}
-    assert indexed == set(res["kernels"]), sorted(indexed ^ set(res["kernels"]))
+    assert indexed == set(res["used"]), sorted(indexed ^ set(res["used"]))
     assert res["callees"], res
     return cache
 
@@ -284,8 +291,8 @@ def test_damaged_cache_is_rebuilt(
 
     rebuilt = _run([sys.executable, "-c", USE_POOL], env, cwd=tmp_path)
     assert {k: rebuilt[k] for k in EXPECTED} == EXPECTED
-    # Every kernel's files were damaged, so every kernel compiled again.
-    assert rebuilt["compiled"] == rebuilt["kernels"], rebuilt
+    # Every kernel's files were damaged, so every kernel used compiled again.
+    assert rebuilt["compiled"] == rebuilt["used"], rebuilt
     assert _cache_warnings(rebuilt) == []  # recovered: nothing to report
 
     warm = _run([sys.executable, "-c", USE_POOL], env, cwd=tmp_path)
@@ -293,7 +300,7 @@ def test_damaged_cache_is_rebuilt(
     # The rebuild rewrote the cache: everything loads, nothing compiles,
     # and the callees, whose code the kernels' cached code contains, are
     # not even compiled.
-    assert warm["loaded"] == warm["kernels"], warm
+    assert warm["loaded"] == warm["used"], warm
     assert warm["compiled"] == [], warm
     assert warm["callees"], warm
     assert warm["callees_compiled"] == [], warm
@@ -337,18 +344,19 @@ with warnings.catch_warnings(record=True) as caught:
     for name in NAMES:
         try:
             k = kernel(SIGNATURES.get(name, "i8(i8)"))(FUNCS[name])
+            first = int(k(-3))  # compiles (or loads) here, on first use
         except BaseException as exc:
             out["errors"][name] = type(exc).__name__
             continue
         out["kernels"][name] = {
-            "results": [int(k(v)) for v in (-3, 0, 7)],
+            "results": [first] + [int(k(v)) for v in (0, 7)],
             "expected": [FUNCS[name](v) for v in (-3, 0, 7)],
             "float_results": [float(k(v)) for v in (0.5,)] if name in SIGNATURES else [],
             "float_expected": [FUNCS[name](v) for v in (0.5,)] if name in SIGNATURES else [],
-            "overloads": len(k.overloads),
-            "is_dispatcher": isinstance(k, numba.core.dispatcher.Dispatcher),
-            "cache_path": k.stats.cache_path,
-            "from_cache": bool(k.stats.cache_hits) and not k.stats.cache_misses,
+            "overloads": len(k.dispatcher.overloads),
+            "is_dispatcher": isinstance(k.dispatcher, numba.core.dispatcher.Dispatcher),
+            "cache_path": k.dispatcher.stats.cache_path,
+            "from_cache": bool(k.dispatcher.stats.cache_hits) and not k.dispatcher.stats.cache_misses,
         }
 out["warnings"] = [[w.category.__name__, str(w.message)] for w in caught]
 print(json.dumps(out))
@@ -506,7 +514,6 @@ def test_disabled_jit_returns_the_python_function(tmp_path: Path) -> None:
 PAGED_CHILD = r"""
 import json
 from hostpool_nb import _kernels as K, _paged_kernels as P
-from hostpool_nb._jit import is_callee
 from hostpool_nb.paged import PagedTokenToKVPoolAllocator
 alloc = PagedTokenToKVPoolAllocator(64 * 16, 16, None)
 out = alloc.alloc(32)
@@ -518,7 +525,8 @@ try:
     broken = None
 except RuntimeError as exc:
     broken = str(exc)
-kernels = {n: v for n, v in vars(P).items() if hasattr(v, "stats") and hasattr(v, "overloads") and not is_callee(v)}
+from hostpool_nb._jit import Kernel
+kernels = {n: v.dispatcher for n, v in vars(P).items() if isinstance(v, Kernel) and v.compiled}
 print(json.dumps({
     "first_free": first_free,
     "alloc": out.tolist(),

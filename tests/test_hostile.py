@@ -29,6 +29,7 @@ from hostpool_nb import _layout as L
 from hostpool_nb import _recording as REC
 from hostpool_nb import replay as R
 from hostpool_nb import trace as T
+from hostpool_nb._jit import callable_from_python
 from hostpool_nb._tracking import Site
 from hostpool_nb.paged import PagedState, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from tests.conftest import JIT_DISABLED, run_child
@@ -801,7 +802,7 @@ _RING_END = textwrap.dedent(
 def test_pages_freed_up_to_the_rings_end_then_more_in_the_same_call(
     page_size: int, to_the_end: str, in_order: bool
 ) -> None:
-    long = K.long_run(page_size)
+    long = int(callable_from_python(K.long_run)(page_size))
     pages = 8 * long
     head = long // 2 if to_the_end == "one run" else pages - long // 2
     got = run_child(

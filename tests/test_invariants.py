@@ -213,7 +213,7 @@ _FREE_CODES = {L.E_LENGTH, L.E_RANGE, L.E_MISALIGNED, L.E_PARTIAL, L.E_NOT_ALLOC
 @pytest.mark.parametrize("code", sorted(set(range(1, 16)) - _FREE_CODES))
 def test_free_error_of_an_unexpected_code_is_a_runtime_error(code: int) -> None:
     pool = LogicalHostPool(64, 16)
-    err = pool._free_error(L.fail(code, 0), np.arange(16, dtype=np.int64))
+    err = pool._free_error(L.status_for(code, 0), np.arange(16, dtype=np.int64))
     assert type(err) is RuntimeError
     assert f"code {code}" in str(err)
 
@@ -222,5 +222,5 @@ def test_free_error_of_an_unexpected_code_is_a_runtime_error(code: int) -> None:
 def test_alloc_error_of_an_unexpected_code_is_a_runtime_error(code: int) -> None:
     pool = LogicalHostPool(64, 16)
     with pytest.raises(RuntimeError, match=f"code {code}") as info:
-        pool._refusal(L.fail(code, 0), 16)
+        pool._refusal(L.status_for(code, 0), 16)
     assert type(info.value) is RuntimeError

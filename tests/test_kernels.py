@@ -13,24 +13,40 @@ from hostpool_nb import _layout as L
 from hostpool_nb._layout import ring_ids
 from tests.conftest import JIT_DISABLED
 
-# The pool's names for the kernels it calls on its plain hot paths.
-_POOL_KERNELS = (
-    ("_alloc_pages", K.alloc_pages),
-    ("_free_pages", K.free_pages),
-    ("_alloc_short", K.alloc_pages_short),
-    ("_free_short", K.free_pages_short),
-    ("_reset", K.reset),
-)
+
+def kernels(ps: int) -> Any:
+    """The alloc and free kernels of page size ``ps``'s class."""
+    return K.KERNELS[ps == 1]
+
+
+_KERNEL_NAMES = K.PageSizeKernels._fields
 
 
 @pytest.mark.skipif(JIT_DISABLED, reason="entry points exist only with the JIT on")
-def test_pool_calls_compiled_entry_points() -> None:
-    # A silent fallback to the dispatcher would still be correct, but slower
-    # by several hundred ns per call: catch it here rather than in a profile.
-    for name, kernel in _POOL_KERNELS:
-        bound = getattr(_pool, name)
-        assert bound is not kernel, name
-        assert type(bound).__name__ == "builtin_function_or_method", (name, type(bound))
+@pytest.mark.parametrize("ps", [1, 16])
+def test_pool_calls_compiled_entry_points(ps: int) -> None:
+    """A silent fallback to the dispatcher would still be correct, but slower by hundreds of ns a call."""
+    pool = LogicalHostPool(8 * ps, ps)
+    bound = [pool._alloc_short, pool._free_short] + [getattr(pool._k, name) for name in _KERNEL_NAMES]
+    for entry in bound:
+        assert type(entry).__name__ == "builtin_function_or_method", entry
+    # A module's kernels are stand-ins until their first call, which rebinds them.
+    assert (
+        _pool._merge.__name__.startswith("first_call_of_")
+        or type(_pool._merge).__name__ == "builtin_function_or_method"
+    )
+    pool.merge()
+    assert type(_pool._merge).__name__ == "builtin_function_or_method"
+
+
+def _dispatchers(ps: int) -> Any:
+    """The class's kernels as numba's dispatchers (or the plain functions without the JIT)."""
+    from types import SimpleNamespace
+
+    ks = kernels(ps)
+    return SimpleNamespace(
+        **{name: getattr(getattr(ks, name), "dispatcher", getattr(ks, name)) for name in _KERNEL_NAMES}
+    )
 
 
 def _trace(pool: LogicalHostPool, rng: np.random.Generator) -> list[list[int] | None]:
@@ -51,11 +67,11 @@ def _trace(pool: LogicalHostPool, rng: np.random.Generator) -> list[list[int] | 
 
 
 @pytest.mark.parametrize("page_size", [1, 3, 16])
-def test_dispatcher_fallback_gives_the_same_results(page_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dispatcher_fallback_gives_the_same_results(page_size: int) -> None:
     expected = _trace(LogicalHostPool(8 * page_size, page_size), np.random.default_rng(7))
-    for name, kernel in _POOL_KERNELS:
-        monkeypatch.setattr(_pool, name, kernel)
     pool = LogicalHostPool(8 * page_size, page_size)
+    pool._k = _dispatchers(page_size)
+    pool._alloc_short, pool._free_short = pool._k.alloc_short, pool._k.free_short
     assert _trace(pool, np.random.default_rng(7)) == expected
     pool.check_invariants()
 
@@ -63,7 +79,7 @@ def test_dispatcher_fallback_gives_the_same_results(page_size: int, monkeypatch:
 @pytest.mark.parametrize("code", range(1, 8))
 @pytest.mark.parametrize("position", [0, 1, 15, 16, 2**40])
 def test_status_codes_round_trip(code: int, position: int) -> None:
-    status = L.fail(code, position)
+    status = L.status_for(code, position)
     assert status < 0
     assert L.decode_status(status) == (code, position)
 
@@ -117,8 +133,8 @@ def test_length_checks_happen_in_the_kernels_before_anything(ps: int, snapshot: 
     assert held is not None
     before = snapshot(pool)
     calls = int(pool._st[L.H_ALLOC_CALLS])
-    assert L.decode_status(K.alloc_pages(pool._st, np.empty(ps + 1, dtype=np.int64))) == (L.E_MISALIGNED, 0)
-    assert L.decode_status(K.free_pages(pool._st, held[:-1].copy())) == (L.E_LENGTH, 0)
+    assert L.decode_status(kernels(ps).alloc(pool._st, np.empty(ps + 1, dtype=np.int64))) == (L.E_MISALIGNED, 0)
+    assert L.decode_status(kernels(ps).free(pool._st, held[:-1].copy())) == (L.E_LENGTH, 0)
     unchanged(pool, before)
     assert int(pool._st[L.H_ALLOC_CALLS]) == calls
 
@@ -128,12 +144,12 @@ def test_kernels_return_what_they_moved(ps: int) -> None:
     pool = LogicalHostPool(8 * ps, ps)
     st = pool._st
     out = np.empty(3 * ps, dtype=np.int64)
-    assert K.alloc_pages(st, out) == 3 * ps
+    assert kernels(ps).alloc(st, out) == 3 * ps
     assert out.tolist() == list(range(3 * ps))
-    assert K.free_pages(st, out[ps:]) == 2 * ps
+    assert kernels(ps).free(st, out[ps:]) == 2 * ps
     assert K.merge(st) == 2  # pages moved onto the free list
     assert K.merge(st) == 0
-    assert K.alloc_pages(st, np.empty(0, dtype=np.int64)) == 0
+    assert kernels(ps).alloc(st, np.empty(0, dtype=np.int64)) == 0
     assert K.reset(st) == 8
     pool.check_invariants()
 
@@ -256,3 +272,25 @@ def test_the_paged_status_codes_do_not_reuse_the_cores() -> None:
     assert not set(core.values()) & set(paged.values())
     assert len(set(paged.values())) == len(paged)
     assert all(1 <= c < 16 for c in paged.values())
+
+
+def test_kernels_call_only_callees() -> None:
+    """A kernel is compiled on first use (a ``_jit.Kernel``), which numba cannot call from another kernel."""
+    import ast
+    import inspect
+
+    from hostpool_nb import _host_kernels, _paged_kernels
+
+    for module in (K, _paged_kernels, _host_kernels):
+        tree = ast.parse(inspect.getsource(module))
+        kernel_names = {
+            node.name
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef)
+            and any(isinstance(d, ast.Call) and getattr(d.func, "id", "") == "_jit" for d in node.decorator_list)
+        }
+        assert kernel_names, module.__name__
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                called = {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+                assert not (called & kernel_names) - {node.name}, (module.__name__, node.name, called & kernel_names)

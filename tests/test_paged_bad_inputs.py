@@ -1067,7 +1067,7 @@ def test_attributes_match_the_oracle(size: int, page_size: int, dp_size: int, de
     assert all(not arr.flags.writeable for arr in t.free_slots)
 
 
-def test_extend_far_beyond_the_rank_is_refused_without_allocating_its_output() -> None:
+def test_extend_far_beyond_the_rank_is_refused_without_allocating_its_output(all_kernels: None) -> None:
     """2**40 tokens, consistent with extend_num_tokens: None at once, no 8 TiB output array."""
     import tracemalloc
 

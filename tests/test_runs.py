@@ -1,20 +1,24 @@
-"""Taking runs whole in ``alloc_pages`` and ``free_pages`` decides exactly as going page by page.
+"""Taking runs whole in the alloc and free kernels decides exactly as going page by page.
 
 ``_kernels.py`` takes a stretch of ``long`` or more consecutive pages whole
 (one test of their flags, one fill, one block store) and everything else,
-every failure included, one page at a time. The kernels take ``long`` as an
-argument: ``long`` larger than the input takes no run, the plain
-page-by-page pass, and ``long=2`` takes every run it can. Which runs are
-taken must be invisible: for any pool, any input and any ``long``, the
-kernels return the same status and leave the same state. These tests build
-states and inputs that mix runs, lone pages and every kind of fault, run
-the kernels with several ``long`` on copies of one state, and compare.
-The pool's own threshold (``K.long_run``) is 1,024 slots, so the
-tests through the public API use inputs long enough to reach it.
+every failure included, one page at a time. Which runs are taken must be
+invisible: for any pool, any input and any ``long``, the kernels return the
+same status and leave the same state. The kernels read ``long`` from
+``long_run``; these tests compile the kernels' code again with ``long_run``
+replaced (``long=2`` takes every run it can, a ``long`` larger than the
+input takes none: the plain page-by-page pass), build states and inputs
+that mix runs, lone pages and every kind of fault, run the variants on
+copies of one state, and compare. The pool's own threshold
+(``K.long_run``) is 1,024 slots, so the tests through the public API use
+inputs long enough to reach it.
 """
 
 from __future__ import annotations
 
+import functools
+import types
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,6 +29,7 @@ from hypothesis import strategies as st_
 from hostpool_nb import DoubleFreeError, LogicalHostPool, SlotRangeError
 from hostpool_nb import _kernels as K
 from hostpool_nb import _layout as L
+from hostpool_nb._jit import JIT_DISABLED, callable_from_python, callee, kernel
 from tests.conftest import take_snapshot
 
 PAGE_SIZES = [1, 3, 4, 16]
@@ -33,14 +38,28 @@ PAGE_SIZES = [1, 3, 4, 16]
 NO_RUNS = 1 << 40  # a ``long`` no input reaches: the page-by-page pass
 
 
+@functools.cache
+def with_long(name: str, long: int) -> Callable[..., int]:
+    """The kernel ``K.<name>`` compiled again (in memory) with every run threshold set to ``long`` pages."""
+    original = getattr(K, name)
+    py = getattr(original, "py_func", original)
+
+    def fixed(page_size: int) -> int:
+        return long
+
+    scope = dict(py.__globals__, long_run=callee()(fixed))
+    copy = types.FunctionType(py.__code__, scope, f"{name}_long{long}", py.__defaults__, py.__closure__)
+    copy.__qualname__ = copy.__name__
+    if JIT_DISABLED:
+        return copy  # type: ignore[no-any-return]
+    made = kernel("i8(i8[::1], i8[::1])")(copy)
+    return made.dispatcher  # type: ignore[attr-defined, no-any-return]
+
+
 def _free_with(st: np.ndarray, slots: np.ndarray, long: int) -> int:
-    """``free_pages`` taking runs of ``long`` pages or more (``NO_RUNS``: none)."""
+    """The free kernel for the state's page size, taking runs of ``long`` pages or more (``NO_RUNS``: none)."""
     ps = int(st[L.H_PAGE_SIZE])
-    if slots.shape[0] % ps != 0:
-        return L.fail(L.E_LENGTH, 0)
-    if ps == 1:
-        return int(K._free_slot_pages(st, slots, long))
-    return int(K._free_whole_pages(st, slots, long))
+    return int(with_long("free_p1" if ps == 1 else "free_pn", long)(st, slots))
 
 
 def _chunks(draw: Any, items: list[int], max_chunk: int) -> list[list[int]]:
@@ -124,7 +143,7 @@ def pool_and_free(draw: Any) -> tuple[LogicalHostPool, np.ndarray]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(pool_and_free(), st_.sampled_from([2, 3, 5, 8]))
+@given(pool_and_free(), st_.sampled_from([2, 5]))
 def test_free_decides_as_the_page_by_page_pass(case: tuple[LogicalHostPool, np.ndarray], long: int) -> None:
     """With runs taken eagerly and at the pool's threshold: the same status, the same state."""
     pool, slots = case
@@ -135,7 +154,8 @@ def test_free_decides_as_the_page_by_page_pass(case: tuple[LogicalHostPool, np.n
     event("freed" if want >= 0 else f"error code {L.decode_status(want)[0]}")
     for how in (long, None):  # None: free_pages itself, at the pool's threshold
         st_a = original.copy()
-        got = int(K.free_pages(st_a, slots)) if how is None else _free_with(st_a, slots, how)
+        pool_free = K.KERNELS[int(st_a[L.H_PAGE_SIZE]) == 1].free
+        got = int(pool_free(st_a, slots)) if how is None else _free_with(st_a, slots, how)
         assert got == want, (how, L.decode_status(got) if got < 0 else got, L.decode_status(want) if want < 0 else want)
         if want >= 0:
             assert np.array_equal(st_a, want_st)  # the same pages, staged in the same order
@@ -147,9 +167,17 @@ def test_free_decides_as_the_page_by_page_pass(case: tuple[LogicalHostPool, np.n
 
 
 @st_.composite
-def owner_and_ids(draw: Any) -> tuple[np.ndarray, np.ndarray, int]:
-    """Owner flags and a list of page ids to claim: runs, lone ids, and maybe a bad one."""
+def ring_to_claim(draw: Any) -> tuple[np.ndarray, int, int]:
+    """A state whose free list, from some ring position on, mixes runs, lone ids and maybe a bad one.
+
+    The owner flags say free, allocated or pending at random; the free
+    list names free pages in chunks (runs), shuffled, and maybe one id that
+    is not a page or not free (a corrupted ring, which the kernel refuses).
+    It may wrap the ring's end. Returns the state, the pages to allocate
+    and the page size.
+    """
     n = draw(st_.integers(1, 200))
+    ps = draw(st_.sampled_from([1, 2, 16]))
     owner = np.array(draw(st_.lists(st_.sampled_from([0, 0, 0, 1, 2]), min_size=n, max_size=n)), dtype=np.uint8)
     free = [p for p in range(n) if owner[p] == 0]
     chunks: list[list[int]] = []
@@ -160,37 +188,48 @@ def owner_and_ids(draw: Any) -> tuple[np.ndarray, np.ndarray, int]:
         i += k
     ids = [p for c in draw(st_.permutations(chunks)) for p in c]
     if ids and draw(st_.booleans()):
-        at = draw(st_.integers(0, len(ids)))
+        at = draw(st_.integers(0, len(ids) - 1 if len(ids) == n else len(ids)))
         bad = draw(st_.sampled_from([-1, n, n + 5, 0, n - 1, ids[0]]))
         ids.insert(at, bad)
-    ps = draw(st_.sampled_from([1, 2, 16]))
-    return owner, np.array(ids, dtype=np.int32), ps  # ring entries are int32
+        ids = ids[:n]
+    st = L.new_state(n, ps)
+    ring, flags = L.ring_ids(st, n), L.owner_flags(st, n)
+    flags[:] = owner
+    head = draw(st_.integers(0, n - 1))
+    for k, p in enumerate(ids):
+        ring[(head + k) % n] = p
+    st[L.H_HEAD], st[L.H_NFREE], st[L.H_NREL] = head, len(ids), 0
+    return st, len(ids), ps
 
 
 @settings(max_examples=400, deadline=None)
-@given(owner_and_ids(), st_.sampled_from([2, 3, 8, 64]))
-def test_claim_by_runs_equals_claim_page_by_page(case: tuple[np.ndarray, np.ndarray, int], long: int) -> None:
-    owner, ids, ps = case
-    oa, ob = owner.copy(), owner.copy()
-    out_a = np.full(len(ids) * ps, -7, dtype=np.int64)
+@given(ring_to_claim(), st_.sampled_from([2, 8]))
+def test_alloc_by_runs_equals_alloc_page_by_page(case: tuple[np.ndarray, int, int], long: int) -> None:
+    st, need, ps = case
+    name = "alloc_p1" if ps == 1 else "alloc_pn"
+    st_a, st_b = st.copy(), st.copy()
+    out_a = np.full(need * ps, -7, dtype=np.int64)
     out_b = out_a.copy()
-    got = int(K._claim(oa, ids, out_a, 0, ps, long))
-    want = int(K._claim(ob, ids, out_b, 0, ps, NO_RUNS))
-    event("claimed" if want == len(ids) else "bad id")
-    assert got == want  # len(ids), or the first bad id's position
-    if want == len(ids):
-        assert np.array_equal(oa, ob)
+    got = int(with_long(name, long)(st_a, out_a))
+    want = int(with_long(name, NO_RUNS)(st_b, out_b))
+    event("claimed" if want >= 0 else "bad id")
+    assert got == want  # need * ps, or E_CORRUPT at the first bad id's position
+    assert np.array_equal(st_a, st_b)
+    n = int(st[L.H_NPAGES])
+    if want >= 0:
+        head = int(st[L.H_HEAD])
+        ids = [int(L.ring_ids(st, n)[(head + k) % n]) for k in range(need)]
+        assert out_a.tolist() == [p * ps + j for p in ids for j in range(ps)]
         assert np.array_equal(out_a, out_b)
-        assert out_a.tolist() == [p * ps + j for p in ids.tolist() for j in range(ps)]
     else:
-        assert np.array_equal(oa, owner)  # every flag put back
-        assert np.array_equal(ob, owner)
+        assert L.decode_status(want)[0] == L.E_CORRUPT
+        assert np.array_equal(st_a, st)  # every flag put back, nothing counted
 
 
 @pytest.mark.parametrize("ps", [1, 16])
 def test_shuffled_and_sorted_pools_hand_out_the_same_pages_as_the_model(ps: int) -> None:
     """A long mixed workload at a size where runs reach the pool's threshold, against the plain-list model."""
-    long = int(K.long_run(ps))
+    long = int(callable_from_python(K.long_run)(ps))
     n = 8 * long + 2000
     pool = LogicalHostPool(n * ps, ps)
     rng = np.random.default_rng(5)
@@ -245,17 +284,18 @@ def test_run_length_stops_at_the_first_break_or_the_limit(
     if brk is not None:
         ids[start + brk] += 1000
     first = int(ids[start])
-    got = K._run_length(ids, start, limit, first)
+    run_length = callable_from_python(K._run_length)
+    got = run_length(ids, start, limit, first)
     assert got == _naive_run_length(ids, start, limit, first)
     assert got == (limit if brk is None or brk >= limit else brk)
     # Measured against the caller's read of the first entry, not a second one.
-    assert K._run_length(ids, start, limit, first + 1) == 1 or limit == 1
+    assert run_length(ids, start, limit, first + 1) == 1 or limit == 1
 
 
 @pytest.mark.parametrize("ps", PAGE_SIZES)
 def test_a_lone_pending_page_before_a_run_is_a_double_free(ps: int, snapshot: Any, unchanged: Any) -> None:
     """Freed in the open group, then freed again before a run, or in one: refused at its position."""
-    long = int(K.long_run(ps))
+    long = int(callable_from_python(K.long_run)(ps))
     n = 5 * long + 32
     q = 2 * long + 8  # the pending page, with runs of 2 * long pages on either side of it
     pool = LogicalHostPool(n * ps, ps)
@@ -286,7 +326,7 @@ def test_a_run_that_continues_past_the_last_page_is_out_of_range(
     ps: int, beyond: int, snapshot: Any, unchanged: Any
 ) -> None:
     """Slots counting up from the last pages on past the pool's end: the run stops at the last page."""
-    long = int(K.long_run(ps))
+    long = int(callable_from_python(K.long_run)(ps))
     n = 2 * long + 4
     pool = LogicalHostPool(n * ps, ps)
     held = pool.alloc(n * ps)
@@ -310,16 +350,23 @@ def test_a_run_that_continues_past_the_last_page_is_out_of_range(
 def test_flags_are_and_set_flags_cover_exactly_the_range(
     n_extra: int, start: int, length: int, want: int, flag: int, wrong: list[int]
 ) -> None:
-    """Across the byte path and the word path with its edges: the range's flags, none outside it."""
-    owner = np.full(start + length + n_extra, want, dtype=np.uint8)
+    """Across the byte path and the word path with its edges: the range's flags, none outside it.
+
+    The word path reads the flags as words of the state array, so they are
+    a real state's (whose ring, before them, must not be touched either).
+    """
+    n = start + length + n_extra
+    st = L.new_state(n, 1)
+    owner = L.owner_flags(st, n)
+    owner[:] = want
     for w in wrong:  # flags that are not ``want``, inside the range or outside it
-        owner[w % owner.shape[0]] = (want + 1) % 3
-    before = owner.copy()
-    all_wanted = bool(np.all(before[start : start + length] == want))
+        owner[w % n] = (want + 1) % 3
+    before = st.copy()
+    all_wanted = bool(np.all(owner[start : start + length] == want))
     event("all as wanted" if all_wanted else "some not")
-    assert bool(K._flags_are(owner, start, length, want)) == all_wanted
-    assert np.array_equal(owner, before)
-    K._set_flags(owner, start, length, flag)
+    assert bool(callable_from_python(K._flags_are)(st, owner, start, length, want)) == all_wanted
+    assert np.array_equal(st, before)
+    callable_from_python(K._set_flags)(st, owner, start, length, flag)
     expected = before.copy()
-    expected[start : start + length] = flag
-    assert np.array_equal(owner, expected)
+    L.owner_flags(expected, n)[start : start + length] = flag
+    assert np.array_equal(st, expected)

@@ -376,7 +376,7 @@ def test_alloc_many_refuses_what_does_not_fit(ps: int, sizes: list[int], snapsho
     free_held_and_drain(pool, ps)
 
 
-def test_refused_overflowing_batch_allocates_nothing(snapshot: Any, refused: Any) -> None:
+def test_refused_overflowing_batch_allocates_nothing(snapshot: Any, refused: Any, all_kernels: None) -> None:
     """Totals beyond the pool, beyond int64 when summed, beyond int64 per size: microseconds, no memory.
 
     The pool is huge (2**40 slots) and wholly free, so an allocation of the
@@ -1379,7 +1379,7 @@ def test_pool_state_and_stats_are_exported() -> None:
 # -- backup_state cost --------------------------------------------------------------
 
 
-def test_backup_state_makes_one_copy() -> None:
+def test_backup_state_makes_one_copy(all_kernels: None) -> None:
     pool = LogicalHostPool(2**18, 1)
     nbytes = pool._st.nbytes
     pool.backup_state()

@@ -1,13 +1,12 @@
 """Short calls keep the GIL; long ones release it; both do the same work.
 
-``alloc`` and ``free`` of at most ``K.SHORT_SLOTS`` slots run
-``alloc_pages_short`` / ``free_pages_short`` (``*_tracked_short`` on a
-tracking pool): the same kernels compiled a second time (``_jit.twin``)
-without ``nogil``, since handing the GIL over costs more than such a
-call's work. Here: the compile options of every
-kernel, which kernel each size reaches, and that a twin and its original
-leave the same state and return the same status from the same state, on
-success and on every kind of failure.
+``alloc`` and ``free`` of at most ``K.SHORT_SLOTS`` slots run the page-size
+class's ``*_short`` kernels (``*_tracked_short`` on a tracking pool): the
+same kernels compiled a second time (``_jit.twin``) without ``nogil``,
+since handing the GIL over costs more than such a call's work. Here: the
+compile options of every kernel, which kernel each size reaches, and that a
+twin and its original leave the same state and return the same status from
+the same state, on success and on every kind of failure.
 """
 
 from __future__ import annotations
@@ -20,24 +19,27 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hostpool_nb import HostPoolError, LogicalHostPool, _pool
+from hostpool_nb import HostPoolError, LogicalHostPool
 from hostpool_nb import _kernels as K
 from hostpool_nb import _paged_kernels as P
 from tests.conftest import JIT_DISABLED
 
 needs_jit = pytest.mark.skipif(JIT_DISABLED, reason="compile options exist only with the JIT on")
 
-SHORT = ("alloc_pages_short", "free_pages_short", "alloc_pages_tracked_short", "free_pages_tracked_short")
-# Kernels returning a view of their argument: numba counts references there.
-VIEWS = {(K, "ring_view"), (K, "owner_view"), (P, "marks_view")}
+SHORT_KERNELS = {
+    getattr(k, "__name__", "") for ks in K.KERNELS for k in ks if getattr(k, "__name__", "").endswith("_short")
+}
 
 
 def _dispatchers() -> list[tuple[Any, str, Any]]:
+    """Every kernel of the core and paged modules, compiled, as (module, name, numba's dispatcher)."""
+    from hostpool_nb._jit import Kernel
+
     found = []
     for module in (K, P):
         for name, value in vars(module).items():
-            if hasattr(value, "overloads") and hasattr(value, "targetoptions") and value.__module__ == module.__name__:
-                found.append((module, name, value))
+            if isinstance(value, Kernel) and value.__module__ == module.__name__:
+                found.append((module, name, value.dispatcher))
     return found
 
 
@@ -46,38 +48,42 @@ def test_only_the_short_twins_keep_the_gil() -> None:
     kernels = _dispatchers()
     assert len(kernels) > 20  # the collection found the kernels at all
     for module, name, kernel in kernels:
-        keeps_gil = module is K and name in SHORT
+        keeps_gil = module is K and name in SHORT_KERNELS
         assert kernel.targetoptions.get("nogil") is (not keeps_gil), (module.__name__, name)
 
 
 @needs_jit
-def test_only_view_returning_kernels_count_references() -> None:
+def test_kernels_do_not_count_references_and_views_do() -> None:
+    from hostpool_nb import _layout as L
+
     for module, name, kernel in _dispatchers():
-        assert kernel.targetoptions.get("_nrt") is ((module, name) in VIEWS), (module.__name__, name)
+        assert kernel.targetoptions.get("_nrt") is False, (module.__name__, name)
+    for module, name in ((L, "ring_view"), (L, "owner_view"), (L, "marks_view")):
+        assert getattr(module, name).targetoptions.get("_nrt") is True, name
 
 
 @needs_jit
 def test_twins_have_their_own_cache_files() -> None:
-    for name in SHORT:
+    for name in sorted(SHORT_KERNELS):
         twin, original = getattr(K, name), getattr(K, name.removesuffix("_short"))
         assert twin.py_func is not original.py_func
         assert twin.py_func.__code__ is original.py_func.__code__  # one source
         assert twin.py_func.__qualname__ == name
-        index = getattr(getattr(getattr(twin, "_cache", None), "_cache_file", None), "_index_name", "")
+        index = getattr(getattr(getattr(twin.dispatcher, "_cache", None), "_cache_file", None), "_index_name", "")
         assert index.startswith(f"_kernels.{name}-"), index
 
 
-_POOL_NAMES = ("_alloc_pages", "_free_pages", "_alloc_short", "_free_short")
-_TRACKED_NAMES = ("_alloc_tracked", "_free_tracked", "_alloc_tracked_short", "_free_tracked_short")
-
-
 class _Spy:
-    """Records which of the pool's kernels ran."""
+    """Records which of the pool's kernels ran: wraps the pool's bound entry points."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, pool: LogicalHostPool) -> None:
+        from types import SimpleNamespace
+
         self.calls: list[str] = []
-        for name in _POOL_NAMES + _TRACKED_NAMES:
-            monkeypatch.setattr(_pool, name, self._wrap(name, getattr(_pool, name)))
+        k = pool._k
+        pool._k = SimpleNamespace(**{name: self._wrap(name, getattr(k, name)) for name in K.PageSizeKernels._fields})
+        if hasattr(pool, "_alloc_short"):
+            pool._alloc_short, pool._free_short = pool._k.alloc_short, pool._k.free_short
 
     def _wrap(self, name: str, kernel: Callable[..., int]) -> Callable[..., int]:
         def spy(*args: Any) -> int:
@@ -93,10 +99,12 @@ class _Spy:
 
 @pytest.mark.parametrize("track", [False, True], ids=["plain", "tracked"])
 @pytest.mark.parametrize("page_size", [1, 16, 3])
-def test_each_size_reaches_the_kernel_for_it(page_size: int, track: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_size_reaches_the_kernel_for_it(page_size: int, track: bool) -> None:
     pool = LogicalHostPool(page_size << 15, page_size, track=track)
-    spy = _Spy(monkeypatch)
-    alloc_long, free_long, alloc_short, free_short = _TRACKED_NAMES if track else _POOL_NAMES
+    spy = _Spy(pool)
+    names = ("alloc_tracked", "free_tracked") if track else ("alloc", "free")
+    alloc_long, free_long = names
+    alloc_short, free_short = (f"{n}_short" for n in names)
     top = K.SHORT_SLOTS // page_size * page_size  # the longest short request
     for size, alloc_kernel, free_kernel in (
         (page_size, alloc_short, free_short),
@@ -162,12 +170,13 @@ def test_a_twin_does_what_its_original_does(page_size: int, ops: list[int], seed
     probes = _probe_inputs(page_size, held, seed)
     site = (5,) if track else ()  # a site id the tracking kernels record
     cases: list[tuple[Callable[..., int], Callable[..., int], np.ndarray]]
+    ks = K.KERNELS[page_size == 1]
     if track:
-        cases = [(K.alloc_pages_tracked, K.alloc_pages_tracked_short, out) for out in outs]
-        cases += [(K.free_pages_tracked, K.free_pages_tracked_short, probe) for probe in probes]
+        cases = [(ks.alloc_tracked, ks.alloc_tracked_short, out) for out in outs]
+        cases += [(ks.free_tracked, ks.free_tracked_short, probe) for probe in probes]
     else:
-        cases = [(K.alloc_pages, K.alloc_pages_short, out) for out in outs]
-        cases += [(K.free_pages, K.free_pages_short, probe) for probe in probes]
+        cases = [(ks.alloc, ks.alloc_short, out) for out in outs]
+        cases += [(ks.free, ks.free_short, probe) for probe in probes]
     for original, twin, arg in cases:
         st_a, st_b = pool._st.copy(), pool._st.copy()
         arg_a, arg_b = arg.copy(), arg.copy()

@@ -1,0 +1,305 @@
+"""Kernels compile on their first use, each process paying only for the kernels it calls.
+
+``import hostpool_nb`` compiles nothing; a pool's first calls compile (or
+load from numba's cache) the kernels of its page-size class and kind; a
+module's kernel stand-in rebinds itself to the compiled entry point on its
+first call; a compile that takes long says so once on the ``hostpool_nb``
+logger; ``python -m hostpool_nb.warmup`` compiles everything ahead. The
+cold checks run in fresh interpreters with an empty ``NUMBA_CACHE_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hostpool_nb
+from hostpool_nb import _jit
+from hostpool_nb import _kernels as K
+from hostpool_nb import _layout as L
+from tests.conftest import JIT_DISABLED
+
+needs_jit = pytest.mark.skipif(JIT_DISABLED, reason="nothing compiles with the JIT off")
+ROOT = Path(hostpool_nb.__file__).resolve().parent.parent
+
+# Runs FIRST (the calls under test) after importing the package, then reports
+# which kernels of each module the process compiled or loaded.
+CHILD = r"""
+import json, sys
+import hostpool_nb
+from hostpool_nb import _host_kernels, _kernels, _paged_kernels
+from hostpool_nb._jit import Kernel
+
+def used():
+    return sorted(
+        f"{m.__name__.rpartition('.')[2]}.{n}"
+        for m in (_kernels, _paged_kernels, _host_kernels)
+        for n, v in vars(m).items()
+        if isinstance(v, Kernel) and v.compiled
+    )
+
+after_import = used()
+exec(sys.argv[1])
+print(json.dumps({"after_import": after_import, "used": used()}))
+"""
+
+
+def _child(code: str, cache: Path, *args: str) -> dict[str, Any]:
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT))
+    env.pop("NUMBA_DISABLE_JIT", None)
+    done = subprocess.run(
+        [sys.executable, *args, "-c", CHILD, code], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    result["stderr"] = done.stderr
+    return result
+
+
+FIRST_CALLS = {
+    "page size 64": (
+        "p = hostpool_nb.LogicalHostPool(1 << 14, 64); p.free(p.alloc(64))",
+        {"_kernels.alloc_pn_short", "_kernels.free_pn_short"},
+    ),
+    "page size 1": (
+        "p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(64))",
+        {"_kernels.alloc_p1_short", "_kernels.free_p1_short"},
+    ),
+    "long calls": (
+        "p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(8192))",
+        {"_kernels.alloc_p1_short", "_kernels.free_p1_short", "_kernels.alloc_p1", "_kernels.free_p1"},
+    ),
+    "tracked": (
+        "p = hostpool_nb.LogicalHostPool(1 << 14, 16, track=True); p.free(p.alloc(64))",
+        {"_kernels.alloc_pn_tracked_short", "_kernels.free_pn_tracked_short"},
+    ),
+    "alloc_many": (
+        "p = hostpool_nb.LogicalHostPool(1 << 14, 16); s, o = p.alloc_many([16, 32]); p.free(s)",
+        {"_kernels.alloc_pn_short", "_kernels.free_pn_short", "_kernels.plan_batch"},
+    ),
+    "free group": (
+        "p = hostpool_nb.LogicalHostPool(1 << 14, 16); a = p.alloc(64)\nwith p.free_group():\n    p.free(a)",
+        {"_kernels.alloc_pn_short", "_kernels.free_pn_short", "_kernels.group_begin", "_kernels.group_end"},
+    ),
+    "paged alloc_extend": (
+        "from hostpool_nb.paged import PagedTokenToKVPoolAllocator\n"
+        "a = PagedTokenToKVPoolAllocator(1 << 14, 16, None); a.alloc_extend([0], [20], [-1], 20)",
+        {"_paged_kernels.reset_rank", "_paged_kernels.alloc_extend"},
+    ),
+    "host pool": (
+        "h = hostpool_nb.HostPagePool(1024); h.free(h.alloc(32))",
+        {"_host_kernels.host_reset", "_host_kernels.host_alloc", "_host_kernels.host_free"},
+    ),
+}
+
+
+@needs_jit
+@pytest.mark.parametrize("name", list(FIRST_CALLS))
+def test_first_calls_compile_only_the_kernels_they_use(name: str, tmp_path: Path) -> None:
+    code, expected = FIRST_CALLS[name]
+    res = _child(code, tmp_path / "cache")
+    assert res["after_import"] == [], "import hostpool_nb compiled kernels"
+    assert set(res["used"]) == expected, sorted(set(res["used"]) ^ expected)
+    # Each compiled kernel wrote its cache files, and only those did.
+    written = {p.name.split("-")[0] for p in (tmp_path / "cache").rglob("*.nbi")}
+    assert written == expected
+
+
+@needs_jit
+def test_a_slow_first_compile_says_so_once_and_a_warm_cache_says_nothing(tmp_path: Path) -> None:
+    code = "p = hostpool_nb.LogicalHostPool(1 << 14, 16); p.free(p.alloc(64))"
+    cold = _child(code, tmp_path / "cache")
+    notices = [line for line in cold["stderr"].splitlines() if "compiling numba kernels on their first use" in line]
+    assert len(notices) == 1, cold["stderr"]
+    assert "hostpool_nb.warmup" in notices[0]
+    warm = _child(code, tmp_path / "cache")
+    assert warm["stderr"] == ""
+
+
+class _TimerNow:
+    """A ``threading.Timer`` that fires as it starts: the compile is then always "slow"."""
+
+    def __init__(self, interval: float, function: Any) -> None:
+        self.function = function
+        self.daemon = False
+
+    def start(self) -> None:
+        self.function()
+
+    def cancel(self) -> None:
+        pass
+
+
+@needs_jit
+def test_the_notice_goes_through_logging_once_per_process(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def slow(x: int) -> int:
+        return x + 1
+
+    def slower(x: int) -> int:
+        return x + 2
+
+    monkeypatch.setattr(_jit.threading, "Timer", _TimerNow)
+    monkeypatch.setattr(_jit._COMPILER, "announced", False)
+    with caplog.at_level(logging.WARNING, logger="hostpool_nb"):
+        assert _jit.Kernel(slow, "i8(i8)", nogil=True, views=False)(41) == 42
+        assert _jit.Kernel(slower, "i8(i8)", nogil=True, views=False)(40) == 42
+    records = [r for r in caplog.records if r.name == "hostpool_nb"]
+    assert len(records) == 1, [r.getMessage() for r in records]
+    assert "compiling numba kernels on their first use" in records[0].getMessage()
+    assert records[0].levelno == logging.WARNING
+
+
+@needs_jit
+def test_a_module_stand_in_rebinds_itself_on_its_first_call() -> None:
+    def plus(x: int) -> int:
+        return x + 3
+
+    made = _jit.Kernel(plus, "i8(i8)", nogil=True, views=False)
+    module: dict[str, Any] = {"made": made}
+    exec("from hostpool_nb._jit import entry_point\nstand_in = entry_point(made)\nalias = stand_in", module)
+    kept = [module["stand_in"]]  # a reference outside the module's globals
+    assert not made.compiled  # binding compiles nothing
+    assert module["stand_in"](4) == 7
+    assert made.compiled
+    for name in ("stand_in", "alias"):  # every global holding the stand-in: now the entry point itself
+        assert type(module[name]).__name__ == "builtin_function_or_method", name
+    assert kept[0] is not module["stand_in"]
+    assert kept[0](5) == 8  # the stand-in still works where it was kept
+
+
+@needs_jit
+def test_listing_or_inspecting_a_kernel_compiles_nothing() -> None:
+    def plus(x: int) -> int:
+        return x + 3
+
+    made = _jit.Kernel(plus, "i8(i8)", nogil=True, views=False)
+    assert not _jit.is_callee(made)
+    assert not hasattr(made, "overloads")
+    assert "not compiled yet" in repr(made)
+    assert not made.compiled
+
+
+@needs_jit
+def test_a_callee_called_from_python_is_a_type_error_not_a_crash() -> None:
+    with pytest.raises(TypeError, match="has no Python entry point"):
+        K.long_run(16)
+    assert _jit.callable_from_python(K.long_run)(16) == 64
+
+
+@needs_jit
+def test_constant_and_narrow_arguments_share_one_compile_of_a_callee() -> None:
+    """``fail(E_RANGE, 0)``, ``fail(E_SHORT, i)``, an int32 page id or an int64 one: one signature each.
+
+    Copies of two kernels are compiled here, in memory, so that their
+    callees are compiled in this process whatever the cache holds.
+    """
+    import types as pytypes
+
+    from numba import njit
+    from numba.core import types
+
+    for name in ("free_pn", "alloc_p1"):
+        py = getattr(K, name).py_func
+        copy = pytypes.FunctionType(py.__code__, py.__globals__, f"{name}_copy")
+        njit("i8(i8[::1], i8[::1])", cache=False, _nrt=False)(copy)
+    assert L.fail.signatures == [(types.int64, types.int64)]
+    assert len(K._flags_are.signatures) == 1  # called with int32 ids (alloc) and int64 ones (free)
+
+
+@needs_jit
+def test_a_fork_waits_for_a_compile_in_flight(tmp_path: Path) -> None:
+    """A child forked while another thread compiles can compile itself: it did not inherit a held compile lock."""
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    code = r"""
+import os, threading, time
+from hostpool_nb import _jit
+
+def a(x):
+    return x + 1
+
+def b(x):
+    return x + 2
+
+started = threading.Event()
+def compile_a():
+    started.set()
+    _jit.Kernel(a, "i8(i8)", nogil=True, views=False)(1)
+
+t = threading.Thread(target=compile_a)
+t.start()
+started.wait()
+time.sleep(0.01)  # inside the compile, most likely
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if _jit.Kernel(b, "i8(i8)", nogil=True, views=False)(1) == 3 else 1)
+t.join()
+_, status = os.waitpid(pid, 0)
+print('{"child": %d}' % os.waitstatus_to_exitcode(status))
+"""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    env.pop("NUMBA_DISABLE_JIT", None)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"child": 0}
+
+
+@needs_jit
+def test_warmup_compiles_every_kernel_then_loads_them(tmp_path: Path) -> None:
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    env.pop("NUMBA_DISABLE_JIT", None)
+    command = [sys.executable, "-m", "hostpool_nb.warmup"]
+    cold = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert cold.returncode == 0, cold.stderr[-3000:]
+    count = len(_jit.KERNELS)
+    assert f"{count} kernels ready" in cold.stderr, cold.stderr
+    assert f"({count} compiled, 0 loaded" in cold.stderr, cold.stderr
+    assert "first use" not in cold.stderr  # warmup says what it does itself
+    indexed = list((tmp_path / "cache").rglob("*.nbi"))
+    assert len(indexed) == count
+    warm = subprocess.run([*command, "--quiet"], env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert (warm.returncode, warm.stdout, warm.stderr) == (0, "", "")
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert f"(0 compiled, {count} loaded from the cache)" in again.stderr, again.stderr
+
+
+def test_warmup_without_the_jit_has_nothing_to_do(tmp_path: Path) -> None:
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1", PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-m", "hostpool_nb.warmup"], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "0 kernels ready" in done.stderr
+
+
+def test_compile_all_from_threads_compiles_each_kernel_once() -> None:
+    from hostpool_nb.warmup import compile_all
+
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            compile_all(quiet=True)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert all(k.compiled for k in _jit.KERNELS)
+    assert all(len(k.dispatcher.overloads) == len(_jit._signatures(k.signature)) for k in _jit.KERNELS)
