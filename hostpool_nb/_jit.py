@@ -8,7 +8,8 @@ threads run while a kernel works (the pool's lock already serialises state
 changes), but for the twins compiled with ``nogil=False`` for calls too
 short to be worth handing the GIL over (:func:`twin`). No ``fastmath``:
 the kernels are integer code. No reference counting of arrays (numba's
-NRT), but in the kernels that return a view: see :func:`_njit`.
+NRT): see :func:`_njit`; kernels read the state's int32 and byte parts
+through :func:`window`.
 
 The cache is a speed-up, never a requirement, so no cache problem may stop
 a pool from working:
@@ -120,11 +121,10 @@ class Kernel:
     or asking :func:`is_callee` does not.
     """
 
-    def __init__(self, func: Callable[..., Any], signature: str | tuple[str, ...], *, nogil: bool, views: bool) -> None:
+    def __init__(self, func: Callable[..., Any], signature: str | tuple[str, ...], *, nogil: bool) -> None:
         self.py_func = func
         self.signature = signature
         self.nogil = nogil
-        self.views = views
         self.__name__ = func.__name__
         self.__qualname__ = func.__qualname__
         self.__module__ = func.__module__
@@ -155,7 +155,7 @@ class Kernel:
         return f"<hostpool_nb kernel {self.__module__}.{self.__qualname__} {self.signature!r}, {state}>"
 
 
-def kernel(signature: str | tuple[str, ...], *, nogil: bool = True, views: bool = False) -> Callable[[_F], _F]:
+def kernel(signature: str | tuple[str, ...], *, nogil: bool = True) -> Callable[[_F], _F]:
     """Decorator: a kernel for ``signature``, compiled on first use, cached on disk if possible.
 
     A tuple of signatures compiles one specialisation for each; the
@@ -164,8 +164,6 @@ def kernel(signature: str | tuple[str, ...], *, nogil: bool = True, views: bool 
     :func:`callee` instead.
 
     ``nogil=False`` compiles a kernel that keeps the GIL while it runs.
-    ``views=True`` is for a kernel that returns a view of its argument,
-    which needs numba's reference counting (see :func:`_njit`).
 
     Returns a :class:`Kernel`, or the function itself under
     ``NUMBA_DISABLE_JIT=1``. See the module docstring for the fallbacks.
@@ -176,14 +174,14 @@ def kernel(signature: str | tuple[str, ...], *, nogil: bool = True, views: bool 
     def decorate(func: _F) -> _F:
         if JIT_DISABLED:
             return func
-        made = Kernel(func, signature, nogil=nogil, views=views)
+        made = Kernel(func, signature, nogil=nogil)
         KERNELS.append(made)
         return cast("_F", made)
 
     return decorate
 
 
-def callee(*, views: bool = False) -> Callable[[_F], _F]:
+def callee() -> Callable[[_F], _F]:
     """Decorator for a function that only kernels call: compiled with its callers, never loaded alone.
 
     A kernel's cached code contains the functions it calls, so a callee
@@ -196,8 +194,9 @@ def callee(*, views: bool = False) -> Callable[[_F], _F]:
     an int32 share one compile. The Python
     annotations document the types. Where they say ``int``, a caller may
     pass an int32 page id read from the ring; numba does integer
-    arithmetic in int64 at least, so the results are the same.
-    ``views=True`` as for :func:`kernel`. Returns numba's dispatcher, or the
+    arithmetic in int64 at least, so the results are the same. A callee
+    returns scalars: an array it returned would need numba's reference
+    counting (kernels take views with :func:`window`). Returns numba's dispatcher, or the
     function itself under ``NUMBA_DISABLE_JIT=1``; tests call one from
     Python through :func:`callable_from_python`.
     """
@@ -205,7 +204,7 @@ def callee(*, views: bool = False) -> Callable[[_F], _F]:
     def decorate(func: _F) -> _F:
         if JIT_DISABLED:
             return func
-        dispatcher = _njit(None, cache=False, views=views, wrappers=False)(func)
+        dispatcher = _njit(None, cache=False, wrappers=False)(func)
         dispatcher.compiled_with_callers = True  # what is_callee reads
         _type_constants_plainly(dispatcher)
         _refuse_python_calls(dispatcher)
@@ -296,11 +295,83 @@ def callable_from_python(func: _F) -> _F:
         def call(*args: Any) -> Any:
             return func(*args)
 
-        made = _TRAMPOLINES[func] = _njit(None, cache=False, views=True)(call)
+        made = _TRAMPOLINES[func] = _njit(None, cache=False)(call)
     return cast("_F", made)
 
 
 _TRAMPOLINES: dict[Any, Any] = {}
+
+
+def window(dtype: type[np.generic], where: Callable[..., tuple[int, int]]) -> Callable[..., Any]:
+    """A typed window on an int64 state array, for kernels: ``owner_view = window(np.uint8, where)``.
+
+    ``where(st)`` is the layout's formula in plain Python: ``(first word,
+    number of elements)``. In a kernel, ``owner_view(st)`` is a 1-D
+    C-contiguous ``dtype`` array over those words of ``st``, made in place
+    by an intrinsic, with no copy and no function boundary: a view returned
+    by a function needs numba's reference counting, and numba's ``.view``
+    compiles a helper per dtype and a function per window, which together
+    took a quarter of a cold start (docs/architecture.md). ``where`` is
+    compiled once per process, into the kernels that use the window.
+    Under ``NUMBA_DISABLE_JIT=1``, numpy makes the same view.
+    """
+    np_dtype = np.dtype(dtype)
+    if JIT_DISABLED:
+
+        def view(st: Any) -> Any:
+            start, count = where(st)
+            return st[start:].view(np_dtype)[:count]
+
+        view.__name__ = view.__qualname__ = where.__name__.lstrip("_").removesuffix("_at") + "_view"
+        return view
+    return _window_intrinsic(np_dtype, where)
+
+
+def _window_intrinsic(np_dtype: np.dtype[Any], where: Callable[..., tuple[int, int]]) -> Callable[..., Any]:
+    """:func:`window`'s intrinsic: an array struct over ``st``'s words, built in the kernel's own code."""
+    # numba's typing, needed only with the JIT on (its functions are untyped).
+    from numba.core import types as _types  # noqa: PLC0415
+    from numba.extending import intrinsic  # noqa: PLC0415
+    from numba.np.numpy_support import from_dtype  # noqa: PLC0415
+
+    types: Any = _types
+
+    element = from_dtype(np_dtype)
+    result = types.Array(element, 1, "C")
+    place = types.UniTuple(types.int64, 2)
+    words = types.Array(types.int64, 1, "C")
+
+    def typer(typingctx: Any, st: Any) -> Any:
+        if st != words:
+            return None  # numba's typing error names the call
+        return result(st), codegen
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        # numba's code generation: imported at the first compile, not at import (75 ms of a warm start).
+        from numba.core import cgutils as _cgutils  # noqa: PLC0415
+        from numba.np import arrayobj as _arrayobj  # noqa: PLC0415
+
+        cgutils: Any = _cgutils
+        make_array: Any = _arrayobj.make_array
+        populate_array: Any = _arrayobj.populate_array
+        located = context.compile_internal(builder, where, place(sig.args[0]), args)
+        start, count = cgutils.unpack_tuple(builder, located, 2)
+        state = make_array(sig.args[0])(context, builder, args[0])
+        out = make_array(result)(context, builder)
+        data = builder.bitcast(builder.gep(state.data, [start]), context.get_data_type(element).as_pointer())
+        step = context.get_constant(types.intp, np_dtype.itemsize)
+        populate_array(
+            out,
+            data=data,
+            shape=cgutils.pack_array(builder, [count]),
+            strides=cgutils.pack_array(builder, [step]),
+            itemsize=step,
+            meminfo=None,
+        )
+        return out._getvalue()
+
+    typer.__name__ = typer.__qualname__ = where.__name__.lstrip("_").removesuffix("_at") + "_view"
+    return cast("Callable[..., Any]", intrinsic(typer))
 
 
 def twin(func: _F, signature: str, *, name: str, nogil: bool) -> _F:
@@ -413,7 +484,7 @@ def _announced(made: Kernel) -> Any:
         timer.daemon = True
         timer.start()
     try:
-        dispatcher, problem = _compile(made.py_func, made.signature, nogil=made.nogil, views=made.views)
+        dispatcher, problem = _compile(made.py_func, made.signature, nogil=made.nogil)
     finally:
         if timer is not None:
             timer.cancel()
@@ -435,16 +506,16 @@ def _announce() -> None:
 
 
 def _compile(
-    func: Callable[..., Any], signature: str | tuple[str, ...], *, nogil: bool = True, views: bool = False
+    func: Callable[..., Any], signature: str | tuple[str, ...], *, nogil: bool = True
 ) -> tuple[Any, _Problem | None]:
     """Compile ``func`` through the cache; return it and the cache problem, if any."""
     try:
         # No signature yet: this only creates the dispatcher and sets up its
         # cache, which is where numba fails when it has nowhere to write.
-        dispatcher = _njit(None, cache=True, nogil=nogil, views=views)(func)
+        dispatcher = _njit(None, cache=True, nogil=nogil)(func)
     except (RuntimeError, OSError) as exc:
         # A non-cache error raises again from the in-memory compile.
-        return _in_memory(func, signature, nogil=nogil, views=views), (
+        return _in_memory(func, signature, nogil=nogil), (
             f"numba has no writable cache directory ({exc})",
             "set NUMBA_CACHE_DIR to a writable directory",
         )
@@ -466,7 +537,7 @@ def _compile(
             f"numba could not write its cache in {where} ({error!r})",
             f"make {where} writable or set NUMBA_CACHE_DIR to a writable directory",
         )
-    return _in_memory(func, signature, nogil=nogil, views=views), (
+    return _in_memory(func, signature, nogil=nogil), (
         f"the numba cache in {where} is corrupt and could not be rebuilt ({error!r})",
         f"delete the directory {where}",
     )
@@ -552,35 +623,31 @@ def _cache_dir(dispatcher: Any) -> str:
     return str(path) if path else "numba's cache directory"
 
 
-def _in_memory(
-    func: Callable[..., Any], signature: str | tuple[str, ...], *, nogil: bool = True, views: bool = False
-) -> Any:
+def _in_memory(func: Callable[..., Any], signature: str | tuple[str, ...], *, nogil: bool = True) -> Any:
     """Compile without the on-disk cache."""
-    return _njit(list(_signatures(signature)), cache=False, nogil=nogil, views=views)(func)
+    return _njit(list(_signatures(signature)), cache=False, nogil=nogil)(func)
 
 
 def _njit(
-    signature: list[str] | None, *, cache: bool, nogil: bool = True, views: bool = False, wrappers: bool = True
+    signature: list[str] | None, *, cache: bool, nogil: bool = True, wrappers: bool = True
 ) -> Callable[[Callable[..., Any]], Any]:
     """numba's ``njit`` with the package's options, set here and nowhere else.
 
     ``signature=None`` gives a dispatcher that compiles nothing until asked.
 
-    Kernels compile without numba's reference counting of arrays (its NRT,
-    off with the ``_nrt=False`` option that numba's own tests use): they
-    never allocate an array, only read and write the caller's and views of
-    them, so there is nothing to count, and the counting (an object per
-    array argument, an atomic increment and decrement per view taken) cost
-    each call more than a one-page alloc's work. A kernel that allocated
-    would fail to compile. Only a kernel that returns a view of its argument
-    (``views=True``) keeps the counting: numba refuses to return one
-    without it. It is safe to call from the others, whose arrays carry no
-    count to change. ``wrappers=False`` (callees) skips the Python entry
-    point too, which only a call from outside numba needs.
+    Nothing compiles with numba's reference counting of arrays (its NRT,
+    off with the ``_nrt=False`` option that numba's own tests use): kernels
+    never allocate an array, only read and write the caller's and windows
+    of the state (:func:`window`), so there is nothing to count, and the
+    counting (an object per array argument, an atomic increment and
+    decrement per view taken) cost each call more than a one-page alloc's
+    work. A kernel that allocated would fail to compile. ``wrappers=False``
+    (callees) skips the Python entry point too, which only a call from
+    outside numba needs.
     """
     # _nrt: numba's type stubs omit this private option. No C entry point
     # (a cfunc wrapper): nothing here calls a kernel through one.
-    options: dict[str, Any] = {"_nrt": views, "no_cfunc_wrapper": True}
+    options: dict[str, Any] = {"_nrt": False, "no_cfunc_wrapper": True}
     if not wrappers:
         options["no_cpython_wrapper"] = True
     return njit(signature, nogil=nogil, cache=cache, **options)

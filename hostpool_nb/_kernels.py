@@ -23,6 +23,7 @@ from ._layout import (
     E_CORRUPT,
     E_DUPLICATE,
     E_LENGTH,
+    E_MERGE_FIRST,
     E_MISALIGNED,
     E_NEGATIVE,
     E_NO_GROUP,
@@ -364,8 +365,207 @@ def _stage_slots(
     return slots.shape[0], 0
 
 
+# -- short calls -------------------------------------------------------------
+# A call of at most SHORT_SLOTS slots holds no run worth taking (_LONG_SLOTS),
+# so it goes through one flat page loop, for every page size: each kernel
+# below is a single function with no callee but ``fail``. numba compiles a
+# callee as a unit of its own (its own typing, lowering and machine code)
+# and links it in again, so these two compile in a third of the time the
+# run kernels take (docs/architecture.md): what a new process's first
+# alloc and free wait for. They keep the GIL: handing it over and back
+# costs more than a short call's work.
+SHORT_SLOTS = 1023
+
+
+@_jit("i8(i8[::1], i8[::1])", nogil=False)
+def alloc_short(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
+    """Pop ``len(out) // page_size`` pages from the front of the free list, a page at a time.
+
+    ``out`` (int64, its length a multiple of ``page_size``) receives the slot
+    ids ``p * page_size + 0 .. page_size - 1`` of each page ``p``, pages in
+    list order. Merges a FIFO release list when the free list alone is too
+    short; a sorted pool that needs a merge gets ``E_MERGE_FIRST``, with
+    nothing changed or counted: the pool merges and calls again. Returns
+    ``len(out)``, or ``E_SHORT`` (counted), ``E_MISALIGNED`` (not counted),
+    or ``E_CORRUPT`` if a listed page is not free, the lists unchanged.
+    """
+    page_size: int = st[H_PAGE_SIZE]
+    if out.shape[0] % page_size != 0:
+        return fail(E_MISALIGNED, 0)  # not counted: no allocation was asked for
+    need: int = out.shape[0] // page_size
+    nfree: int = st[H_NFREE]
+    short = need > nfree + st[H_NREL]
+    if need == 0 or short:
+        st[H_ALLOC_CALLS] += 1
+        st[H_FAILED_ALLOCS] += short
+        return fail(E_SHORT, 0) if short else 0
+    if need > nfree and st[H_SORTED] != 0:
+        return fail(E_MERGE_FIRST, 0)  # a sorted merge reorders the pages: the pool merges first
+    owner = owner_view(st)
+    ring = ring_view(st)
+    n = ring.shape[0]
+    head: int = st[H_HEAD]
+    # The pages are ring[head:head + part], then ring[:need - part] if they
+    # wrap: views indexed from 0, so no wrap or negative-index test per page.
+    part = need if need <= n - head else n - head
+    got = 0
+    for segment in range(2):
+        ids = ring[head : head + part] if segment == 0 else ring[: need - part]
+        k = 0
+        if page_size == 1:  # page ids are slot ids: the tightest loop
+            dst = out[got : got + ids.shape[0]]
+            while k < ids.shape[0]:
+                p = ids[k]
+                if p < 0 or p >= n or owner[p] != OWNER_FREE:
+                    break
+                owner[p] = OWNER_ALLOCATED
+                dst[k] = p
+                k += 1
+        else:
+            while k < ids.shape[0]:
+                p = ids[k]
+                if p < 0 or p >= n or owner[p] != OWNER_FREE:
+                    break
+                owner[p] = OWNER_ALLOCATED
+                slots = out[(got + k) * page_size : (got + k + 1) * page_size]  # a view: LLVM vectorises the fill
+                first = p * page_size
+                for j in range(page_size):
+                    slots[j] = first + j
+                k += 1
+        got += k
+        if k < ids.shape[0]:
+            break
+    pos = head + need if head + need < n else head + need - n
+    if got < need:  # a corrupted ring: the pages claimed are put back
+        pos = head
+        for _ in range(got):
+            owner[ring[pos]] = OWNER_FREE
+            pos = pos + 1 if pos + 1 < n else 0
+        return fail(E_CORRUPT, got)
+    if need > nfree:  # read on into the release list: a FIFO merge
+        st[H_NFREE] += st[H_NREL]
+        st[H_NREL] = 0
+        st[H_MERGES] += 1
+    st[H_HEAD] = pos
+    st[H_NFREE] -= need
+    st[H_ALLOC_CALLS] += 1
+    st[H_PEAK] = max(st[H_PEAK], n - st[H_NFREE] - st[H_NREL] - st[H_NPEND])
+    return need * page_size
+
+
+@_jit("i8(i8[::1], i8[::1])", nogil=False)
+def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
+    """Validate ``slots`` as whole allocated pages, then release them, a page at a time.
+
+    ``slots`` (int64, its length a multiple of ``page_size``) is read in
+    runs of ``page_size``; each must be one page's slots in ascending
+    order, of a page currently allocated and not named earlier in the
+    call. Pages may come in any order; they join the release list in the
+    order given (the pending list inside a free group). Each page's id
+    derives from one read of its first slot, its other slots are compared
+    against that read, and it is staged on the ring's spare part before
+    anything else (see ``free_pn``). Returns the number of slots freed, or
+    ``E_LENGTH``, ``E_RANGE``, ``E_MISALIGNED``, ``E_PARTIAL``,
+    ``E_NOT_ALLOCATED`` or ``E_DUPLICATE`` at the first offending position
+    in input order, with the state unchanged.
+    """
+    page_size: int = st[H_PAGE_SIZE]
+    if slots.shape[0] % page_size != 0:
+        return fail(E_LENGTH, 0)
+    n: int = st[H_NPAGES]
+    count: int = slots.shape[0] // page_size
+    if n == 0 and count > 0:  # no slot is in range, and no ring to stage into
+        return fail(E_RANGE, 0)
+    shift: int = st[H_PAGE_SHIFT]
+    mask = page_size - 1
+    size = n * page_size
+    owner = owner_view(st)
+    ring = ring_view(st)
+    mark = OWNER_PENDING if st[H_GROUP_DEPTH] > 0 else OWNER_FREE
+    tail: int = st[H_HEAD] + st[H_NFREE] + st[H_NREL] + st[H_NPEND]
+    if tail >= n:
+        tail -= n
+    pos = tail
+    status = 0
+    missing = -1  # a page found not allocated: freed earlier in this call, or not held
+    c = 0  # pages staged
+    while page_size == 1 and c < count:  # page ids are slot ids: the tightest loop
+        # A block stops at the ring's end: one view of the ring, no wrap test per slot.
+        end = count if count - c <= n - pos else c + n - pos
+        src = slots[c:end]
+        into = ring[pos : pos + end - c]
+        k = 0
+        p = 0
+        while k < src.shape[0]:
+            p = src[k]  # the only read of this element
+            if p < 0 or p >= n or owner[p] != OWNER_ALLOCATED:
+                break
+            owner[p] = mark
+            into[k] = p
+            k += 1
+        c += k
+        pos = pos + k if pos + k < n else 0
+        if k < src.shape[0]:  # the fault, from the value read
+            if p < 0 or p >= n:
+                status = fail(E_RANGE, c)
+            else:
+                missing = p
+            break
+    while page_size > 1 and c < count:
+        b = c * page_size
+        first = slots[b]  # the page's id derives from this one read
+        if first < 0 or first >= size:
+            status = fail(E_RANGE, b)
+            break
+        # Shifts and masks for power-of-two pages: a division is a small page's largest cost.
+        misaligned = first & mask if shift >= 0 else first % page_size
+        if misaligned != 0:
+            status = fail(E_MISALIGNED, b)
+            break
+        p = first >> shift if shift >= 0 else first // page_size
+        page = slots[b : b + page_size]
+        bad = 0
+        for j in range(page_size):  # branch-free; the exact position only when wrong
+            bad |= page[j] ^ (first + j)
+        if bad != 0:
+            status = fail(E_PARTIAL, b + 1)  # a writer may have restored the value since
+            for j in range(page_size):
+                if page[j] != first + j:
+                    status = fail(E_PARTIAL, b + j)
+                    break
+            break
+        if owner[p] != OWNER_ALLOCATED:
+            missing = p
+            break
+        owner[p] = mark
+        ring[pos] = p
+        pos = pos + 1 if pos + 1 < n else 0
+        c += 1
+    if missing >= 0:  # E_DUPLICATE if this call staged it already; the staged ids, not the input
+        status = fail(E_NOT_ALLOCATED, c * page_size)
+        q = tail
+        for _ in range(c):
+            if ring[q] == missing:
+                status = fail(E_DUPLICATE, c * page_size)
+                break
+            q = q + 1 if q + 1 < n else 0
+    if status < 0:  # roll back: the staged pages are allocated again
+        pos = tail
+        for _ in range(c):
+            owner[ring[pos]] = OWNER_ALLOCATED
+            pos = pos + 1 if pos + 1 < n else 0
+        return status
+    if st[H_GROUP_DEPTH] > 0:
+        st[H_NPEND] += c
+    else:
+        st[H_NREL] += c
+    if c > 0:
+        st[H_FREE_CALLS] += 1
+    return count * page_size
+
+
 # -- alloc --------------------------------------------------------------------
-# One kernel per page-size class (page size 1, where a page id is a slot id,
+# Longer calls: one kernel per page-size class (page size 1, where a page id is a slot id,
 # and larger pages), so a process compiles only the classes its pools use.
 
 
@@ -428,10 +628,12 @@ def alloc_pn(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     receives the slot ids ``p * page_size + 0 .. page_size - 1`` of each
     page ``p``, pages in list order. Merges the release list if the free
     list alone is too short (FIFO: after reading on from the free list into
-    the release list, which is the same; sorted: first, as a sorted merge
-    reorders the pages). Returns ``len(out)``, or a failure (``E_SHORT``,
-    or ``E_CORRUPT`` if a listed page is not free) with the lists
-    unchanged; ``out`` is then partly written and should be discarded.
+    the release list, which is the same). A sorted pool that needs a merge
+    gets ``E_MERGE_FIRST`` instead, nothing changed or counted: its caller
+    merges (:func:`merge`) and calls again. Returns ``len(out)``, or a
+    failure (``E_SHORT``, or ``E_CORRUPT`` if a listed page is not free)
+    with the lists unchanged; ``out`` is then partly written and should be
+    discarded.
     Counts the call either way; but ``E_MISALIGNED`` comes before anything,
     counters included.
 
@@ -446,9 +648,9 @@ def alloc_pn(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     if need <= 0:
         return need
     if need > st[H_NFREE] and st[H_SORTED] != 0:
-        status = merge_lists(st)  # after it the free list alone holds the pages
-        if status < 0:
-            return status
+        # A sorted merge reorders the pages, so it comes before reading them;
+        # the pool calls merge and asks again (this kernel stays small).
+        return fail(E_MERGE_FIRST, 0)
     owner = owner_view(st)
     ring = ring_view(st)
     page_size: int = st[H_PAGE_SIZE]
@@ -509,9 +711,9 @@ def alloc_p1(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     if need <= 0:
         return need
     if need > st[H_NFREE] and st[H_SORTED] != 0:
-        status = merge_lists(st)
-        if status < 0:
-            return status
+        # A sorted merge reorders the pages, so it comes before reading them;
+        # the pool calls merge and asks again (this kernel stays small).
+        return fail(E_MERGE_FIRST, 0)
     owner = owner_view(st)
     ring = ring_view(st)
     n = ring.shape[0]
@@ -764,17 +966,16 @@ def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     return _free_end(st, tail, c, status if status != 0 else count)
 
 
-# Calls of at most SHORT_SLOTS slots keep the GIL: handing it over and back
-# costs more than a one-page call's work, and such a call holds it for a few
-# microseconds at most (numpy draws a similar line). The pool calls these
-# twins for them; same work and results, only the GIL differs.
-SHORT_SLOTS = 4096
+# Calls of SHORT_SLOTS + 1 .. GIL_SLOTS slots run these twins of the run
+# kernels, compiled from the same source with the GIL kept: handing it over
+# and back costs more than such a call saves by letting others run.
+GIL_SLOTS = 4096
 
 _TWO = "i8(i8[::1], i8[::1])"
-alloc_pn_short = _twin(alloc_pn, _TWO, name="alloc_pn_short", nogil=False)
-alloc_p1_short = _twin(alloc_p1, _TWO, name="alloc_p1_short", nogil=False)
-free_pn_short = _twin(free_pn, _TWO, name="free_pn_short", nogil=False)
-free_p1_short = _twin(free_p1, _TWO, name="free_p1_short", nogil=False)
+alloc_pn_gil = _twin(alloc_pn, _TWO, name="alloc_pn_gil", nogil=False)
+alloc_p1_gil = _twin(alloc_p1, _TWO, name="alloc_p1_gil", nogil=False)
+free_pn_gil = _twin(free_pn, _TWO, name="free_pn_gil", nogil=False)
+free_p1_gil = _twin(free_p1, _TWO, name="free_p1_gil", nogil=False)
 
 
 # -- tracking -----------------------------------------------------------------
@@ -782,8 +983,10 @@ free_p1_short = _twin(free_p1, _TWO, name="free_p1_short", nogil=False)
 # source, compiled again only when a tracking pool is used), then record who
 # holds each page. The plain kernels stay as short as an untracked pool needs.
 
+_alloc_short = _as_callee(alloc_short)
 _alloc_pn = _as_callee(alloc_pn)
 _alloc_p1 = _as_callee(alloc_p1)
+_free_short = _as_callee(free_short)
 _free_pn = _as_callee(free_pn)
 _free_p1 = _as_callee(free_p1)
 
@@ -859,19 +1062,34 @@ def free_p1_tracked(st: NDArray[np.int64], slots: NDArray[np.int64], site: int) 
     return _track_free(st, tail, site, _free_p1(st, slots))
 
 
-# The tracking kernels' twins keeping the GIL, for the same short calls.
-alloc_pn_tracked_short = _twin(alloc_pn_tracked, _TRACKED, name="alloc_pn_tracked_short", nogil=False)
-alloc_p1_tracked_short = _twin(alloc_p1_tracked, _TRACKED, name="alloc_p1_tracked_short", nogil=False)
-free_pn_tracked_short = _twin(free_pn_tracked, _TRACKED, name="free_pn_tracked_short", nogil=False)
-free_p1_tracked_short = _twin(free_p1_tracked, _TRACKED, name="free_p1_tracked_short", nogil=False)
+@_jit(_TRACKED, nogil=False)
+def alloc_tracked_short(st: NDArray[np.int64], out: NDArray[np.int64], site: int) -> int:
+    """:func:`alloc_short`, then each page handed out records this allocation (:func:`_track_alloc`)."""
+    return _track_alloc(st, out, site, _alloc_short(st, out))
+
+
+@_jit(_TRACKED, nogil=False)
+def free_tracked_short(st: NDArray[np.int64], slots: NDArray[np.int64], site: int) -> int:
+    """:func:`free_short`, then each page freed records ``site`` (:func:`_track_free`)."""
+    tail = ring_tail(st)
+    return _track_free(st, tail, site, _free_short(st, slots))
 
 
 class PageSizeKernels(NamedTuple):
-    """The alloc and free kernels of one page-size class: ``KERNELS[page_size == 1]``."""
+    """The alloc and free kernels of one page-size class: ``KERNELS[page_size == 1]``.
+
+    Calls of at most :data:`SHORT_SLOTS` slots run the flat ``*_short``
+    kernels (one pair for every class), calls of up to :data:`GIL_SLOTS`
+    the run kernels' ``*_gil`` twins, longer ones the run kernels, which
+    release the GIL. A tracking pool's calls run ``*_tracked_short`` up to
+    :data:`SHORT_SLOTS`, ``*_tracked`` beyond.
+    """
 
     alloc: Any
+    alloc_gil: Any
     alloc_short: Any
     free: Any
+    free_gil: Any
     free_short: Any
     alloc_tracked: Any
     alloc_tracked_short: Any
@@ -882,23 +1100,27 @@ class PageSizeKernels(NamedTuple):
 KERNELS = (
     PageSizeKernels(
         alloc_pn,
-        alloc_pn_short,
+        alloc_pn_gil,
+        alloc_short,
         free_pn,
-        free_pn_short,
+        free_pn_gil,
+        free_short,
         alloc_pn_tracked,
-        alloc_pn_tracked_short,
+        alloc_tracked_short,
         free_pn_tracked,
-        free_pn_tracked_short,
+        free_tracked_short,
     ),
     PageSizeKernels(
         alloc_p1,
-        alloc_p1_short,
+        alloc_p1_gil,
+        alloc_short,
         free_p1,
-        free_p1_short,
+        free_p1_gil,
+        free_short,
         alloc_p1_tracked,
-        alloc_p1_tracked_short,
+        alloc_tracked_short,
         free_p1_tracked,
-        free_p1_tracked_short,
+        free_tracked_short,
     ),
 )
 

@@ -57,7 +57,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ._jit import callee
+from ._jit import callee, window
 
 # -- the core pool's header ---------------------------------------------------------
 H_HEAD = 0  # ring position of the first free page
@@ -105,6 +105,7 @@ E_LENGTH = 15  # free's input is not a whole number of pages
 E_PINNED = 16  # host: a pinned page freed or released
 E_STALE = 17  # host: a generation that is not the page's any more
 E_UNDERFLOW = 18  # host: dec_lock_ref of an unpinned page
+E_MERGE_FIRST = 19  # a sorted pool's allocation needs its release list merged first: the pool does, then asks again
 _CODE_BITS = 5
 
 
@@ -182,18 +183,17 @@ def owner_flags(st: NDArray[np.int64], num_pages: int) -> NDArray[np.uint8]:
     return st[HEADER + ring_words(num_pages) :].view(np.uint8)[:num_pages]
 
 
-@callee(views=True)
-def ring_view(st: NDArray[np.int64]) -> NDArray[np.int32]:
-    """The ring, as kernels read it."""
-    n = st[H_NPAGES]
-    return st[HEADER : HEADER + _ring_words(n)].view(np.int32)[:n]
+def _ring_at(st: NDArray[np.int64]) -> tuple[int, int]:
+    return HEADER, st[H_NPAGES]
 
 
-@callee(views=True)
-def owner_view(st: NDArray[np.int64]) -> NDArray[np.uint8]:
-    """The owner flags, as kernels read them."""
+def _owner_at(st: NDArray[np.int64]) -> tuple[int, int]:
     n = st[H_NPAGES]
-    return st[HEADER + _ring_words(n) :].view(np.uint8)[:n]
+    return HEADER + _ring_words(n), n
+
+
+ring_view = window(np.int32, _ring_at)  # the ring, as kernels read it
+owner_view = window(np.uint8, _owner_at)  # the owner flags, as kernels read them
 
 
 @callee()
@@ -226,11 +226,12 @@ def group_marks(gp: NDArray[np.int64]) -> NDArray[np.uint8]:
     return gp[GP_HEADER + cap :].view(np.uint8)[:cap]
 
 
-@callee(views=True)
-def marks_view(gp: NDArray[np.int64]) -> NDArray[np.uint8]:
-    """The mark bytes of a group buffer, as kernels read them."""
+def _marks_at(gp: NDArray[np.int64]) -> tuple[int, int]:
     cap = gp[GP_CAP]
-    return gp[GP_HEADER + cap :].view(np.uint8)[:cap]
+    return GP_HEADER + cap, cap
+
+
+marks_view = window(np.uint8, _marks_at)  # the mark bytes of a group buffer, as kernels read them
 
 
 # -- a host page pool ------------------------------------------------------------------------
@@ -264,35 +265,33 @@ def host_state_length(n: int) -> int:
     return host_offsets(n)[4] + (n + 7) // 8
 
 
-@callee(views=True)
-def host_ring(st: NDArray[np.int64]) -> NDArray[np.int32]:
+def _host_ring_at(st: NDArray[np.int64]) -> tuple[int, int]:
+    return HP_HEADER, st[HP_NPAGES]
+
+
+def _host_gens_at(st: NDArray[np.int64]) -> tuple[int, int]:
     n = st[HP_NPAGES]
-    return st[HP_HEADER : HP_HEADER + _ring_words(n)].view(np.int32)[:n]
+    return HP_HEADER + _ring_words(n), n
 
 
-@callee(views=True)
-def host_gens(st: NDArray[np.int64]) -> NDArray[np.int64]:
+def _host_refs_at(st: NDArray[np.int64]) -> tuple[int, int]:
     n = st[HP_NPAGES]
-    start = HP_HEADER + _ring_words(n)
-    return st[start : start + n]
+    return HP_HEADER + _ring_words(n) + n, n
 
 
-@callee(views=True)
-def host_refs(st: NDArray[np.int64]) -> NDArray[np.int64]:
+def _host_flags_at(st: NDArray[np.int64]) -> tuple[int, int]:
     n = st[HP_NPAGES]
-    start = HP_HEADER + _ring_words(n) + n
-    return st[start : start + n]
+    return HP_HEADER + _ring_words(n) + 2 * n, n
 
 
-@callee(views=True)
-def host_flags(st: NDArray[np.int64]) -> NDArray[np.uint8]:
+def _host_marks_at(st: NDArray[np.int64]) -> tuple[int, int]:
     n = st[HP_NPAGES]
-    start = HP_HEADER + _ring_words(n) + 2 * n
-    return st[start:].view(np.uint8)[:n]
+    return HP_HEADER + _ring_words(n) + 2 * n + (n + 7) // 8, n
 
 
-@callee(views=True)
-def host_marks(st: NDArray[np.int64]) -> NDArray[np.uint8]:
-    n = st[HP_NPAGES]
-    start = HP_HEADER + _ring_words(n) + 2 * n + (n + 7) // 8
-    return st[start:].view(np.uint8)[:n]
+# A host pool's parts, as kernels read them (host_offsets, for Python).
+host_ring = window(np.int32, _host_ring_at)
+host_gens = window(np.int64, _host_gens_at)
+host_refs = window(np.int64, _host_refs_at)
+host_flags = window(np.uint8, _host_flags_at)
+host_marks = window(np.uint8, _host_marks_at)

@@ -47,6 +47,8 @@ _INT64 = INT64
 _STRIDES_1D = STRIDES_1D
 _STATUS_SHORT = L.status_of(L.E_SHORT)
 _STATUS_MISALIGNED = L.status_of(L.E_MISALIGNED)  # at position 0: the length is not page-aligned
+_STATUS_MERGE_FIRST = L.status_of(L.E_MERGE_FIRST)  # a sorted pool: merge, then allocate again
+_SHORT_SLOTS = K.SHORT_SLOTS  # calls this short run the flat kernels
 # Above this many slots, ``alloc`` checks capacity before allocating its
 # output: 256 KiB, past which np.empty maps fresh memory (microseconds, or a
 # MemoryError for absurd sizes); below, reusing the allocator's free blocks
@@ -171,10 +173,10 @@ class LogicalHostPool(DataPlaneHooks):
         self._tracker = tracker
         # The hot paths take alloc sizes 0.._plain_limit and free inputs of
         # up to _plain_limit slots: short enough to keep the GIL
-        # (K.SHORT_SLOTS); a tracking pool's take none.
-        self._plain_limit = K.SHORT_SLOTS if tracker is None else -1
-        # This page-size class's kernels; the untracked hot paths' two are
-        # compiled (or loaded) now, the others on their first call.
+        # (K.GIL_SLOTS); a tracking pool's take none.
+        self._plain_limit = K.GIL_SLOTS if tracker is None else -1
+        # This page-size class's kernels; the untracked hot paths' flat two
+        # are compiled (or loaded) now, the others on their first call.
         self._k = _ENTRIES[page_size == 1]
         if tracker is None:
             self._alloc_short = self._k.alloc_short
@@ -262,14 +264,15 @@ class LogicalHostPool(DataPlaneHooks):
         # faults are not paid while other threads wait; the kernel checks
         # capacity and reports E_SHORT without touching the state.
         out = _empty(need_size, _INT64)
-        kernel = self._alloc_short  # a plain attribute load: calling it as ``self.x()`` is a slower lookup
+        # A plain attribute load: calling it as ``self.x()`` is a slower lookup.
+        kernel = self._alloc_short if need_size <= _SHORT_SLOTS else self._k.alloc_gil
         lock = self.lock
         lock.acquire()  # acquire/release: measurably cheaper than ``with``
         try:
             status = kernel(self._st, out)
         finally:
             lock.release()
-        return out if status >= 0 else self._refusal(status, need_size)
+        return out if status >= 0 else self._refusal(status, need_size, out)
 
     def _alloc_checked(self, need_size: int, tag: Any) -> NDArray[np.int64] | None:
         """``alloc`` for a tracking pool, a negative size or a long one: every check in Python."""
@@ -291,34 +294,63 @@ class LogicalHostPool(DataPlaneHooks):
             if where is None:  # a plain pool's long call
                 kernel = self._k.alloc
                 status = kernel(self._st, out)
+                if status == _STATUS_MERGE_FIRST:
+                    status = self._merge_then(kernel, out)
             else:  # the site's id is looked up under the lock, where a sweep cannot drop it
                 site = self._tracker.intern(where, tag, self._st)  # type: ignore[union-attr]  # tracked: where is set
                 k = self._k
-                status = (k.alloc_tracked_short if need_size <= K.SHORT_SLOTS else k.alloc_tracked)(self._st, out, site)
+                kernel = k.alloc_tracked_short if need_size <= _SHORT_SLOTS else k.alloc_tracked
+                status = kernel(self._st, out, site)
+                if status == _STATUS_MERGE_FIRST:
+                    status = self._merge_then(kernel, out, site)
         finally:
             lock.release()
         return out if status >= 0 else self._refusal(status, need_size)
 
     def _take(self, out: NDArray[np.int64], where: SiteKey | None, tag: Any) -> int:
         """Allocate ``len(out)`` slots into ``out`` under the lock (recording ``where``, if tracked); the status."""
-        short = out.shape[0] <= K.SHORT_SLOTS
+        size = out.shape[0]
+        short = size <= _SHORT_SLOTS
         lock = self.lock
         lock.acquire()
         try:
             k = self._k
             status: int
             if where is None:
-                status = (k.alloc_short if short else k.alloc)(self._st, out)
+                kernel = k.alloc_short if short else k.alloc_gil if size <= K.GIL_SLOTS else k.alloc
+                status = kernel(self._st, out)
+                if status == _STATUS_MERGE_FIRST:
+                    status = self._merge_then(kernel, out)
                 return status
             # The site's id is looked up under the lock, where a sweep cannot drop it.
             site = self._tracker.intern(where, tag, self._st)  # type: ignore[union-attr]  # tracked: where is set
-            status = (k.alloc_tracked_short if short else k.alloc_tracked)(self._st, out, site)
+            kernel = k.alloc_tracked_short if short else k.alloc_tracked
+            status = kernel(self._st, out, site)
+            if status == _STATUS_MERGE_FIRST:
+                status = self._merge_then(kernel, out, site)
             return status
         finally:
             lock.release()
 
-    def _refusal(self, status: int, need_size: int) -> NDArray[np.int64] | None:
-        """What a failed allocation kernel means: ``None`` (too few slots), or the error it reported."""
+    def _merge_then(self, kernel: Any, *args: Any) -> int:
+        """Under the lock, after an alloc kernel's ``E_MERGE_FIRST``: merge, then call it again; its status.
+
+        A sorted pool's alloc kernels leave the merge (which reorders the
+        pages) to the pool, so that they stay small to compile.
+        """
+        moved: int = _merge(self._st)
+        return moved if moved < 0 else int(kernel(self._st, *args))
+
+    def _refusal(self, status: int, need_size: int, out: NDArray[np.int64] | None = None) -> NDArray[np.int64] | None:
+        """What a failed allocation kernel means: ``None`` (too few slots), or the error it reported.
+
+        A sorted pool whose allocation into ``out`` needed a merge first
+        (the hot path's kernel does not merge) merges and allocates again.
+        """
+        if status == _STATUS_MERGE_FIRST and out is not None:
+            status = self._take(out, None, None)
+            if status >= 0:
+                return out
         if status == _STATUS_SHORT:
             return None
         if status == _STATUS_MISALIGNED:
@@ -429,9 +461,9 @@ class LogicalHostPool(DataPlaneHooks):
         else:
             slots = as_slots(indices)
         # One test for the hot path: a plain pool (a tracking pool's limit is
-        # -1) and a short call, whose kernel keeps the GIL (K.SHORT_SLOTS).
+        # -1) and a call short enough to keep the GIL (K.GIL_SLOTS).
         if slots.size <= self._plain_limit:
-            kernel = self._free_short
+            kernel = self._free_short if slots.size <= _SHORT_SLOTS else self._k.free_gil
         elif self._tracker is not None:
             return self._free_tracked(slots)
         else:
@@ -455,7 +487,7 @@ class LogicalHostPool(DataPlaneHooks):
         if tracker is None:  # pragma: no cover - only called for a tracking pool
             raise RuntimeError("_free_tracked called on a pool that does not track")
         where = tracker.where(None, 2)
-        kernel = self._k.free_tracked_short if slots.size <= K.SHORT_SLOTS else self._k.free_tracked
+        kernel = self._k.free_tracked_short if slots.size <= _SHORT_SLOTS else self._k.free_tracked
         lock = self.lock
         lock.acquire()  # not ``with``, which costs more, on the path a tracked round trip takes twice
         try:

@@ -252,9 +252,9 @@ def filled_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert {k: res[k] for k in EXPECTED} == EXPECTED
     assert res["compiled"] == res["used"], res
     # A page size 16 pool that does not track, with calls of at most
-    # 4,096 slots, used only its class's short kernels and merge: nothing
-    # else compiled.
-    assert set(res["used"]) == {"alloc_pn_short", "free_pn_short"}, res
+    # K.SHORT_SLOTS slots, used only the flat short kernels: nothing else
+    # compiled.
+    assert set(res["used"]) == {"alloc_short", "free_short"}, res
     assert len(res["kernels"]) > 10, res
     # Each kernel used wrote its cache index; the callees, compiled into
     # their callers, wrote none.

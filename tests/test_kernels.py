@@ -118,11 +118,14 @@ def test_state_length_and_page_shift() -> None:
 # -- kernel contracts: return values, distinct codes, roll-back across the ring's end --
 
 
-def test_status_codes_are_distinct_and_fit_four_bits() -> None:
-    codes = {name: value for name, value in vars(K).items() if name.startswith("E_")}
-    assert len(codes) >= 10
+def test_status_codes_are_distinct_and_fit_the_code_bits() -> None:
+    codes = {name: value for name, value in vars(L).items() if name.startswith("E_")}
+    assert len(codes) >= 19
     assert len(set(codes.values())) == len(codes)
-    assert all(1 <= c < 16 for c in codes.values())  # decode_status keeps the low four bits; 0 is no error
+    # decode_status keeps the low _CODE_BITS bits; 0 is no error
+    assert all(1 <= c < 1 << L._CODE_BITS for c in codes.values())
+    for code in codes.values():
+        assert L.decode_status(L.status_for(code, 12345)) == (code, 12345)
 
 
 @pytest.mark.parametrize("ps", [2, 3, 16])
@@ -271,7 +274,7 @@ def test_the_paged_status_codes_do_not_reuse_the_cores() -> None:
     assert paged
     assert not set(core.values()) & set(paged.values())
     assert len(set(paged.values())) == len(paged)
-    assert all(1 <= c < 16 for c in paged.values())
+    assert all(1 <= c < 1 << L._CODE_BITS for c in paged.values())
 
 
 def test_kernels_call_only_callees() -> None:
@@ -294,3 +297,35 @@ def test_kernels_call_only_callees() -> None:
             if isinstance(node, ast.FunctionDef):
                 called = {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
                 assert not (called & kernel_names) - {node.name}, (module.__name__, node.name, called & kernel_names)
+
+
+@pytest.mark.parametrize("ps", [1, 16])
+@pytest.mark.parametrize("how", ["short", "long", "tracked", "alloc_many"])
+def test_a_sorted_pool_merges_before_allocating_on_every_path(ps: int, how: str) -> None:
+    """The alloc kernels leave a sorted merge to the pool (E_MERGE_FIRST); every path merges, then allocates once."""
+    pages = 12000  # half of them freed: enough for a call beyond K.SHORT_SLOTS at page size 1
+    pool = LogicalHostPool(pages * ps, ps, merge="sorted", track=how == "tracked")
+    held = pool.alloc(pages * ps)
+    assert held is not None
+    back = held.reshape(-1, ps)[::-1][: pages // 2]  # freed in descending order: a FIFO merge would keep it
+    pool.free(back.reshape(-1))
+    calls = int(pool._st[L.H_ALLOC_CALLS])
+    want_pages = 5000 if how == "long" else 3
+    need = want_pages * ps
+    if how == "alloc_many":
+        got = pool.alloc_many([ps, need - ps])
+        assert got is not None
+        out = got[0]
+    else:
+        out = pool.alloc(need)
+    assert out is not None
+    if how == "long":
+        assert need > K.SHORT_SLOTS
+    ascending = np.sort(back[:, 0])[:want_pages] if how != "long" else None
+    firsts = out.reshape(-1, ps)[:, 0]
+    if ascending is not None:
+        assert firsts.tolist() == ascending.tolist()  # merged in ascending order, then taken
+    assert np.all(np.diff(firsts) > 0)
+    assert int(pool._st[L.H_MERGES]) == 1
+    assert int(pool._st[L.H_ALLOC_CALLS]) == calls + 1  # the refused first attempt is not counted
+    pool.check_invariants()

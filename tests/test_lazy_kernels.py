@@ -64,30 +64,29 @@ def _child(code: str, cache: Path, *args: str) -> dict[str, Any]:
     return result
 
 
+_SHORT = {"_kernels.alloc_short", "_kernels.free_short"}  # the flat pair every page size starts with
 FIRST_CALLS = {
-    "page size 64": (
-        "p = hostpool_nb.LogicalHostPool(1 << 14, 64); p.free(p.alloc(64))",
-        {"_kernels.alloc_pn_short", "_kernels.free_pn_short"},
-    ),
-    "page size 1": (
-        "p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(64))",
-        {"_kernels.alloc_p1_short", "_kernels.free_p1_short"},
+    "page size 64": ("p = hostpool_nb.LogicalHostPool(1 << 14, 64); p.free(p.alloc(64))", _SHORT),
+    "page size 1": ("p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(64))", _SHORT),
+    "a call that keeps the GIL": (
+        "p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(2048))",
+        _SHORT | {"_kernels.alloc_p1_gil", "_kernels.free_p1_gil"},
     ),
     "long calls": (
         "p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(8192))",
-        {"_kernels.alloc_p1_short", "_kernels.free_p1_short", "_kernels.alloc_p1", "_kernels.free_p1"},
+        _SHORT | {"_kernels.alloc_p1", "_kernels.free_p1"},
     ),
     "tracked": (
         "p = hostpool_nb.LogicalHostPool(1 << 14, 16, track=True); p.free(p.alloc(64))",
-        {"_kernels.alloc_pn_tracked_short", "_kernels.free_pn_tracked_short"},
+        {"_kernels.alloc_tracked_short", "_kernels.free_tracked_short"},
     ),
     "alloc_many": (
         "p = hostpool_nb.LogicalHostPool(1 << 14, 16); s, o = p.alloc_many([16, 32]); p.free(s)",
-        {"_kernels.alloc_pn_short", "_kernels.free_pn_short", "_kernels.plan_batch"},
+        _SHORT | {"_kernels.plan_batch"},
     ),
     "free group": (
         "p = hostpool_nb.LogicalHostPool(1 << 14, 16); a = p.alloc(64)\nwith p.free_group():\n    p.free(a)",
-        {"_kernels.alloc_pn_short", "_kernels.free_pn_short", "_kernels.group_begin", "_kernels.group_end"},
+        _SHORT | {"_kernels.group_begin", "_kernels.group_end"},
     ),
     "paged alloc_extend": (
         "from hostpool_nb.paged import PagedTokenToKVPoolAllocator\n"
@@ -151,8 +150,8 @@ def test_the_notice_goes_through_logging_once_per_process(
     monkeypatch.setattr(_jit.threading, "Timer", _TimerNow)
     monkeypatch.setattr(_jit._COMPILER, "announced", False)
     with caplog.at_level(logging.WARNING, logger="hostpool_nb"):
-        assert _jit.Kernel(slow, "i8(i8)", nogil=True, views=False)(41) == 42
-        assert _jit.Kernel(slower, "i8(i8)", nogil=True, views=False)(40) == 42
+        assert _jit.Kernel(slow, "i8(i8)", nogil=True)(41) == 42
+        assert _jit.Kernel(slower, "i8(i8)", nogil=True)(40) == 42
     records = [r for r in caplog.records if r.name == "hostpool_nb"]
     assert len(records) == 1, [r.getMessage() for r in records]
     assert "compiling numba kernels on their first use" in records[0].getMessage()
@@ -164,7 +163,7 @@ def test_a_module_stand_in_rebinds_itself_on_its_first_call() -> None:
     def plus(x: int) -> int:
         return x + 3
 
-    made = _jit.Kernel(plus, "i8(i8)", nogil=True, views=False)
+    made = _jit.Kernel(plus, "i8(i8)", nogil=True)
     module: dict[str, Any] = {"made": made}
     exec("from hostpool_nb._jit import entry_point\nstand_in = entry_point(made)\nalias = stand_in", module)
     kept = [module["stand_in"]]  # a reference outside the module's globals
@@ -182,7 +181,7 @@ def test_listing_or_inspecting_a_kernel_compiles_nothing() -> None:
     def plus(x: int) -> int:
         return x + 3
 
-    made = _jit.Kernel(plus, "i8(i8)", nogil=True, views=False)
+    made = _jit.Kernel(plus, "i8(i8)", nogil=True)
     assert not _jit.is_callee(made)
     assert not hasattr(made, "overloads")
     assert "not compiled yet" in repr(made)
@@ -234,7 +233,7 @@ def b(x):
 started = threading.Event()
 def compile_a():
     started.set()
-    _jit.Kernel(a, "i8(i8)", nogil=True, views=False)(1)
+    _jit.Kernel(a, "i8(i8)", nogil=True)(1)
 
 t = threading.Thread(target=compile_a)
 t.start()
@@ -242,7 +241,7 @@ started.wait()
 time.sleep(0.01)  # inside the compile, most likely
 pid = os.fork()
 if pid == 0:
-    os._exit(0 if _jit.Kernel(b, "i8(i8)", nogil=True, views=False)(1) == 3 else 1)
+    os._exit(0 if _jit.Kernel(b, "i8(i8)", nogil=True)(1) == 3 else 1)
 t.join()
 _, status = os.waitpid(pid, 0)
 print('{"child": %d}' % os.waitstatus_to_exitcode(status))

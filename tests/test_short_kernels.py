@@ -1,12 +1,14 @@
-"""Short calls keep the GIL; long ones release it; both do the same work.
+"""Short calls run flat kernels, medium ones keep the GIL, long ones release it; all do the same work.
 
-``alloc`` and ``free`` of at most ``K.SHORT_SLOTS`` slots run the page-size
-class's ``*_short`` kernels (``*_tracked_short`` on a tracking pool): the
-same kernels compiled a second time (``_jit.twin``) without ``nogil``,
-since handing the GIL over costs more than such a call's work. Here: the
-compile options of every kernel, which kernel each size reaches, and that a
-twin and its original leave the same state and return the same status from
-the same state, on success and on every kind of failure.
+``alloc`` and ``free`` of at most ``K.SHORT_SLOTS`` slots run the flat
+``*_short`` kernels (``*_tracked_short`` on a tracking pool): one page loop,
+no runs, for every page size. Up to ``K.GIL_SLOTS`` slots they run the page-
+size class's ``*_gil`` kernels: the run kernels compiled a second time
+(``_jit.twin``) without ``nogil``, since handing the GIL over costs more
+than such a call's work. Here: the compile options of every kernel, which
+kernel each size reaches, and that a short kernel, a twin and the run
+kernel leave the same state and return the same status from the same
+state, on success and on every kind of failure.
 """
 
 from __future__ import annotations
@@ -26,9 +28,14 @@ from tests.conftest import JIT_DISABLED
 
 needs_jit = pytest.mark.skipif(JIT_DISABLED, reason="compile options exist only with the JIT on")
 
-SHORT_KERNELS = {
-    getattr(k, "__name__", "") for ks in K.KERNELS for k in ks if getattr(k, "__name__", "").endswith("_short")
+# The kernels that keep the GIL: the flat short ones and the run kernels' twins.
+GIL_KERNELS = {
+    getattr(k, "__name__", "")
+    for ks in K.KERNELS
+    for k in ks
+    if getattr(k, "__name__", "").endswith(("_short", "_gil"))
 }
+GIL_TWINS = {name for name in GIL_KERNELS if name.endswith("_gil")}
 
 
 def _dispatchers() -> list[tuple[Any, str, Any]]:
@@ -44,28 +51,33 @@ def _dispatchers() -> list[tuple[Any, str, Any]]:
 
 
 @needs_jit
-def test_only_the_short_twins_keep_the_gil() -> None:
+def test_only_the_short_kernels_and_the_twins_keep_the_gil() -> None:
     kernels = _dispatchers()
     assert len(kernels) > 20  # the collection found the kernels at all
+    assert len(GIL_KERNELS) == 8
     for module, name, kernel in kernels:
-        keeps_gil = module is K and name in SHORT_KERNELS
+        keeps_gil = module is K and name in GIL_KERNELS
         assert kernel.targetoptions.get("nogil") is (not keeps_gil), (module.__name__, name)
 
 
 @needs_jit
-def test_kernels_do_not_count_references_and_views_do() -> None:
+def test_no_kernel_counts_references() -> None:
+    from numba.core.extending import _Intrinsic
+
     from hostpool_nb import _layout as L
 
     for module, name, kernel in _dispatchers():
         assert kernel.targetoptions.get("_nrt") is False, (module.__name__, name)
-    for module, name in ((L, "ring_view"), (L, "owner_view"), (L, "marks_view")):
-        assert getattr(module, name).targetoptions.get("_nrt") is True, name
+    # The windows on the state are made in the kernel's own code, not returned by a function.
+    for name in ("ring_view", "owner_view", "marks_view", "host_ring", "host_gens", "host_refs", "host_flags"):
+        assert isinstance(getattr(L, name), _Intrinsic), name
 
 
 @needs_jit
 def test_twins_have_their_own_cache_files() -> None:
-    for name in sorted(SHORT_KERNELS):
-        twin, original = getattr(K, name), getattr(K, name.removesuffix("_short"))
+    assert len(GIL_TWINS) == 4
+    for name in sorted(GIL_TWINS):
+        twin, original = getattr(K, name), getattr(K, name.removesuffix("_gil"))
         assert twin.py_func is not original.py_func
         assert twin.py_func.__code__ is original.py_func.__code__  # one source
         assert twin.py_func.__qualname__ == name
@@ -105,11 +117,16 @@ def test_each_size_reaches_the_kernel_for_it(page_size: int, track: bool) -> Non
     names = ("alloc_tracked", "free_tracked") if track else ("alloc", "free")
     alloc_long, free_long = names
     alloc_short, free_short = (f"{n}_short" for n in names)
+    # A tracking pool has no GIL twins: beyond the short calls, the run kernels.
+    alloc_mid, free_mid = names if track else (f"{n}_gil" for n in names)
     top = K.SHORT_SLOTS // page_size * page_size  # the longest short request
+    top_gil = K.GIL_SLOTS // page_size * page_size  # the longest request that keeps the GIL
     for size, alloc_kernel, free_kernel in (
         (page_size, alloc_short, free_short),
         (top, alloc_short, free_short),
-        (top + page_size, alloc_long, free_long),
+        (top + page_size, alloc_mid, free_mid),
+        (top_gil, alloc_mid, free_mid),
+        (top_gil + page_size, alloc_long, free_long),
     ):
         out = pool.alloc(size)
         assert out is not None
@@ -164,7 +181,9 @@ def _probe_inputs(page_size: int, held: list[np.ndarray], seed: int) -> list[np.
     seed=st.integers(0, 2**16),
     track=st.booleans(),
 )
-def test_a_twin_does_what_its_original_does(page_size: int, ops: list[int], seed: int, track: bool) -> None:
+def test_short_kernels_and_twins_do_what_the_run_kernels_do(
+    page_size: int, ops: list[int], seed: int, track: bool
+) -> None:
     pool, held = _model_state(page_size, ops, seed, track)
     outs = [np.empty(n * page_size, dtype=np.int64) for n in (0, 1, 5, 70)]
     probes = _probe_inputs(page_size, held, seed)
@@ -175,8 +194,8 @@ def test_a_twin_does_what_its_original_does(page_size: int, ops: list[int], seed
         cases = [(ks.alloc_tracked, ks.alloc_tracked_short, out) for out in outs]
         cases += [(ks.free_tracked, ks.free_tracked_short, probe) for probe in probes]
     else:
-        cases = [(ks.alloc, ks.alloc_short, out) for out in outs]
-        cases += [(ks.free, ks.free_short, probe) for probe in probes]
+        cases = [(ks.alloc, other, out) for out in outs for other in (ks.alloc_gil, ks.alloc_short)]
+        cases += [(ks.free, other, probe) for probe in probes for other in (ks.free_gil, ks.free_short)]
     for original, twin, arg in cases:
         st_a, st_b = pool._st.copy(), pool._st.copy()
         arg_a, arg_b = arg.copy(), arg.copy()
