@@ -121,7 +121,7 @@ class Kernel:
     or asking :func:`is_callee` does not.
     """
 
-    def __init__(self, func: Callable[..., Any], signature: str | tuple[str, ...], *, nogil: bool) -> None:
+    def __init__(self, func: Callable[..., Any], signature: str, *, nogil: bool) -> None:
         self.py_func = func
         self.signature = signature
         self.nogil = nogil
@@ -155,13 +155,14 @@ class Kernel:
         return f"<hostpool_nb kernel {self.__module__}.{self.__qualname__} {self.signature!r}, {state}>"
 
 
-def kernel(signature: str | tuple[str, ...], *, nogil: bool = True) -> Callable[[_F], _F]:
+def kernel(signature: str, *, nogil: bool = True) -> Callable[[_F], _F]:
     """Decorator: a kernel for ``signature``, compiled on first use, cached on disk if possible.
 
-    A tuple of signatures compiles one specialisation for each; the
-    kernels that the pools call from Python have exactly one, for
-    :func:`entry_point`. A function that only kernels call is a
-    :func:`callee` instead.
+    One explicit signature (``"i8(i8[::1], i8[::1])"``): the pools call the
+    kernel's single compiled entry point (:func:`entry_point`), and numba
+    before 0.68 does not reload a kernel of several signatures from a
+    rebuilt cache. A function that only kernels call is a :func:`callee`
+    instead.
 
     ``nogil=False`` compiles a kernel that keeps the GIL while it runs.
 
@@ -170,6 +171,9 @@ def kernel(signature: str | tuple[str, ...], *, nogil: bool = True) -> Callable[
     The Python annotations are for type checkers only: numba compiles from
     ``signature`` and never reads them.
     """
+
+    if not isinstance(signature, str):
+        raise TypeError(f"a kernel takes one signature string, got {signature!r}")
 
     def decorate(func: _F) -> _F:
         if JIT_DISABLED:
@@ -506,7 +510,7 @@ def _announce() -> None:
 
 
 def _compile(
-    func: Callable[..., Any], signature: str | tuple[str, ...], *, nogil: bool = True
+    func: Callable[..., Any], signature: str, *, nogil: bool = True
 ) -> tuple[Any, _Problem | None]:
     """Compile ``func`` through the cache; return it and the cache problem, if any."""
     try:
@@ -522,7 +526,7 @@ def _compile(
     _stamp_with_package(dispatcher)
 
     error = _try_compile(dispatcher, signature)
-    if error is not None and not _compiled(dispatcher, signature) and _forget_index(dispatcher):
+    if error is not None and not _compiled(dispatcher) and _forget_index(dispatcher):
         # Loading failed. With the index empty, this compiles and rewrites
         # the kernel's cache files.
         error = _try_compile(dispatcher, signature)
@@ -531,7 +535,7 @@ def _compile(
         return dispatcher, None
 
     where = _cache_dir(dispatcher)
-    if _compiled(dispatcher, signature):  # compiled, then failed to save: usable
+    if _compiled(dispatcher):  # compiled, then failed to save: usable
         dispatcher.disable_compile()
         return dispatcher, (
             f"numba could not write its cache in {where} ({error!r})",
@@ -543,39 +547,27 @@ def _compile(
     )
 
 
-def _try_compile(dispatcher: Any, signature: str | tuple[str, ...]) -> Exception | None:
-    """Compile each signature; return the error if the cache failed, raise if the compiler did.
+def _try_compile(dispatcher: Any, signature: str) -> Exception | None:
+    """Compile the signature; return the error if the cache failed, raise if the compiler did.
 
     numba counts a cache miss just before compiling and adds the compiled
     overload just before saving it to the cache. So an error with no miss
     counted came from loading the cache, and one with the overload in place
     from saving it; an error in between is the compiler's and propagates.
     """
-    saved: Exception | None = None
-    for one in _signatures(signature):
-        stats = getattr(dispatcher, "stats", None)
-        misses = sum(getattr(stats, "cache_misses", {}).values())
-        held = len(getattr(dispatcher, "overloads", ()))
-        try:
-            dispatcher.compile(one)
-        except MemoryError:
-            raise
-        except Exception as exc:
-            # Judged for this signature alone: the overloads grew if only the
-            # save failed (the next signature still compiles), a miss counted
-            # without them growing is the compiler's error.
-            if len(getattr(dispatcher, "overloads", ())) > held:
-                saved = saved or exc
-                continue
-            if sum(getattr(stats, "cache_misses", {}).values()) > misses:
-                raise
+    stats = getattr(dispatcher, "stats", None)
+    misses = sum(getattr(stats, "cache_misses", {}).values())
+    try:
+        dispatcher.compile(signature)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        if _compiled(dispatcher):  # compiled, then the save failed: usable
             return exc
-    return saved
-
-
-def _signatures(signature: str | tuple[str, ...]) -> tuple[str, ...]:
-    """One signature or several, as a tuple."""
-    return (signature,) if isinstance(signature, str) else signature
+        if sum(getattr(stats, "cache_misses", {}).values()) > misses:
+            raise  # a miss counted and nothing compiled: the compiler's error
+        return exc
+    return None
 
 
 def _stamp_with_package(dispatcher: Any) -> None:
@@ -593,9 +585,9 @@ def _stamp_with_package(dispatcher: Any) -> None:
         cache_file._source_stamp = (own, _PACKAGE_STAMP)
 
 
-def _compiled(dispatcher: Any, signature: str | tuple[str, ...]) -> bool:
-    """Whether the dispatcher holds compiled code for every one of its signatures."""
-    return len(getattr(dispatcher, "overloads", ())) >= len(_signatures(signature))
+def _compiled(dispatcher: Any) -> bool:
+    """Whether the dispatcher holds compiled code for its signature."""
+    return len(getattr(dispatcher, "overloads", ())) >= 1
 
 
 def _forget_index(dispatcher: Any) -> bool:
@@ -623,9 +615,9 @@ def _cache_dir(dispatcher: Any) -> str:
     return str(path) if path else "numba's cache directory"
 
 
-def _in_memory(func: Callable[..., Any], signature: str | tuple[str, ...], *, nogil: bool = True) -> Any:
+def _in_memory(func: Callable[..., Any], signature: str, *, nogil: bool = True) -> Any:
     """Compile without the on-disk cache."""
-    return _njit(list(_signatures(signature)), cache=False, nogil=nogil)(func)
+    return _njit([signature], cache=False, nogil=nogil)(func)
 
 
 def _njit(

@@ -326,16 +326,10 @@ def twice(x):
 def negate(x):
     return -x
 
-def both(x):
-    return x - 1
-
 def broken(x):
     return x.no_such_attribute
 
-FUNCS = {"square": square, "twice": twice, "negate": negate, "both": both, "broken": broken}
-# ``both`` has two signatures (kernel() takes a tuple): each must compile,
-# cache and recover.
-SIGNATURES = {"both": ("i8(i8)", "f8(f8)")}
+FUNCS = {"square": square, "twice": twice, "negate": negate, "broken": broken}
 # SETUP
 
 out = {"kernels": {}, "errors": {}}
@@ -343,7 +337,7 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     for name in NAMES:
         try:
-            k = kernel(SIGNATURES.get(name, "i8(i8)"))(FUNCS[name])
+            k = kernel("i8(i8)")(FUNCS[name])
             first = int(k(-3))  # compiles (or loads) here, on first use
         except BaseException as exc:
             out["errors"][name] = type(exc).__name__
@@ -351,8 +345,6 @@ with warnings.catch_warnings(record=True) as caught:
         out["kernels"][name] = {
             "results": [first] + [int(k(v)) for v in (0, 7)],
             "expected": [FUNCS[name](v) for v in (-3, 0, 7)],
-            "float_results": [float(k(v)) for v in (0.5,)] if name in SIGNATURES else [],
-            "float_expected": [FUNCS[name](v) for v in (0.5,)] if name in SIGNATURES else [],
             "overloads": len(k.dispatcher.overloads),
             "is_dispatcher": isinstance(k.dispatcher, numba.core.dispatcher.Dispatcher),
             "cache_path": k.dispatcher.stats.cache_path,
@@ -367,7 +359,11 @@ def _helper_child(tmp_path: Path, names: list[str], setup: str = "") -> dict[str
     """Run HELPER_CHILD from a file in ``tmp_path``, making kernels of ``names``."""
     script = tmp_path / "helper_child.py"
     code = HELPER_CHILD.replace("# SETUP", f"NAMES = {names!r}\n{setup}")
-    script.write_text(code)
+    # Written only when its text changes, as a source file is: numba before
+    # 0.68 stamps a cache with the source's mtime, so a rewrite would make
+    # every cache entry stale.
+    if not script.exists() or script.read_text() != code:
+        script.write_text(code)
     return _run([sys.executable, str(script)], _env(PYTHONPATH=_pythonpath(ROOT)), cwd=tmp_path)
 
 
@@ -377,8 +373,7 @@ def _assert_correct(res: dict[str, Any], names: list[str]) -> None:
         k = res["kernels"][name]
         assert k["is_dispatcher"], (name, k)
         assert k["results"] == k["expected"], (name, k)
-        assert k["float_results"] == k["float_expected"], (name, k)
-        assert k["overloads"] == (2 if name == "both" else 1), (name, k)
+        assert k["overloads"] == 1, (name, k)
 
 
 @needs_jit
@@ -406,7 +401,7 @@ def test_no_cache_location_does_not_hide_compile_errors(tmp_path: Path) -> None:
 
 @needs_jit
 def test_helper_caches_and_rebuilds_a_damaged_cache(tmp_path: Path) -> None:
-    names = ["square", "twice", "both"]
+    names = ["square", "twice", "negate"]
     cold = _helper_child(tmp_path, names)
     _assert_correct(cold, names)
     assert cold["warnings"] == [], cold
@@ -428,7 +423,7 @@ def test_helper_caches_and_rebuilds_a_damaged_cache(tmp_path: Path) -> None:
 
 @needs_jit
 def test_cache_that_cannot_be_rebuilt_names_the_directory_to_delete(tmp_path: Path) -> None:
-    names = ["square", "twice", "negate", "both"]
+    names = ["square", "twice", "negate"]
     cold = _helper_child(tmp_path, names)
     assert cold["warnings"] == [], cold
     cache_dir = Path(cold["kernels"]["square"]["cache_path"])
@@ -459,7 +454,7 @@ def test_cache_that_cannot_be_rebuilt_names_the_directory_to_delete(tmp_path: Pa
 
 @needs_jit
 def test_cache_that_cannot_be_written_keeps_the_compiled_kernel(tmp_path: Path) -> None:
-    names = ["square", "twice", "both"]
+    names = ["square", "twice", "negate"]
     setup = (
         "import errno\n"
         "from numba.core import caching\n"
