@@ -55,8 +55,8 @@ def as_count(value: Any, name: str) -> int:
     """
     if type(value) is int:  # the hot path
         return value
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if isinstance(value, (bool, np.bool_)):  # "bool" for numpy's too, whose name numpy 1 spells "bool_"
+        raise TypeError(f"{name} must be an integer, got bool {value!r}")
     if isinstance(value, np.integer):
         return int(value)
     if is_array_like(value):
