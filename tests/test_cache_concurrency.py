@@ -24,9 +24,10 @@ import pytest
 
 import hostpool_nb
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("NUMBA_DISABLE_JIT") == "1", reason="the numba cache exists only with the JIT on"
-)
+pytestmark = [
+    pytest.mark.slow,  # child processes compiling into an empty cache
+    pytest.mark.skipif(os.environ.get("NUMBA_DISABLE_JIT") == "1", reason="the numba cache exists only with the JIT on"),
+]
 
 N_PROCS = 4
 # Whole test under a minute. On a loaded 2-core machine a cold wave (four

@@ -35,6 +35,7 @@ import hostpool_nb
 
 JIT_DISABLED = os.environ.get("NUMBA_DISABLE_JIT") == "1"
 needs_jit = pytest.mark.skipif(JIT_DISABLED, reason="the numba cache exists only with the JIT on")
+pytestmark = pytest.mark.slow  # child processes with cold, damaged or read-only caches
 
 PKG = Path(hostpool_nb.__file__).resolve().parent
 ROOT = PKG.parent

@@ -258,6 +258,7 @@ SITUATIONS = {
 }
 
 
+@pytest.mark.slow
 def test_host_page_pool_matches_the_original_bookkeeping() -> None:
     events: set[str] = set()
 

@@ -85,6 +85,7 @@ def test_a_restore_while_a_tracked_alloc_reads_its_tag_keeps_the_alloc_site() ->
     pool.check_invariants()
 
 
+@pytest.mark.slow
 def test_allocating_while_another_thread_restores_never_raises() -> None:
     # Pages enough that one is not handed out again before the site table's next sweep.
     pool = LogicalHostPool((1 << 14) * PS, PS, track=True)
@@ -664,6 +665,7 @@ _PAGED_WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_paged_free_racing_a_writer_raises_only_its_own_errors() -> None:
     got = run_child(_PAGED_WRITER, {"seconds": 2.0}, timeout=120)
     assert set(got["errors"]) <= {"DoubleFreeError", "SlotRangeError"}
@@ -746,6 +748,7 @@ _FORK = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no os.fork on this platform")
 def test_a_fork_while_another_thread_uses_the_pool_gives_the_child_a_usable_pool() -> None:
     got = run_child(_FORK, {"forks": 10}, timeout=300)
@@ -799,6 +802,7 @@ _RING_END = textwrap.dedent(
 @pytest.mark.parametrize(
     ("to_the_end", "in_order"), [("one run", True), ("page by page", False)], ids=["a-run", "page-by-page"]
 )
+@pytest.mark.slow
 def test_pages_freed_up_to_the_rings_end_then_more_in_the_same_call(
     page_size: int, to_the_end: str, in_order: bool
 ) -> None:

@@ -100,6 +100,7 @@ FIRST_CALLS = {
 }
 
 
+@pytest.mark.slow
 @needs_jit
 @pytest.mark.parametrize("name", list(FIRST_CALLS))
 def test_first_calls_compile_only_the_kernels_they_use(name: str, tmp_path: Path) -> None:
@@ -112,6 +113,7 @@ def test_first_calls_compile_only_the_kernels_they_use(name: str, tmp_path: Path
     assert written == expected
 
 
+@pytest.mark.slow
 @needs_jit
 def test_a_slow_first_compile_says_so_once_and_a_warm_cache_says_nothing(tmp_path: Path) -> None:
     code = "p = hostpool_nb.LogicalHostPool(1 << 14, 16); p.free(p.alloc(64))"
@@ -195,6 +197,7 @@ def test_a_callee_called_from_python_is_a_type_error_not_a_crash() -> None:
     assert _jit.callable_from_python(K.long_run)(16) == 64
 
 
+@pytest.mark.slow
 @needs_jit
 def test_constant_and_narrow_arguments_share_one_compile_of_a_callee() -> None:
     """``fail(E_RANGE, 0)``, ``fail(E_SHORT, i)``, an int32 page id or an int64 one: one signature each.
@@ -215,6 +218,7 @@ def test_constant_and_narrow_arguments_share_one_compile_of_a_callee() -> None:
     assert len(K._flags_are.signatures) == 1  # called with int32 ids (alloc) and int64 ones (free)
 
 
+@pytest.mark.slow
 @needs_jit
 def test_a_fork_waits_for_a_compile_in_flight(tmp_path: Path) -> None:
     """A child forked while another thread compiles can compile itself: it did not inherit a held compile lock."""
@@ -255,6 +259,7 @@ print('{"child": %d}' % os.waitstatus_to_exitcode(status))
     assert json.loads(done.stdout.splitlines()[-1]) == {"child": 0}
 
 
+@pytest.mark.slow
 @needs_jit
 def test_warmup_compiles_every_kernel_then_loads_them(tmp_path: Path) -> None:
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))

@@ -981,6 +981,7 @@ def test_accepted_forms_match_the_oracle() -> None:
 # -- import, forwarding, attributes ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_import_loads_neither_torch_nor_jax() -> None:
     code = (
         "import json, sys\n"

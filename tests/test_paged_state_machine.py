@@ -844,18 +844,21 @@ def run_all(machine: type[_Machine], shapes: list[tuple[int, int]], strict: bool
     return reached
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_paged_matches_oracle(page_size: int) -> None:
     reached = run_all(PagedMachine, [(page_size, dp) for dp in (1, 2, 3)], False, PAGED_RULES)
     assert_reached(reached, paged_events(page_size, strict=False), "the runs at dp_size 1, 2 and 3")
 
 
+@pytest.mark.slow
 def test_strict_paged_matches_oracle() -> None:
     # strict=True must change nothing for callers that never free a free page.
     reached = run_all(PagedMachine, [(2, 2), (16, 3)], True, PAGED_RULES)
     assert_reached(reached, paged_events(2, strict=True), "the strict runs")
 
 
+@pytest.mark.slow
 def test_token_matches_oracle() -> None:
     reached = run_all(TokenMachine, [(1, dp) for dp in (1, 2, 3)], False, TOKEN_RULES)
     assert_reached(reached, TOKEN_EVENTS | MULTI_RANK_EVENTS, "the runs at dp_size 1, 2 and 3")

@@ -207,6 +207,7 @@ def run_threads(target: Any, args: list[tuple[Any, ...]]) -> None:
     assert not any(t.is_alive() for t in threads), "a worker hung"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_no_page_has_two_owners(page_size: int) -> None:
     s = Stress(page_size)
@@ -399,6 +400,7 @@ _KINDS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", [False, True], ids=["direct", "in-a-group"])
 @pytest.mark.parametrize(("kind", "page_size"), _KINDS)
 def test_writer_racing_a_failing_free_cannot_crash(kind: str, page_size: int, group: bool) -> None:
@@ -412,6 +414,7 @@ def test_writer_racing_a_failing_free_cannot_crash(kind: str, page_size: int, gr
     assert res["available"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", [False, True], ids=["direct", "in-a-group"])
 @pytest.mark.parametrize(("kind", "page_size"), _KINDS)
 def test_writer_racing_a_successful_free_keeps_the_allocator_consistent(kind: str, page_size: int, group: bool) -> None:

@@ -20,6 +20,8 @@ import pytest
 
 from tests.conftest import JIT_DISABLED, run_child
 
+pytestmark = pytest.mark.slow  # child processes, each a race of seconds
+
 # Smaller pools without the JIT: the kernels then run as Python.
 SCALE = 4 if JIT_DISABLED else 1
 

@@ -142,6 +142,7 @@ def pool_and_free(draw: Any) -> tuple[LogicalHostPool, np.ndarray]:
     return pool, np.array(slots, dtype=np.int64)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(pool_and_free(), st_.sampled_from([2, 5]))
 def test_free_decides_as_the_page_by_page_pass(case: tuple[LogicalHostPool, np.ndarray], long: int) -> None:
@@ -202,6 +203,7 @@ def ring_to_claim(draw: Any) -> tuple[np.ndarray, int, int]:
     return st, len(ids), ps
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(ring_to_claim(), st_.sampled_from([2, 8]))
 def test_alloc_by_runs_equals_alloc_page_by_page(case: tuple[np.ndarray, int, int], long: int) -> None:

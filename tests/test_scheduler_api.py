@@ -1457,6 +1457,7 @@ def _loaded_in_child(folder: Path) -> dict[str, Any]:
     return run_child(_CHILD.format(folder=str(folder)))
 
 
+@pytest.mark.slow
 def test_pickles_load_in_a_later_process(tmp_path: Path) -> None:
     pools = {"fifo": rich_pool(16, "fifo"), "sorted": rich_pool(3, "sorted")}
     for pool in pools.values():
@@ -1470,6 +1471,7 @@ def test_pickles_load_in_a_later_process(tmp_path: Path) -> None:
     assert json.loads(json.dumps(run_ops(pools["fifo"], 4242, [0, 1, 3]))) == got["fifo"]["ops"]
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_torch_pickles_load_in_a_later_process(tmp_path: Path) -> None:
     pytest.importorskip("torch")

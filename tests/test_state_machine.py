@@ -878,6 +878,7 @@ def expected_events(page_size: int, thorough: bool) -> set[str]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("merge", MERGE_ORDERS)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_pool_matches_reference(page_size: int, merge: str, snapshot: Any, unchanged: Any, refused: Any) -> None:

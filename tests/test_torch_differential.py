@@ -78,6 +78,7 @@ def check_alloc(got: Any, want: Any, need: int) -> None:
     assert torch.equal(got, want), f"alloc({need}): {got.tolist()} != {want.tolist()}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @given(data=st.data())
 def test_same_slots_in_same_order_as_the_original(page_size: int, data: st.DataObject) -> None:
@@ -182,6 +183,7 @@ def sizes_form(sizes: list[int], form: str) -> Any:
     return torch.tensor(sizes, dtype=getattr(torch, form))  # sizes stay below 256 here
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page_size", [1, 3, 16])
 @given(data=st.data())
 def test_alloc_many_and_free_groups_match_the_original(page_size: int, data: st.DataObject) -> None:
