@@ -26,7 +26,9 @@ import hostpool_nb
 
 pytestmark = [
     pytest.mark.slow,  # child processes compiling into an empty cache
-    pytest.mark.skipif(os.environ.get("NUMBA_DISABLE_JIT") == "1", reason="the numba cache exists only with the JIT on"),
+    pytest.mark.skipif(
+        os.environ.get("NUMBA_DISABLE_JIT") == "1", reason="the numba cache exists only with the JIT on"
+    ),
 ]
 
 N_PROCS = 4
