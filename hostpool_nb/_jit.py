@@ -509,9 +509,7 @@ def _announce() -> None:
     )
 
 
-def _compile(
-    func: Callable[..., Any], signature: str, *, nogil: bool = True
-) -> tuple[Any, _Problem | None]:
+def _compile(func: Callable[..., Any], signature: str, *, nogil: bool = True) -> tuple[Any, _Problem | None]:
     """Compile ``func`` through the cache; return it and the cache problem, if any."""
     try:
         # No signature yet: this only creates the dispatcher and sets up its
