@@ -86,6 +86,21 @@ class HostPagePool:
     ----------
     pool_size : int
         Number of pages, at least 1.
+
+    Examples
+    --------
+    >>> from hostpool_nb import HostPagePool
+    >>> pool = HostPagePool(8)
+    >>> pages = pool.alloc(3)
+    >>> pages, pool.generation[pages]
+    (array([0, 1, 2]), array([1, 1, 1]))
+    >>> pool.inc_lock_ref(pages[0])
+    >>> pool.free(pages)
+    Traceback (most recent call last):
+    ...
+    hostpool_nb._errors.PinnedPageError: free of locked page id=0 (lock_ref=1)
+    >>> pool.dec_lock_ref(pages[0]); pool.free(pages)
+    3
     """
 
     def __init__(self, pool_size: int) -> None:

@@ -325,6 +325,17 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         Make freeing an already-free page a ``DoubleFreeError`` (for
         debugging; callers free token ranges that share pages, which the
         default accepts).
+
+    Examples
+    --------
+    >>> from hostpool_nb.paged import PagedTokenToKVPoolAllocator
+    >>> alloc = PagedTokenToKVPoolAllocator(size=64, page_size=4, kvcache=None)
+    >>> alloc.alloc_extend([0], [6], [-1], 6)  # a request of 6 tokens: pages 1 and 2
+    array([4, 5, 6, 7, 8, 9], dtype=int32)
+    >>> alloc.alloc_decode([7], [9])  # its 7th token continues page 2
+    array([10], dtype=int32)
+    >>> alloc.free([4, 5, 6, 7]), alloc.available_size()
+    (1, 60)
     """
 
     _kind = "paged"
