@@ -16,7 +16,12 @@ class DataPlaneHooks:
 
     The class attributes and the ``*_physical`` / ``prepare_transfer_indices``
     / ``get_page_buffer_element_size`` hooks are those that later sglang
-    revisions' ``HostPoolGroup`` reads on every host pool.
+    revisions' ``HostPoolGroup`` reads on every host pool. Every hook takes
+    sglang's parameters, under sglang's names (``device_pool``,
+    ``host_indices``, ``device_indices``, ``io_backend``, ``layer_id``,
+    ``is_draft``, ``index``, ``flat``, ``data_page``, ``indices``,
+    ``split_factor``), and ignores them: only
+    ``prepare_transfer_indices`` returns two of them, unchanged.
     """
 
     shared_allocation_domain = None

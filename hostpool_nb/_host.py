@@ -281,6 +281,11 @@ class HostPagePool:
 
         For code that must act on each freed page under :attr:`lock`
         (``HostKVPoolMixin`` drops the page's pending transfers and payload).
+
+        Parameters
+        ----------
+        host_page_ids, generations
+            As for :meth:`free`.
         """
         with self.lock:
             st = self._st
@@ -296,6 +301,11 @@ class HostPagePool:
     def inc_lock_ref(self, buffer_id: Any) -> None:
         """Pin a page (or each page of a 1-D array, all or none): it cannot be freed until unpinned.
 
+        Parameters
+        ----------
+        buffer_id : int or 1-D array of int
+            A page, or pages (a list or an integer array), all or none.
+
         Raises
         ------
         SlotRangeError, PageNotAllocatedError
@@ -305,6 +315,11 @@ class HostPagePool:
 
     def dec_lock_ref(self, buffer_id: Any) -> None:
         """Unpin a page (or each page of a 1-D array, all or none; a repeat counts each time).
+
+        Parameters
+        ----------
+        buffer_id : int or 1-D array of int
+            A page, or pages (a list or an integer array), all or none.
 
         Raises
         ------
@@ -333,6 +348,11 @@ class HostPagePool:
 
     def require_allocated(self, buffer_id: int) -> None:
         """Raise the originals' errors unless ``buffer_id`` is an allocated page (``_require_allocated``).
+
+        Parameters
+        ----------
+        buffer_id : int
+            The page.
 
         Raises
         ------
@@ -397,6 +417,11 @@ class HostPagePool:
 
     def restore_state(self, state: HostPageState) -> None:
         """Put the pool back as it was at ``backup_state()``.
+
+        Parameters
+        ----------
+        state : HostPageState
+            A snapshot from ``backup_state()`` of a pool of the same size.
 
         Raises
         ------
@@ -542,11 +567,25 @@ class HostKVPoolMixin:
         return self._host_pages.reserve()
 
     def alloc(self, need_pages: int) -> NDArray[np.int64] | None:
-        """``HostPagePool.alloc``: the first ``need_pages`` free pages (int64), or ``None``."""
+        """``HostPagePool.alloc``: the first ``need_pages`` free pages (int64), or ``None``.
+
+        Parameters
+        ----------
+        need_pages : int
+            At least 1.
+        """
         return self._host_pages.alloc(need_pages)
 
     def release(self, buffer_id: int, *, generation: int | None = None) -> None:
-        """``HostPagePool.release``, then the page's pending transfers and payload dropped, under the lock."""
+        """``HostPagePool.release``, then the page's pending transfers and payload dropped, under the lock.
+
+        Parameters
+        ----------
+        buffer_id : int
+            The page.
+        generation : int, optional, keyword-only
+            Its generation when the caller got it: refused if it moved on.
+        """
         pages = self._host_pages
         with pages.lock:
             pages.release(buffer_id, generation=generation)
@@ -555,7 +594,17 @@ class HostKVPoolMixin:
     def free(self, host_page_ids: Any, *, generations: Any = None) -> int:
         """``HostPagePool.free``, then each freed page's pending transfers and payload dropped, under the lock.
 
-        Returns the number of pages freed (the original returns ``None``).
+        Parameters
+        ----------
+        host_page_ids : sequence or 1-D array of int
+            The pages, all or none; a page named twice is freed once.
+        generations : sequence or 1-D array of int, optional, keyword-only
+            One per entry: the generations the caller got with the pages.
+
+        Returns
+        -------
+        int
+            The number of pages freed (the original returns ``None``).
         """
         pages = self._host_pages
         with pages.lock:
@@ -568,11 +617,23 @@ class HostKVPoolMixin:
         return self._host_pages.available_size()
 
     def inc_lock_ref(self, buffer_id: Any) -> None:
-        """``HostPagePool.inc_lock_ref``: pin a page, or each page of a 1-D array."""
+        """``HostPagePool.inc_lock_ref``: pin a page, or each page of a 1-D array.
+
+        Parameters
+        ----------
+        buffer_id : int or 1-D array of int
+            A page, or pages (a list or an integer array), all or none.
+        """
         self._host_pages.inc_lock_ref(buffer_id)
 
     def dec_lock_ref(self, buffer_id: Any) -> None:
-        """``HostPagePool.dec_lock_ref``: unpin a page, or each page of a 1-D array."""
+        """``HostPagePool.dec_lock_ref``: unpin a page, or each page of a 1-D array.
+
+        Parameters
+        ----------
+        buffer_id : int or 1-D array of int
+            A page, or pages (a list or an integer array), all or none.
+        """
         self._host_pages.dec_lock_ref(buffer_id)
 
     def _require_allocated(self, buffer_id: int) -> None:

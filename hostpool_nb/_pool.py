@@ -589,6 +589,12 @@ class LogicalHostPool(DataPlaneHooks):
     def restore_state(self, state: PoolState) -> None:
         """Put the pool back in the state of a snapshot from ``backup_state``.
 
+        Parameters
+        ----------
+        state : PoolState
+            A snapshot from ``backup_state()`` of a pool of the same size,
+            page size, merge order and tracking.
+
         Raises
         ------
         TypeError
@@ -695,6 +701,12 @@ class LogicalHostPool(DataPlaneHooks):
         -m hostpool_nb.replay path`` checks that a fresh pool does the same,
         and ``python -m bench --trace path`` times the workload against the
         original algorithm. Calls are serialised while recording.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The file to write; its folder must exist. It is checked before
+            the block runs.
         """
         from ._recording import recording  # noqa: PLC0415 - keeps the trace machinery out of `import hostpool_nb`
 
@@ -706,6 +718,11 @@ class LogicalHostPool(DataPlaneHooks):
         Groups by call site and tag, largest first, at most ``limit`` rows;
         says so plainly when nothing is allocated. Without ``track=True``
         it gives the totals and says how to see the sites.
+
+        Parameters
+        ----------
+        limit : int, optional
+            The most rows to show (20 by default).
         """
         limit = as_count(limit, "limit")
         if limit < 0:

@@ -172,6 +172,11 @@ class _RankedAllocator:
         A rank's reset drops its pending frees; other ranks' stay pending
         (their pages allocated) until the next ``free_group_end()``, as in
         the original.
+
+        Parameters
+        ----------
+        dp_rank : int, optional
+            The rank to reset; ``None`` (the default) resets every rank.
         """
         ranks = range(self.dp_size) if dp_rank is None else (self._rank(dp_rank),)
         with self.lock:
@@ -181,7 +186,13 @@ class _RankedAllocator:
             self._in_group = False
 
     def available_size(self, dp_rank: Any = 0) -> int:
-        """Slots an allocation on ``dp_rank`` can use now: free and released pages, in slots."""
+        """Slots an allocation on ``dp_rank`` can use now: free and released pages, in slots.
+
+        Parameters
+        ----------
+        dp_rank : int, optional
+            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+        """
         r = self._rank(dp_rank)
         st = self._st[r]
         with self.lock:
@@ -198,9 +209,19 @@ class _RankedAllocator:
     def restore_state(self, state: PagedState) -> None:
         """Put every rank's lists back as they were at ``backup_state()``.
 
-        Raises ``TypeError`` for anything but a :class:`PagedState`, and
-        ``HostPoolError`` (allocator unchanged) for a state from another
-        kind of allocator or shape, or one that fails the invariants.
+        Parameters
+        ----------
+        state : PagedState
+            A snapshot from ``backup_state()`` of an allocator of the same
+            kind, size, page size and ``dp_size``.
+
+        Raises
+        ------
+        TypeError
+            For anything but a :class:`PagedState`.
+        HostPoolError
+            For a state from another kind of allocator or shape, or one that
+            fails the invariants; the allocator is then unchanged.
         """
         if not isinstance(state, PagedState):
             raise TypeError(f"state must be a PagedState from backup_state(), got {type(state).__name__}")
@@ -375,7 +396,13 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             return [self._window(r, int(st[L.H_NFREE]), int(st[L.H_NREL])) for r, st in enumerate(self._st)]
 
     def merge_and_sort_free(self, dp_rank: Any = 0) -> None:
-        """Merge the rank's release list into its free list, keeping it ascending. O(pages)."""
+        """Merge the rank's release list into its free list, keeping it ascending. O(pages).
+
+        Parameters
+        ----------
+        dp_rank : int, optional
+            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+        """
         r = self._rank(dp_rank)
         with self.lock:
             status = _merge(self._st[r])
@@ -385,10 +412,26 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
     def alloc(self, need_size: Any, dp_rank: Any = 0) -> NDArray[np.int64] | None:
         """``need_size // page_size`` whole pages from the front of the free list, as int64 slots.
 
-        Returns ``None`` when the rank is short even after merging.
-        Raises :class:`AlignmentError` when ``need_size`` is not a multiple
-        of ``page_size`` (the original's failed assert), ``HostPoolError``
-        when it is negative or ``dp_rank`` is out of range.
+        Parameters
+        ----------
+        need_size : int
+            Slots; a non-negative multiple of ``page_size``.
+        dp_rank : int, optional
+            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+
+        Returns
+        -------
+        numpy.ndarray or None
+            The slots of the pages, page by page (int64), or ``None`` when
+            the rank is short even after merging.
+
+        Raises
+        ------
+        AlignmentError
+            When ``need_size`` is not a multiple of ``page_size`` (the
+            original's failed assert).
+        HostPoolError
+            When ``need_size`` is negative or ``dp_rank`` is out of range.
         """
         if type(need_size) is not int:
             need_size = as_count(need_size, "need_size")
@@ -428,11 +471,32 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         batch come from the front of the free list as one block (merging
         first if short). ``None`` when the rank is short even after merging.
 
-        Raises ``HostPoolError`` (allocator unchanged) for arguments of
-        different lengths, a negative prefix, ``seq_lens < prefix_lens``,
-        an ``extend_num_tokens`` other than the extensions' sum, and with
-        ``debug_mode`` a ``last_loc`` that does not continue its request;
-        ``TypeError`` for non-integer arguments.
+        Parameters
+        ----------
+        prefix_lens, seq_lens, last_loc : sequence or 1-D array of int
+            Per request: its tokens before and after the call, and the slot
+            of its last prefix token (``-1`` for none). Lists or arrays of
+            any integer dtype; int64 arrays are read without a conversion.
+        extend_num_tokens : int
+            ``sum(seq_lens - prefix_lens)``: the length of the result.
+        dp_rank : int, optional
+            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+
+        Returns
+        -------
+        numpy.ndarray or None
+            ``extend_num_tokens`` slots (int32), or ``None`` when the rank is
+            short even after merging.
+
+        Raises
+        ------
+        HostPoolError
+            For arguments of different lengths, a negative prefix,
+            ``seq_lens < prefix_lens``, an ``extend_num_tokens`` other than
+            the extensions' sum, and with ``debug_mode`` a ``last_loc`` that
+            does not continue its request; the allocator is then unchanged.
+        TypeError
+            For non-integer arguments.
         """
         prefix = as_int_vector(prefix_lens, "prefix_lens")
         seq = as_int_vector(seq_lens, "seq_lens")
@@ -468,10 +532,27 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         """One new token per request: its slot, a new page's first or ``last_loc + 1`` (int32).
 
         ``seq_lens`` counts the new token. The new pages come from the front
-        of the free list in request order (merging first if short); ``None``
-        when the rank is short even after merging. Raises ``HostPoolError``
-        for arguments of different lengths, ``seq_lens < 1``, and with
-        ``debug_mode`` a ``last_loc`` that does not end its request.
+        of the free list in request order (merging first if short).
+
+        Parameters
+        ----------
+        seq_lens, last_loc : sequence or 1-D array of int
+            Per request: its tokens including the new one, and the slot of
+            its last token before it.
+        dp_rank : int, optional
+            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+
+        Returns
+        -------
+        numpy.ndarray or None
+            One slot per request (int32), or ``None`` when the rank is short
+            even after merging.
+
+        Raises
+        ------
+        HostPoolError
+            For arguments of different lengths, ``seq_lens < 1``, and with
+            ``debug_mode`` a ``last_loc`` that does not end its request.
         """
         seq = as_int_vector(seq_lens, "seq_lens")
         last = as_int_vector(last_loc, "last_loc")
@@ -494,10 +575,25 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
 
         A page is freed once however many of its slots are given, and a page
         already free is ignored (``strict``: ``DoubleFreeError``). Inside a
-        free group the pages stay allocated until the group ends. Returns
-        the number of pages freed (or made pending). Raises
-        :class:`SlotRangeError` for slots of page 0 or beyond the rank's
-        pages, before anything changes.
+        free group the pages stay allocated until the group ends.
+
+        Parameters
+        ----------
+        free_index : array_like of int
+            Token slots: a list, or an array of any integer dtype and shape.
+        dp_rank : int, optional
+            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+
+        Returns
+        -------
+        int
+            The number of pages freed (or made pending).
+
+        Raises
+        ------
+        SlotRangeError
+            For slots of page 0 or beyond the rank's pages, before anything
+            changes.
         """
         return self._free(free_index, dp_rank, P.FREE_PAGED_STRICT if self.strict else P.FREE_PAGED)
 
@@ -572,7 +668,15 @@ class TokenToKVPoolAllocator(_RankedAllocator):
             return [self._window(r, 0, int(st[L.H_NFREE] + st[L.H_NREL])) for r, st in enumerate(self._st)]
 
     def alloc(self, need_size: Any, dp_rank: Any = 0) -> NDArray[np.int32] | None:
-        """The first ``need_size`` free slots of the rank (int32), or ``None`` if it has fewer."""
+        """The first ``need_size`` free slots of the rank (int32), or ``None`` if it has fewer.
+
+        Parameters
+        ----------
+        need_size : int
+            Slots, at least 0.
+        dp_rank : int, optional
+            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+        """
         if type(need_size) is not int:
             need_size = as_count(need_size, "need_size")
         r = self._rank(dp_rank)
@@ -595,8 +699,19 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         Each slot must be allocated and named once: a :class:`DoubleFreeError`
         otherwise, and a :class:`SlotRangeError` for slot 0 (the padding
         slot) or beyond the rank, before anything changes. Inside a free
-        group the slots are appended when it ends. Returns the number of
-        slots freed (or made pending).
+        group the slots are appended when it ends.
+
+        Parameters
+        ----------
+        free_index : array_like of int
+            Slots: a list, or an array of any integer dtype and shape.
+        dp_rank : int, optional
+            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+
+        Returns
+        -------
+        int
+            The number of slots freed (or made pending).
         """
         return self._free(free_index, dp_rank, P.FREE_TOKENS)
 

@@ -43,7 +43,19 @@ class Divergence:
 
 
 def replay(trace: Trace) -> tuple[int, int, Divergence | None]:
-    """Replay ``trace`` on a fresh pool; return (replayed, skipped, first divergence or None)."""
+    """Replay ``trace`` on a fresh pool, comparing every result and error with the record.
+
+    Parameters
+    ----------
+    trace : Trace
+        A trace from :func:`hostpool_nb.trace.load`.
+
+    Returns
+    -------
+    (int, int, Divergence or None)
+        The operations replayed, those skipped (not replayable: their input
+        was not numbers), and the first operation that differs, or ``None``.
+    """
     # Untracked: a tracking pool's error texts end with the call sites of
     # the recording, which a replay cannot have; they are compared without.
     pool = LogicalHostPool(trace.size, trace.page_size, merge=trace.merge)
@@ -210,8 +222,22 @@ def time_trace(trace: Trace, repeats: int = 5, with_torch: bool | None = None) -
     region), the implementations interleaved; the figure is the median.
     First, hostpool_nb's replay must match the record (:func:`replay`) and
     the original's every allocation and free, or a :class:`TraceError`
-    says where it does not. The original runs on numpy, and on torch too
-    when ``with_torch`` (by default: when torch imports).
+    says where it does not.
+
+    Parameters
+    ----------
+    trace : Trace
+        A trace from :func:`hostpool_nb.trace.load`.
+    repeats : int, optional
+        Timed replays of each implementation (5 by default).
+    with_torch : bool, optional
+        Time the original on torch too; by default, when torch imports.
+        The original always runs on numpy.
+
+    Returns
+    -------
+    TraceTiming
+        Seconds per operation of each implementation, the samples, and notes.
     """
     done, skipped, divergence = replay(trace)
     if divergence is not None:

@@ -145,9 +145,26 @@ def load(path: str | os.PathLike[str]) -> Trace:
     Nothing is read beyond what the file holds: each array's declared size
     is checked against its stored bytes before it is read, compressed
     members are refused (the format is uncompressed), and nothing is
-    unpickled. A missing file is a ``FileNotFoundError``; any other file
-    that cannot be opened or read (a directory, a symlink loop, no
-    permission) is a :class:`TraceError`.
+    unpickled.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The trace file, as ``pool.recording(path)`` wrote it.
+
+    Returns
+    -------
+    Trace
+        The recorded pool's parameters and its operations, in order.
+
+    Raises
+    ------
+    FileNotFoundError
+        If there is no such file.
+    TraceError
+        If the file cannot be opened or read (a directory, a symlink loop,
+        no permission), or is not a trace, or is damaged; the message names
+        the file and the problem.
     """
     try:
         f = open(path, "rb")  # noqa: SIM115 - opened apart from the with below, so an OSError here is told apart
