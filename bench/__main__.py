@@ -3,9 +3,11 @@
 Every workload runs hostpool_nb and the algorithm it replaces (on numpy,
 and on torch when torch imports) in the same process, interleaved; each
 figure is a median of repeats, each ratio baseline time / hostpool_nb time
-(above 1: hostpool_nb is faster). The default run takes a few minutes on 2
-cores; --scale multiplies repeats, loop lengths and trace lengths, and from
-2 on also times every allocation size in steps of 4 (--full is --scale 3).
+(above 1: hostpool_nb is faster). The default run takes about 3 minutes on
+2 cores, and half a minute more the first time, to compile the kernels;
+--scale multiplies repeats, loop lengths and trace lengths, and from 2 on
+also times every allocation size in steps of 4 (--full is --scale 3, about
+13 minutes).
 --trace PATH times a trace recorded with pool.recording(PATH) as well; your
 own workload.
 """
@@ -54,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", type=float, default=1.0, help="more repeats, longer loops and traces (default 1)")
     ap.add_argument("--full", action="store_true", help=f"the complete run: --scale {FULL_SCALE:g}")
-    ap.add_argument("--only", metavar="NAMES", help=f"comma-separated workloads, of: {','.join(WORKLOADS)}")
+    ap.add_argument("--only", metavar="NAMES", help=f"comma-separated workloads, of: {', '.join(WORKLOADS)}")
     ap.add_argument("--trace", metavar="PATH", help="time a trace recorded with pool.recording(PATH) too")
     ap.add_argument("--json", metavar="PATH", help="write every figure, with the machine's details, to PATH")
     ap.add_argument("--plot", metavar="PATH", help="draw the round trips to a PNG (needs matplotlib)")
@@ -121,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     print(wrap(f"hostpool_nb benchmark, scale {args.scale:g} ({elapsed:.0f} s); {machine_line(info)}"))
     print("x numpy, x torch = baseline time / hostpool_nb time (above 1x: hostpool_nb is faster or smaller)")
+    print("target = the bound a figure should meet; met? = whether it did in this run (NO: it did not)")
     print()
     print(table(rows, TORCH in impls))
     print()

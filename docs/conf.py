@@ -1,0 +1,35 @@
+"""Sphinx configuration: python -m sphinx -W -b html docs docs/_build (the docs extra)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # document the checkout, installed or not
+
+import hostpool_nb  # noqa: E402 - after the path is set
+
+project = "hostpool_nb"
+author = "hostpool_nb maintainers"
+copyright = "2026, hostpool_nb maintainers"
+release = version = hostpool_nb.__version__
+
+extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
+source_suffix = {".md": "markdown"}
+root_doc = "index"
+exclude_patterns = ["_build", "bench-full.json"]
+myst_heading_anchors = 3  # links to sections of other pages
+
+# numpydoc-style docstrings, read by napoleon.
+napoleon_google_docstring = False
+napoleon_numpy_docstring = True
+napoleon_use_rtype = False
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_class_signature = "mixed"
+autodoc_default_options = {"members": True, "show-inheritance": True}
+
+html_theme = "alabaster"
+html_title = f"hostpool_nb {release}"
+html_static_path: list[str] = []
