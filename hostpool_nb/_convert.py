@@ -365,5 +365,7 @@ def _page_array(values: Any, name: str) -> tuple[NDArray[np.int64], dict[int, in
     if arr.dtype.kind == "u" and int(arr.max()) > _INT64_MAX:
         over = arr > _INT64_MAX
         beyond = {int(i): int(arr[i]) for i in np.flatnonzero(over)}
-        return np.where(over, -1, arr).astype(np.int64), beyond
+        ids = arr.astype(np.int64)  # wraps; the wrapped entries are overwritten next
+        ids[over] = -1
+        return ids, beyond
     return np.array(arr, dtype=np.int64), {}
