@@ -18,6 +18,7 @@ from ._errors import (
     PageStateError,
     PartialPageError,
     PinnedPageError,
+    PoolForkedError,
     SlotRangeError,
     StaleFreeError,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "PageStateError",
     "PartialPageError",
     "PinnedPageError",
+    "PoolForkedError",
     "PoolState",
     "PoolStats",
     "SlotRangeError",

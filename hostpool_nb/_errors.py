@@ -81,6 +81,17 @@ class LockRefUnderflowError(PageStateError):
     """``dec_lock_ref`` of a host page that is not pinned."""
 
 
+class PoolForkedError(RuntimeError):
+    """A pool used in a child process that was forked while another thread was using it.
+
+    Its state may be half-written (the fork copied the process in the
+    middle of that thread's call), so every call on it in the child raises
+    this, rather than hang on the copied lock or act on a broken state.
+    Make a new pool in the child, or fork before other threads use the
+    pool. See :mod:`hostpool_nb._fork`.
+    """
+
+
 class KernelCacheWarning(UserWarning):
     """The kernels could not use numba's on-disk cache and were compiled in memory.
 
@@ -101,6 +112,7 @@ __all__ = [
     "PageStateError",
     "PartialPageError",
     "PinnedPageError",
+    "PoolForkedError",
     "SlotRangeError",
     "StaleFreeError",
 ]

@@ -59,7 +59,7 @@ from numba import config as _numba_config
 from numba import njit
 
 from ._errors import KernelCacheWarning
-from ._fork import hold_last
+from ._fork import hold as hold_across_forks
 
 # (reason, remedy) for the warning; see _warn_once.
 _Problem = tuple[str, str]
@@ -90,7 +90,7 @@ class _Compiler:
 
 
 _COMPILER = _Compiler()
-hold_last(_COMPILER.lock)
+hold_across_forks(_COMPILER.lock)
 
 
 def _package_stamp() -> tuple[tuple[str, int, int], ...]:
