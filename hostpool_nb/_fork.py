@@ -92,7 +92,8 @@ def hold(lock: Any) -> None:
 
 def _try_all(locks: list[Any]) -> tuple[list[Any], list[Any]]:
     """Take each of ``locks`` that is free, without blocking; ``(taken, busy)``."""
-    taken, busy = [], []
+    taken: list[Any] = []
+    busy: list[Any] = []
     for lock in locks:
         (taken if lock.acquire(blocking=False) else busy).append(lock)
     return taken, busy

@@ -7,10 +7,12 @@ codes into the exceptions, with the texts, of sglang-jax's host pools.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -28,11 +30,13 @@ from ._errors import (
     SlotRangeError,
     StaleFreeError,
 )
+from ._fork import follow as follow_lock
 from ._fork import register as register_fork_lock
 from ._invariants import host_problems
 from ._jit import entry_point
 from ._snapshot import FORMATS, HostPageState, check_format, checked_host_words
 from ._stats import HostPageStats
+from .originals.host_tier import PD_METRICS
 
 log = logging.getLogger("hostpool_nb")
 
@@ -46,6 +50,7 @@ _reset = entry_point(H.host_reset)
 _load = entry_point(K.load_state)
 
 _NO_GENS = np.empty(0, dtype=np.int64)
+_NO_OUT = np.empty(0, dtype=np.int64)  # host_free: do not list the freed pages
 _STATUS_SHORT = L.status_of(L.E_SHORT)
 _empty = np.empty
 _ndarray = np.ndarray
@@ -126,6 +131,7 @@ class HostPagePool:
         self.allocated = _read_only(st[flags:].view(np.bool_)[:n])
         self.generation = _read_only(st[gen : gen + n])
         self.lock_ref = _read_only(st[ref : ref + n])
+        self._words = _elements(st)  # header words as Python ints, without a numpy scalar each
         self._last_exhaust_log = -1.0
 
     # -- allocation -----------------------------------------------------------
@@ -219,6 +225,8 @@ class HostPagePool:
         if generation is not None:
             given = as_count(generation, "generation")
             check = 1
+            if not -(2**63) <= given < 2**63:
+                raise HostPoolError(f"generation holds {given}, beyond the int64 range")
         if not -(2**63) <= buffer_id < 2**63:
             raise SlotRangeError(f"buffer_id={buffer_id} outside pool range [0, {self.pool_size})")
         lock = self.lock
@@ -260,41 +268,59 @@ class HostPagePool:
             handed out again since its generation, or pinned; the originals'
             texts. Nothing is freed.
         """
-        if type(host_page_ids) is _ndarray and host_page_ids.dtype is INT64 and host_page_ids.strides == STRIDES_1D:
-            pages: NDArray[np.int64] = host_page_ids
-            beyond: dict[int, int] = {}
-        else:
-            pages, beyond = as_page_ids(host_page_ids, "host_page_ids")
-        gens, check = self._generations(generations, pages.shape[0])
+        pages, beyond, gens, check = self._free_arguments(host_page_ids, generations)
         lock = self.lock
         lock.acquire()
         try:
-            status = _free(self._st, pages, gens, check)
-            if status < 0:  # built under the same hold, from the values the kernel checked
-                raise self._free_error(status, "page id", "free", beyond)
+            return self._free_locked(pages, beyond, gens, check, _NO_OUT)
         finally:
             lock.release()
-        return status
 
     def free_listed(self, host_page_ids: Any, *, generations: Any = None) -> NDArray[np.int64]:
         """:meth:`free`, returning the pages it freed, in the order first named (a new int64 array).
 
         For code that must act on each freed page under :attr:`lock`
         (``HostKVPoolMixin`` drops the page's pending transfers and payload).
+        The whole input is read before the pool is: a generator that frees
+        a page of this pool while it is read does not change what this call
+        reports.
 
         Parameters
         ----------
         host_page_ids, generations
             As for :meth:`free`.
         """
+        pages, beyond, gens, check = self._free_arguments(host_page_ids, generations)
+        out = _empty(pages.shape[0], INT64)
         with self.lock:
-            st = self._st
-            tail = int(st[L.HP_HEAD] + st[L.HP_NFREE]) % self.pool_size
-            count = self.free(host_page_ids, generations=generations)
-            ring = self._ring
-            if tail + count <= self.pool_size:
-                return ring[tail : tail + count].astype(np.int64)
-            return np.concatenate([ring[tail:], ring[: tail + count - self.pool_size]]).astype(np.int64)
+            count = self._free_locked(pages, beyond, gens, check, out)
+        return out[:count]
+
+    def _free_arguments(
+        self, host_page_ids: Any, generations: Any
+    ) -> tuple[NDArray[np.int64], dict[int, int], NDArray[np.int64], int]:
+        """``free``'s arguments as the kernel reads them: every one converted before any state is read."""
+        if type(host_page_ids) is _ndarray and host_page_ids.dtype is INT64 and host_page_ids.strides == STRIDES_1D:
+            pages: NDArray[np.int64] = host_page_ids
+            beyond: dict[int, int] = {}
+        else:
+            pages, beyond = as_page_ids(host_page_ids, "host_page_ids")
+        gens, check = self._generations(generations, pages.shape[0])
+        return pages, beyond, gens, check
+
+    def _free_locked(
+        self,
+        pages: NDArray[np.int64],
+        beyond: dict[int, int],
+        gens: NDArray[np.int64],
+        check: int,
+        out: NDArray[np.int64],
+    ) -> int:
+        """The free kernel, under :attr:`lock` (held by the caller): the pages freed, into ``out`` if it has room."""
+        status: int = _free(self._st, pages, gens, check, out)
+        if status < 0:  # built under the same hold, from the values the kernel checked
+            raise self._free_error(status, "page id", "free", beyond)
+        return status
 
     # -- pins -------------------------------------------------------------------------
 
@@ -359,7 +385,7 @@ class HostPagePool:
         SlotRangeError, PageNotAllocatedError
             The page is outside the pool, or free.
         """
-        page = as_count(buffer_id, "buffer_id")
+        page = buffer_id if type(buffer_id) is int else as_count(buffer_id, "buffer_id")
         with self.lock:
             if not 0 <= page < self.pool_size:
                 raise SlotRangeError(f"buffer_id={page} outside pool range [0, {self.pool_size})")
@@ -371,7 +397,8 @@ class HostPagePool:
     def available_size(self) -> int:
         """Number of free pages."""
         with self.lock:
-            return int(self._st[L.HP_NFREE])
+            free: int = self._words[L.HP_NFREE]
+            return free
 
     def total_size(self) -> int:
         """``pool_size``."""
@@ -531,53 +558,113 @@ class HostKVPoolMixin:
         class FastQueue(HostKVPoolMixin, QueueHostKVPool): ...
 
     The host class's own ``__init__`` runs first (it allocates the data
-    plane and its ``_pool_size``); then ``reserve``, ``release``, ``alloc``,
+    plane and sets ``_pool_size``); then ``reserve``, ``release``, ``alloc``,
     ``free``, ``available_size``, ``inc_lock_ref``, ``dec_lock_ref`` and
-    ``_require_allocated`` go to a ``HostPagePool`` of that size, kept in
-    ``_host_pages``. ``_allocated``, ``_generation`` and ``_lock_ref``
-    become its read-only arrays, and ``_lock`` its lock, so the host class's
-    transfer methods, which read ``_allocated[id]`` and ``_generation[id]``
-    under ``_lock``, keep working unchanged. For each page freed or
-    released, the host class's ``_drop_pending(page)`` is called and
-    ``_slots[page]`` cleared (where the class has them), under the lock.
-    ``_peak_used`` and ``_exhaust_count`` read the pool's counters. The
-    host class's own free list is left as its ``__init__`` made it, unused.
+    ``_require_allocated`` keep their books in a ``HostPagePool`` of that
+    size, ``_host_pages``. Its lock is ``_lock``, and ``_allocated``,
+    ``_generation`` and ``_lock_ref`` are read-only views of its arrays
+    (memoryviews: an element reads as a Python ``bool`` or ``int``, as from
+    the original's lists), so the host class's transfer methods, which read
+    them under ``_lock``, keep working unchanged. ``_peak_used`` and
+    ``_exhaust_count`` read the pool's counters. The host class's own free
+    list is left as its ``__init__`` made it, unused.
+
+    What the host class's methods do beyond the bookkeeping still happens,
+    in the same order and under the same conditions (docs/behaviour.md,
+    section 4):
+
+    - for each page freed or released, under the lock and in order, the
+      host class's ``_drop_pending(page)`` and ``_slots[page] = None`` (where
+      the class has them);
+    - an exhausted ``reserve`` or ``alloc`` logs one INFO line, at most once
+      a second, under the lock, on the logger of the module that defines
+      the host class's ``reserve``;
+    - where the host class reports PD metrics (it has ``_inc_alloc_metric``,
+      as ``QueueHostKVPool``): after a successful ``reserve``, with the lock
+      released, ``_inc_alloc_metric()``; after a successful ``release``,
+      ``_inc_free_metric()``, which adds 1 to sglang-jax's
+      ``host_pool_free(pool_name, 1)`` unless the host class defines its own.
 
     What differs from the host class is ``HostPagePool``'s: every call is
     checked whole before anything changes (the original frees the pages
     before a bad one), errors are its subclasses of the originals'
     ``ValueError`` / ``RuntimeError``, and ``free`` and ``release`` take
-    ``generations=`` / ``generation=`` to refuse stale frees.
+    ``generations=`` / ``generation=`` to refuse stale frees. Should a
+    ``_drop_pending`` raise, the pages are freed all the same and the rest
+    still dropped; its first exception is raised at the end.
     """
 
     _host_pages: HostPagePool
     _pool_size: int
+    _pool_name: str
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         pages = HostPagePool(self._pool_size)
         self._host_pages = pages
         self._lock = pages.lock
-        self._allocated = pages.allocated
-        self._generation = pages.generation
-        self._lock_ref = pages.lock_ref
+        follow_lock(self, "_lock", pages)  # a fork that makes the pool's lock unusable in a child, makes this one
+        self._header = pages._words
+        self._allocated = _elements(pages.allocated)
+        self._generation = _elements(pages.generation)
+        self._lock_ref = _elements(pages.lock_ref)
+        cls = type(self)
+        self._drops = callable(getattr(cls, "_drop_pending", None))
+        self._clears = isinstance(getattr(self, "_slots", None), list)
+        self._reports = callable(getattr(cls, "_inc_alloc_metric", None))
+        self._log = logging.getLogger(_logging_module(cls))
+
+    # -- allocation -----------------------------------------------------------------
 
     def reserve(self) -> int | None:
-        """``HostPagePool.reserve``: the first free page, or ``None``."""
-        return self._host_pages.reserve()
+        """``HostPagePool.reserve``: the first free page, or ``None`` (logged, counted)."""
+        lock = self._host_pages.lock
+        lock.acquire()
+        try:
+            page: int = _reserve(self._host_pages._st)
+            if page == _STATUS_SHORT:
+                self._log_exhausted(1)
+        finally:
+            lock.release()
+        if page >= 0:
+            if self._reports:
+                self._inc_alloc_metric()
+            return page
+        if page == _STATUS_SHORT:
+            return None
+        raise self._host_pages._corrupt("reserve", page)
 
     def alloc(self, need_pages: int) -> NDArray[np.int64] | None:
-        """``HostPagePool.alloc``: the first ``need_pages`` free pages (int64), or ``None``.
+        """``HostPagePool.alloc``: the first ``need_pages`` free pages (int64), or ``None`` (logged, counted).
 
         Parameters
         ----------
         need_pages : int
             At least 1.
         """
-        return self._host_pages.alloc(need_pages)
+        if type(need_pages) is not int:
+            need_pages = as_count(need_pages, "need_pages")
+        if need_pages <= 0:
+            raise HostPoolError(f"need_pages must be positive, got {need_pages}")
+        out = _empty(min(need_pages, self._pool_size + 1), INT64)
+        lock = self._host_pages.lock
+        lock.acquire()
+        try:
+            status: int = _alloc(self._host_pages._st, out)
+            if status == _STATUS_SHORT:
+                self._log_exhausted(need_pages)
+        finally:
+            lock.release()
+        if status >= 0:
+            return out
+        if status == _STATUS_SHORT:
+            return None
+        raise self._host_pages._corrupt("alloc", status)
+
+    # -- freeing ----------------------------------------------------------------------
 
     def release(self, buffer_id: int, *, generation: int | None = None) -> None:
-        """``HostPagePool.release``, then the page's pending transfers and payload dropped, under the lock.
+        """``HostPagePool.release``, the page's pending transfers and payload dropped under the lock, then the metric.
 
         Parameters
         ----------
@@ -587,12 +674,29 @@ class HostKVPoolMixin:
             Its generation when the caller got it: refused if it moved on.
         """
         pages = self._host_pages
-        with pages.lock:
-            pages.release(buffer_id, generation=generation)
-            self._forget([int(buffer_id)])
+        lock = pages.lock
+        if type(buffer_id) is int and generation is None and 0 <= buffer_id < self._pool_size:
+            lock.acquire()
+            try:
+                status: int = _release(pages._st, buffer_id, 0, 0)
+                if status < 0:
+                    raise pages._free_error(status, "buffer_id", "release", {})
+                self._forget_page(buffer_id)
+            finally:
+                lock.release()
+        else:  # every other argument: the pool checks and says what is wrong
+            with lock:
+                pages.release(buffer_id, generation=generation)
+                self._forget_page(int(buffer_id))
+        if self._reports:
+            self._inc_free_metric()
 
     def free(self, host_page_ids: Any, *, generations: Any = None) -> int:
         """``HostPagePool.free``, then each freed page's pending transfers and payload dropped, under the lock.
+
+        The whole input is read first: a generator that releases a page of
+        this pool while it is read leaves this call's freed pages, and so
+        what is dropped, as they are.
 
         Parameters
         ----------
@@ -606,15 +710,29 @@ class HostKVPoolMixin:
         int
             The number of pages freed (the original returns ``None``).
         """
-        pages = self._host_pages
-        with pages.lock:
-            freed = pages.free_listed(host_page_ids, generations=generations)
-            self._forget(freed.tolist())
-        return int(freed.shape[0])
+        pool = self._host_pages
+        pages, beyond, gens, check = pool._free_arguments(host_page_ids, generations)
+        listed = self._drops or self._clears
+        out = _empty(pages.shape[0], INT64) if listed else _NO_OUT
+        lock = pool.lock
+        lock.acquire()
+        try:
+            count = pool._free_locked(pages, beyond, gens, check, out)
+            if listed and count:
+                self._forget(out[:count].tolist())
+        finally:
+            lock.release()
+        return count
 
     def available_size(self) -> int:
         """The number of free pages."""
-        return self._host_pages.available_size()
+        lock = self._host_pages.lock
+        lock.acquire()
+        free: int = self._header[L.HP_NFREE]
+        lock.release()
+        return free
+
+    # -- pins -------------------------------------------------------------------------
 
     def inc_lock_ref(self, buffer_id: Any) -> None:
         """``HostPagePool.inc_lock_ref``: pin a page, or each page of a 1-D array.
@@ -624,7 +742,7 @@ class HostKVPoolMixin:
         buffer_id : int or 1-D array of int
             A page, or pages (a list or an integer array), all or none.
         """
-        self._host_pages.inc_lock_ref(buffer_id)
+        self._host_pages._pin(buffer_id, 1)
 
     def dec_lock_ref(self, buffer_id: Any) -> None:
         """``HostPagePool.dec_lock_ref``: unpin a page, or each page of a 1-D array.
@@ -634,25 +752,77 @@ class HostKVPoolMixin:
         buffer_id : int or 1-D array of int
             A page, or pages (a list or an integer array), all or none.
         """
-        self._host_pages.dec_lock_ref(buffer_id)
+        self._host_pages._pin(buffer_id, -1)
 
     def _require_allocated(self, buffer_id: int) -> None:
+        # The transfer methods call this per page under the lock: an allocated page costs two tests.
+        try:
+            if 0 <= buffer_id < self._pool_size and self._allocated[buffer_id]:
+                return
+        except TypeError:
+            pass  # not an integer: the pool says so
         self._host_pages.require_allocated(buffer_id)
 
+    # -- the host class's side effects ------------------------------------------------
+
+    def _inc_free_metric(self) -> None:
+        """Add 1 to sglang-jax's PD metric ``host_pool_free`` (what its ``release`` does); errors ignored."""
+        with contextlib.suppress(Exception):  # metrics never fail a call, as in the original
+            importlib.import_module(PD_METRICS).host_pool_free(self._pool_name, 1)
+
+    def _log_exhausted(self, need: int) -> None:
+        """Log an exhausted call at INFO, at most once a second, under the lock (as the host class does)."""
+        now = time.time()
+        if now - getattr(self, "_last_exhaust_log", 0.0) >= 1.0:
+            self._last_exhaust_log = now
+            self._log.info(
+                "host pool %s exhausted: %d pages asked for, %d free (size=%d, peak_used=%d, exhaust_count=%d)",
+                getattr(self, "_pool_name", type(self).__name__),
+                need,
+                self._header[L.HP_NFREE],
+                self._pool_size,
+                self._header[L.HP_PEAK],
+                self._header[L.HP_EXHAUSTED],
+            )
+
+    def _forget_page(self, page: int) -> None:
+        if self._drops:
+            self._drop_pending(page)
+        if self._clears:
+            self._slots[page] = None
+
     def _forget(self, freed: list[int]) -> None:
-        """What the host class does for each page it frees: drop its staged transfers and its payload."""
-        drop = getattr(self, "_drop_pending", None)
-        slots = getattr(self, "_slots", None)
+        """For each freed page, in order, what the host class does: drop its staged transfers, clear its payload.
+
+        Every page is seen to even if a ``_drop_pending`` raises; the first
+        such exception is raised once all are done.
+        """
+        failed: BaseException | None = None
+        drop = self._drop_pending if self._drops else None
+        slots = self._slots if self._clears else None
         for page in freed:
             if drop is not None:
-                drop(page)
+                try:
+                    drop(page)
+                except Exception as exc:  # noqa: BLE001 - raised below, after every page
+                    failed = failed or exc
             if slots is not None:
                 slots[page] = None
+        if failed is not None:
+            raise failed
 
+    if TYPE_CHECKING:  # what the host class provides, where it does
+
+        def _drop_pending(self, page: int) -> None: ...
+        def _inc_alloc_metric(self) -> None: ...
+
+        _slots: list[Any]
+
+    # The host class's __init__ sets these two before the pool exists: until then, 0.
     @property
     def _peak_used(self) -> int:
-        pages = self.__dict__.get("_host_pages")
-        return 0 if pages is None else pages.stats().peak_allocated_pages
+        header = getattr(self, "_header", None)
+        return 0 if header is None else int(header[L.HP_PEAK])
 
     @_peak_used.setter
     def _peak_used(self, value: int) -> None:
@@ -660,12 +830,25 @@ class HostKVPoolMixin:
 
     @property
     def _exhaust_count(self) -> int:
-        pages = self.__dict__.get("_host_pages")
-        return 0 if pages is None else pages.stats().exhausted_calls
+        header = getattr(self, "_header", None)
+        return 0 if header is None else int(header[L.HP_EXHAUSTED])
 
     @_exhaust_count.setter
     def _exhaust_count(self, value: int) -> None:
         """The host class's ``__init__`` sets it; the pool keeps the count."""
+
+
+def _logging_module(cls: type) -> str:
+    """Where the host class logs: the module of the class (after the mixin) whose ``reserve`` the mixin replaces."""
+    mro = cls.__mro__
+    after = mro[mro.index(HostKVPoolMixin) + 1 :]
+    owner = next((c for c in after if "reserve" in vars(c) or "alloc" in vars(c)), after[0])
+    return owner.__module__
+
+
+def _elements(array: NDArray[Any]) -> memoryview:
+    """A read-only memoryview of ``array``: an element reads as a Python ``int`` or ``bool``, nearly as fast as from a list."""
+    return memoryview(array).toreadonly()  # type: ignore[arg-type]  # ndarray is a buffer; its stubs say so only on 3.12+
 
 
 def _read_only(view: NDArray[Any]) -> NDArray[Any]:

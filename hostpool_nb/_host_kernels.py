@@ -132,8 +132,10 @@ def _refusal(st: NDArray[np.int64], code: int, position: int, page: int, given: 
     return fail(code, position)
 
 
-@_jit("i8(i8[::1], i8[::1], i8[::1], i8)")
-def host_free(st: NDArray[np.int64], pages: NDArray[np.int64], gens: NDArray[np.int64], check: int) -> int:
+@_jit("i8(i8[::1], i8[::1], i8[::1], i8, i8[::1])")
+def host_free(
+    st: NDArray[np.int64], pages: NDArray[np.int64], gens: NDArray[np.int64], check: int, out: NDArray[np.int64]
+) -> int:
     """Free ``pages`` (a page named again counts once); return how many pages were freed.
 
     Each entry is read once. In order: a page outside ``[0, n)`` is
@@ -141,7 +143,8 @@ def host_free(st: NDArray[np.int64], pages: NDArray[np.int64], gens: NDArray[np.
     whose generation is not ``gens[i]`` ``E_STALE`` (a repeat is checked
     too), a pinned one ``E_PINNED``; the position is the entry's. The pages
     that passed are staged behind the free list and marked; only when every
-    entry has passed do they join the free list, in the order first named.
+    entry has passed do they join the free list, in the order first named,
+    and, when ``out`` has room for one per entry, are written to ``out``.
     """
     n: int = st[HP_NPAGES]
     m: int = pages.shape[0]
@@ -177,12 +180,15 @@ def host_free(st: NDArray[np.int64], pages: NDArray[np.int64], gens: NDArray[np.
         ring[pos] = x
         pos = pos + 1 if pos + 1 < n else 0
         staged += 1
+    listed = out.shape[0] >= m
     pos = tail
-    for _ in range(staged):
+    for j in range(staged):
         p = ring[pos]
         marks[p] = 0
         if status == 0:
             flags[p] = 0
+            if listed:
+                out[j] = p
         pos = pos + 1 if pos + 1 < n else 0
     if status != 0:
         return status

@@ -189,7 +189,10 @@ def test_host_targets() -> None:
         ">=50x numpy",
         True,
     )
-    assert host.target({"through": "mixin", "pool_pages": 32768, "call": "alloc+free"}, 1.0) == ("", None)
+    # Every operation through the mixin: at least as fast as the host class alone, at every size.
+    assert host.target({"through": "mixin", "pool_pages": 64, "call": "staging 8"}, 1.0) == (">=1x numpy", True)
+    assert host.target({"through": "mixin", "pool_pages": 64, "call": "release"}, 0.99) == (">=1x numpy", False)
+    assert host.target({"through": "pool", "pool_pages": 64, "call": "alloc+free"}, 1.0) == ("", None)
 
 
 # -- the report ------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ only for the allocation it began for. The thread tests run as well with
 
 from __future__ import annotations
 
+import logging
 import queue
 import random
 import threading
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 from hostpool_nb import HostPagePool, PageDoubleFreeError, PageStateError, StaleFreeError
-from tests.host_standins import FastLRU, FastQueue, StandInLRU, StandInQueue
+from tests.host_standins import FastLRU, FastQueue, StandInLRU, StandInQueue, pd_metrics
 
 
 def books(pool: Any) -> tuple[list[bool], list[int], list[int], list[Any], dict[int, Any]]:
@@ -91,9 +92,21 @@ def test_the_mixin_takes_the_host_classes_lock_and_arrays() -> None:
     fast = FastLRU(8)
     pages = fast._host_pages
     assert fast._lock is pages.lock
-    assert fast._allocated is pages.allocated
-    assert fast._generation is pages.generation
-    assert fast._lock_ref is pages.lock_ref
+    for view, array in ((fast._allocated, pages.allocated), (fast._generation, pages.generation)):
+        assert np.shares_memory(np.asarray(view), array)  # a view of the pool's array, not a copy
+        assert view.readonly
+    assert np.shares_memory(np.asarray(fast._lock_ref), pages.lock_ref)
+    got = fast.alloc(2).tolist()
+    fast.inc_lock_ref(got[1])
+    # An element reads as the original's lists give it: a Python bool or int.
+    assert (type(fast._allocated[got[0]]), type(fast._generation[got[0]]), type(fast._lock_ref[got[1]])) == (
+        bool,
+        int,
+        int,
+    )
+    assert (fast._allocated[got[0]], fast._generation[got[0]], fast._lock_ref[got[1]]) == (True, 1, 1)
+    with pytest.raises(TypeError):
+        fast._allocated[got[0]] = False  # read-only: the pool's kernels are its only writers
     assert fast.total_size() == 8
     q = FastQueue(4)
     assert [q.reserve() for _ in range(5)] == [0, 1, 2, 3, None]
@@ -126,7 +139,7 @@ def test_a_failed_free_through_the_mixin_frees_nothing_and_keeps_the_payloads() 
 def test_generations_through_the_mixin_catch_a_stale_free() -> None:
     fast = FastLRU(2)
     first = fast.alloc(1)
-    gens = fast._generation[first].copy()
+    gens = fast._host_pages.generation[first].copy()  # the pool's numpy arrays take an index array
     assert fast.free(first, generations=gens) == 1
     again = fast.alloc(2)  # page 0 comes back, page 1 is new
     assert sorted(again.tolist()) == [0, 1]
@@ -290,3 +303,148 @@ def test_the_plain_stand_ins_behave_as_specified() -> None:
     with pytest.raises(RuntimeError, match=r"free of locked page id=1 \(lock_ref=1\)"):
         lru.free(held)
     assert lru._free_list == [3, 0]  # not atomic: page 0 was freed before the error
+
+
+# -- the host class's side effects --------------------------------------------------------------
+
+
+def _lock_is_free(lock: Any) -> bool:
+    """Whether another thread can take ``lock`` now (it is an RLock: this thread always could)."""
+    got: list[bool] = []
+
+    def take() -> None:
+        got.append(lock.acquire(blocking=False))
+        if got[-1]:
+            lock.release()
+
+    t = threading.Thread(target=take)
+    t.start()
+    t.join(10)
+    return got == [True]
+
+
+@pytest.mark.parametrize("make", [StandInQueue, FastQueue], ids=["original", "mixin"])
+def test_the_pd_metrics_count_every_reserve_and_release_after_the_lock(make: Any) -> None:
+    with pd_metrics() as metrics:
+        pool = make(4, pool_name="prefill")
+        locked_during: list[bool] = []
+        metrics.on_call = lambda name: locked_during.append(not _lock_is_free(pool._lock))
+        a, b = pool.reserve(), pool.reserve()
+        assert metrics.used_buffers("prefill") == 2
+        pool.release(a)
+        pool.release(b)
+        assert dict(metrics.counts) == {("host_pool_alloc", "prefill"): 2, ("host_pool_free", "prefill"): 2}
+        assert [c[0] for c in metrics.calls] == ["host_pool_alloc"] * 2 + ["host_pool_free"] * 2
+        assert metrics.used_buffers("prefill") == 0
+        assert locked_during == [False] * 4  # each after the pool's lock was let go
+        # A failed call reports nothing; a metrics backend that raises fails nothing.
+        with pytest.raises(RuntimeError, match="double free of buffer_id"):
+            pool.release(a)
+        assert len(metrics.calls) == 4
+        metrics.fail = True
+        assert pool.reserve() == 2
+        pool.release(2)
+        assert pool.available_size() == 4
+
+
+@pytest.mark.parametrize("make", [StandInLRU, FastLRU], ids=["original", "mixin"])
+def test_an_lru_pool_reports_no_pd_metrics(make: Any) -> None:
+    with pd_metrics() as metrics:
+        pool = make(4)
+        pool.release(pool.reserve())
+        pool.free(pool.alloc(2))
+        assert metrics.calls == []
+
+
+@pytest.mark.parametrize(
+    ("make", "call"),
+    [(StandInQueue, "reserve"), (FastQueue, "reserve"), (StandInLRU, "alloc"), (FastLRU, "alloc")],
+    ids=["original-reserve", "mixin-reserve", "original-alloc", "mixin-alloc"],
+)
+def test_an_exhausted_call_logs_once_a_second_under_the_lock(make: Any, call: str, caplog: Any) -> None:
+    pool = make(2, pool_name="stage")
+    assert pool.alloc(2) is not None if call == "alloc" else [pool.reserve(), pool.reserve()] == [0, 1]
+    held: list[bool] = []
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            held.append(not _lock_is_free(pool._lock))
+
+    seen = Seen()
+    logging.getLogger().addHandler(seen)
+    try:
+        with caplog.at_level(logging.INFO):
+            for _ in range(3):
+                assert (pool.alloc(1) if call == "alloc" else pool.reserve()) is None
+    finally:
+        logging.getLogger().removeHandler(seen)
+    lines = [r for r in caplog.records if r.levelno == logging.INFO]
+    assert len(lines) == 1  # three exhausted calls within a second: one line
+    assert "stage" in lines[0].getMessage()
+    assert lines[0].name == "hostpool_nb.originals.host_tier"  # where the host class's reserve is defined
+    assert held == [True]
+    assert pool._exhaust_count == 3
+
+
+def test_a_generator_that_releases_a_page_while_free_reads_it_frees_and_forgets_the_right_pages() -> None:
+    """The input is read whole before the pool: each freed page is forgotten once, none twice, none missed."""
+    for make in (StandInLRU, FastLRU):
+        pool = make(8)
+        pages = pool.alloc(4).tolist()
+        for p in pages:
+            pool._slots[p] = f"kv {p}"
+            pool._pending[p] = [1]
+        dropped: list[int] = []
+        original_drop = pool._drop_pending
+
+        def counting(page: int, original_drop: Any = original_drop, dropped: list[int] = dropped) -> None:
+            dropped.append(page)
+            original_drop(page)
+
+        pool._drop_pending = counting
+
+        def evicting(pool: Any = pool, pages: list[int] = pages) -> Any:
+            pool.release(pages[3])  # an eviction callback run while the list is produced
+            yield pages[0]
+            yield pages[1]
+
+        pool.free(evicting())
+        assert dropped == [pages[3], pages[0], pages[1]], make.__name__
+        assert [pool._slots[p] for p in pages] == [None, None, f"kv {pages[2]}", None]
+        assert pages[2] in pool._pending
+        assert not any(p in pool._pending for p in (pages[0], pages[1], pages[3]))
+        assert pool.available_size() == 7
+
+
+def test_a_mixin_free_staged_across_the_end_of_the_ring_returns_and_clears_every_page() -> None:
+    pool = FastLRU(8)
+    first = pool.alloc(6).tolist()
+    assert pool.free(first) == 6  # the free list now starts at ring position 6: a free of 5 wraps
+    held = pool.alloc(7).tolist()
+    for p in held:
+        pool._slots[p] = f"kv {p}"
+    assert pool._host_pages.free_listed(held[:1]).tolist() == held[:1]
+    freed = pool._host_pages.free_listed(held[1:3])
+    assert freed.tolist() == held[1:3]
+    pool._host_pages.alloc(3)  # held back: the next free is staged from ring position 3
+    assert pool.free(held[3:]) == 4
+    assert [pool._slots[p] for p in held[3:]] == [None] * 4
+    pool._host_pages.check_invariants()
+
+
+def test_a_drop_pending_that_raises_still_frees_and_forgets_every_page() -> None:
+    pool = FastLRU(4)
+    pages = pool.alloc(3).tolist()
+    for p in pages:
+        pool._slots[p] = "kv"
+
+    def broken(page: int) -> None:
+        if page == pages[0]:
+            raise KeyError(page)
+
+    pool._drop_pending = broken
+    with pytest.raises(KeyError):
+        pool.free(pages)
+    assert pool._slots[:3] == [None] * 3
+    assert pool.available_size() == 4
+    pool._host_pages.check_invariants()

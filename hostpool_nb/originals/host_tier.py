@@ -11,7 +11,18 @@ a bad one and then raises, and the errors are plain ``ValueError`` (range)
 and ``RuntimeError`` (double free, pinned, underflow) with the original's
 texts. There is no data plane: ``_slots`` holds whatever a caller stores,
 and ``_pending`` the transfers a caller staged, which ``_drop_pending``
-discards.
+discards. The staging calls (``stage_backup`` / ``flush_backup``,
+``stage_load`` / ``flush_load``) keep only their bookkeeping: they capture
+each page's generation, and keep what they carry only while the page is
+the allocation they started for.
+
+The side effects beyond the bookkeeping are kept too, with the original's
+order and conditions (docs/behaviour.md, section 4): an exhausted call logs
+one INFO line at most once a second, under the lock; a successful
+``QueueHostKVPool.reserve`` calls ``_inc_alloc_metric()`` and a successful
+``release`` reports ``host_pool_free``, both after the lock is released, to
+sglang-jax's PD metrics module (:data:`PD_METRICS`), looked up at each call
+and ignored, as the original does, when it is missing or raises.
 
 Readings of the behaviour chosen here:
 
@@ -27,6 +38,8 @@ Readings of the behaviour chosen here:
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import logging
 import threading
 import time
@@ -35,16 +48,26 @@ from typing import Any
 
 import numpy as np
 
-log = logging.getLogger("hostpool_nb.originals")
+log = logging.getLogger(__name__)  # as the original: its module's logger
+
+# Where sglang-jax's PD metrics live: host_pool_alloc(pool_name, n) and host_pool_free(pool_name, n).
+PD_METRICS = "sgl_jax.srt.disaggregation.common.metrics"
+
+
+def pd_metric(name: str, pool_name: str) -> None:
+    """Add 1 to the PD metric ``name`` of ``pool_name``; nothing if the metrics module is missing or raises."""
+    with contextlib.suppress(Exception):  # metrics never fail a pool call, as in the original
+        getattr(importlib.import_module(PD_METRICS), name)(pool_name, 1)
 
 
 class _HostPoolBase:
     """What both pools share: the FIFO free list, the lock, the peak and the exhaustion count."""
 
-    def __init__(self, pool_size: int) -> None:
+    def __init__(self, pool_size: int, *, pool_name: str = "default") -> None:
         if pool_size <= 0:
             raise ValueError(f"pool_size must be positive, got {pool_size}")
         self._pool_size = pool_size
+        self._pool_name = pool_name
         self._free_list: list[int] = list(range(pool_size))
         self._lock = threading.Lock()
         self._peak_used = 0
@@ -52,7 +75,7 @@ class _HostPoolBase:
         self._last_exhaust_log = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items() if k != "_lock"}  # copies get a lock of their own
+        return {k: v for k, v in vars(self).items() if not k.endswith("_lock")}  # copies get locks of their own
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         vars(self).update(state)
@@ -66,11 +89,20 @@ class _HostPoolBase:
         return self._pool_size
 
     def _exhausted(self, need: int) -> None:
+        """Count an exhausted call and log it, at most once a second (under the lock)."""
         self._exhaust_count += 1
-        now = time.monotonic()
+        now = time.time()
         if now - self._last_exhaust_log >= 1.0:
             self._last_exhaust_log = now
-            log.info("host pool exhausted: need %d pages, %d free", need, len(self._free_list))
+            log.info(
+                "host pool %s exhausted: %d pages asked for, %d free (size=%d, peak_used=%d, exhaust_count=%d)",
+                self._pool_name,
+                need,
+                len(self._free_list),
+                self._pool_size,
+                self._peak_used,
+                self._exhaust_count,
+            )
 
     def _note_peak(self) -> None:
         self._peak_used = max(self._peak_used, self._pool_size - len(self._free_list))
@@ -86,7 +118,8 @@ class QueueHostKVPool(_HostPoolBase):
                 return None
             buffer_id = self._free_list.pop(0)
             self._note_peak()
-            return buffer_id
+        self._inc_alloc_metric()
+        return buffer_id
 
     def release(self, buffer_id: int) -> None:
         with self._lock:
@@ -95,21 +128,40 @@ class QueueHostKVPool(_HostPoolBase):
             if not 0 <= buffer_id < self._pool_size:
                 raise ValueError(f"buffer_id={buffer_id} outside pool range [0, {self._pool_size})")
             self._free_list.append(buffer_id)
+        pd_metric("host_pool_free", self._pool_name)
+
+    def _inc_alloc_metric(self) -> None:
+        pd_metric("host_pool_alloc", self._pool_name)
 
 
 class LRUHostKVPool(_HostPoolBase):
     """The HiCache L2 tier: pages hold data until released; pinned pages cannot be freed."""
 
-    def __init__(self, pool_size: int) -> None:
-        super().__init__(pool_size)
+    def __init__(self, pool_size: int, *, pool_name: str = "hicache") -> None:
+        super().__init__(pool_size, pool_name=pool_name)
         self._allocated = [False] * pool_size
         self._generation = [0] * pool_size
         self._lock_ref = [0] * pool_size
         self._slots: list[Any] = [None] * pool_size
         self._pending: dict[int, list[Any]] = {}
+        # Transfers staged for a page, with the generation they started at (lock order: _lock, then these).
+        self._pending_lock = threading.Lock()
+        self._pending_gather: dict[int, tuple[int, Any]] = {}
+        self._pending_load_lock = threading.Lock()
+        self._pending_load: dict[int, tuple[int, Any]] = {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._pending_lock = threading.Lock()
+        self._pending_load_lock = threading.Lock()
 
     def _drop_pending(self, page: int) -> None:
+        """Discard what was staged for ``page``: called under ``_lock`` for each page freed."""
         self._pending.pop(page, None)
+        with self._pending_lock:
+            self._pending_gather.pop(page, None)
+        with self._pending_load_lock:
+            self._pending_load.pop(page, None)
 
     def _hand_out(self, page: int) -> None:
         self._allocated[page] = True
@@ -160,15 +212,16 @@ class LRUHostKVPool(_HostPoolBase):
         # Python ints, as the radix cache's page lists hold: numpy scalars would make each
         # ``in free_list`` test several times slower than the original's own timing.
         ids = host_page_ids.tolist() if isinstance(host_page_ids, np.ndarray) else host_page_ids
+        unique = list(dict.fromkeys(int(page) for page in ids))  # read whole, and de-duplicated, before the lock
         with self._lock:
-            for page in dict.fromkeys(ids):
+            for page in unique:
                 if not 0 <= page < self._pool_size:
                     raise ValueError(f"page id={page} outside pool range [0, {self._pool_size})")
                 if page in self._free_list:
                     raise RuntimeError(f"double free of page id={page}")
                 if self._lock_ref[page] > 0:
                     raise RuntimeError(f"free of locked page id={page} (lock_ref={self._lock_ref[page]})")
-                self._give_back(int(page))
+                self._give_back(page)
 
     def _require_allocated(self, buffer_id: int) -> None:
         if not 0 <= buffer_id < self._pool_size:
@@ -187,3 +240,58 @@ class LRUHostKVPool(_HostPoolBase):
             if self._lock_ref[buffer_id] == 0:
                 raise RuntimeError(f"dec_lock_ref underflow on buffer_id={buffer_id}")
             self._lock_ref[buffer_id] -= 1
+
+    # -- the staging calls' bookkeeping: what they read and write of the pages, no data plane --
+
+    def stage_backup(self, host_buffer_ids: list[int], payloads: list[Any]) -> None:
+        """Stage one payload per page, for the allocation each page is now (its generation)."""
+        with self._lock:
+            for buffer_id in host_buffer_ids:
+                self._require_allocated(buffer_id)
+            gens = {bid: self._generation[bid] for bid in host_buffer_ids}
+        staged = dict(zip(host_buffer_ids, payloads, strict=True))
+        with self._lock, self._pending_lock:
+            for buffer_id in host_buffer_ids:
+                if self._allocated[buffer_id] and self._generation[buffer_id] == gens[buffer_id]:
+                    self._pending_gather[buffer_id] = (gens[buffer_id], staged[buffer_id])
+
+    def flush_backup(self, host_buffer_ids: list[int]) -> None:
+        """Store each staged payload in its page, if the page is still the allocation it was staged for."""
+        for buffer_id in host_buffer_ids:
+            with self._pending_lock:
+                entry = self._pending_gather.pop(buffer_id, None)
+            if entry is None:
+                raise RuntimeError(f"flush_backup with no staged gather for buffer_id={buffer_id}")
+            gen, payload = entry
+            with self._lock:
+                if self._allocated[buffer_id] and self._generation[buffer_id] == gen:
+                    self._slots[buffer_id] = payload
+
+    def stage_load(self, host_buffer_ids: list[int]) -> None:
+        """Stage each page's payload for loading, for the allocation each page is now."""
+        with self._lock:
+            for buffer_id in host_buffer_ids:
+                self._require_allocated(buffer_id)
+            gens = {bid: self._generation[bid] for bid in host_buffer_ids}
+            slots = {bid: self._slots[bid] for bid in host_buffer_ids}
+        for buffer_id in host_buffer_ids:
+            if slots[buffer_id] is None:
+                raise RuntimeError(f"stage_load from empty buffer_id={buffer_id}")
+        with self._lock, self._pending_load_lock:
+            for buffer_id in host_buffer_ids:
+                if self._allocated[buffer_id] and self._generation[buffer_id] == gens[buffer_id]:
+                    self._pending_load[buffer_id] = (gens[buffer_id], slots[buffer_id])
+
+    def flush_load(self, host_buffer_ids: list[int]) -> list[Any]:
+        """The staged payloads of pages still the allocation they were staged for (``None`` for a stale one)."""
+        with self._lock:
+            current = {bid: self._generation[bid] if self._allocated[bid] else None for bid in host_buffer_ids}
+        out = []
+        for buffer_id in host_buffer_ids:
+            with self._pending_load_lock:
+                entry = self._pending_load.pop(buffer_id, None)
+            if entry is None:
+                raise RuntimeError(f"flush_load with no staged page for buffer_id={buffer_id}")
+            gen, payload = entry
+            out.append(payload if current[buffer_id] == gen else None)
+        return out
