@@ -83,13 +83,15 @@ def pool_shape(size: Any, page_size: Any) -> tuple[int, int]:
     return size, page_size
 
 
-def holds_bool(values: list[Any] | tuple[Any, ...]) -> bool:
+def holds_bool(values: list[Any] | tuple[Any, ...], name: str = "values") -> bool:
     """Whether a list or tuple (nested ones too) holds a ``bool``.
 
     numpy reads ``[5, True]`` as the int64 array ``[5, 1]`` (only a list of
     nothing but bools becomes a bool array), so a stray ``True`` would be
     slot 1. A flat sequence with no element equal to 0 or 1 is cleared by
-    two scans in C; otherwise the elements' types are looked at.
+    two scans in C; otherwise the elements' types are looked at. An element
+    that is not an integer and whose ``==`` raises is a ``TypeError`` naming
+    ``name``: no integer's does.
     """
     if not values:
         return False
@@ -99,10 +101,13 @@ def holds_bool(values: list[Any] | tuple[Any, ...]) -> bool:
                 return False
         except (TypeError, ValueError):  # an element whose == has no single truth value
             pass
+        except Exception:  # noqa: BLE001 - whatever a caller's __eq__ raises: not an integer
+            odd = next((v for v in values if type(v) is not int and not isinstance(v, np.integer)), values[0])
+            raise TypeError(f"{name} must hold integers, got {type(odd).__name__} (comparing it raised)") from None
     types = set(map(type, values))
     if bool in types or np.bool_ in types:
         return True
-    return any(holds_bool(v) for v in values if type(v) is list or type(v) is tuple)
+    return any(holds_bool(v, name) for v in values if type(v) is list or type(v) is tuple)
 
 
 def as_slots(indices: Any, name: str = "indices") -> NDArray[np.int64]:
@@ -145,7 +150,7 @@ def as_slots(indices: Any, name: str = "indices") -> NDArray[np.int64]:
             f"{name} must hold integers, got dtype {arr.dtype}; "
             "convert with .astype(np.int64) if the values are whole slot ids"
         )
-    if isinstance(indices, (list, tuple)) and holds_bool(indices):
+    if isinstance(indices, (list, tuple)) and holds_bool(indices, name):
         raise TypeError(f"{name} must hold integers, got a bool among them (numpy would read True as slot 1)")
     flat = arr.reshape(-1)
     if arr.dtype.kind == "u" and flat.size and int(flat.max()) > _INT64_MAX:
@@ -251,7 +256,7 @@ def pack_ints(values: list[Any] | tuple[Any, ...], name: str, beyond_ok: bool = 
         packed = True
         if not fresh.shape[0] or _min(fresh) > 1:
             return fresh
-    if holds_bool(values):
+    if holds_bool(values, name):
         raise TypeError(f"{name} must hold integers, got dtype bool (a bool among the integers)")
     if packed:
         return fresh

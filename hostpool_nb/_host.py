@@ -847,7 +847,7 @@ def _logging_module(cls: type) -> str:
 
 
 def _elements(array: NDArray[Any]) -> memoryview:
-    """A read-only memoryview of ``array``: an element reads as a Python ``int`` or ``bool``, nearly as fast as from a list."""
+    """A read-only memoryview of ``array``: an element reads as a Python int or bool, nearly as fast as a list's."""
     return memoryview(array).toreadonly()  # type: ignore[arg-type]  # ndarray is a buffer; its stubs say so only on 3.12+
 
 

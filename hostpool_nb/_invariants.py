@@ -18,14 +18,29 @@ from . import _layout as L
 from ._layout import owner_flags, ring_ids
 from ._tracking import Site, site_id_problems
 
-# A counter word above this is refused: at a call per nanosecond, 2**62
-# calls take 146 years, so a real pool never reaches it, and one that
-# starts below it can never overflow int64.
+# A state loaded from outside (a snapshot, a pickle) must have every counter
+# and generation below COUNTER_LIMIT: at a call per nanosecond 2**62 calls
+# take 146 years, so no pool's calls reach it. A live pool's may grow past
+# it; LIVE_LIMIT, 2**61 calls further (73 years more), is what none can
+# reach without a broken state, and still far from overflowing int64.
 COUNTER_LIMIT = 2**62
+LIVE_LIMIT = COUNTER_LIMIT + 2**61
+
+
+def _limit(loading: bool) -> tuple[int, str]:
+    """The bound a counter must stay below, and how a message says it is past it."""
+    if loading:
+        return COUNTER_LIMIT, f"at or beyond {COUNTER_LIMIT} (2**62), more than a pool's calls reach"
+    return LIVE_LIMIT, f"at or beyond {LIVE_LIMIT} (3 * 2**61), which later calls could overflow"
 
 
 def problems(
-    st: NDArray[np.int64], num_pages: int, page_size: int, sites: Sequence[Site | None] | None = None
+    st: NDArray[np.int64],
+    num_pages: int,
+    page_size: int,
+    sites: Sequence[Site | None] | None = None,
+    *,
+    loading: bool = False,
 ) -> list[str]:
     """Every way ``st`` breaks the invariants of a pool of that shape; empty if none.
 
@@ -39,8 +54,9 @@ def problems(
     - a sorted pool's free list is ascending;
     - the statistics are consistent (failed calls among the calls, the
       peak at least what is held now), and every counter, the group depth
-      and the allocation number are below :data:`COUNTER_LIMIT`, so no call
-      can make one wrap; the header's spare words are zero;
+      and the allocation number are below :data:`LIVE_LIMIT`, or, for a
+      state ``loading`` from outside, below :data:`COUNTER_LIMIT`, so no
+      call can make one wrap; the header's spare words are zero;
     - a tracking state's allocation numbers are below the next one, and its
       site ids name entries of ``sites`` (its site table), when given.
 
@@ -60,7 +76,7 @@ def problems(
     if not (nfree >= 0 and nrel >= 0 and npend >= 0 and nfree + nrel + npend <= n and (n == 0 or 0 <= head < n)):
         found.append(f"counters out of range: head={head} nfree={nfree} nrel={nrel} npend={npend} pages={n}")
         return found
-    found += _word_problems(st, npend)
+    found += _word_problems(st, npend, loading)
     sorted_flag = int(st[L.H_SORTED])
     track = int(st[L.H_TRACK])
     counters = {name: int(st[h]) for name, h in _COUNTERS}
@@ -107,7 +123,7 @@ def _layout_problems(st: NDArray[np.int64], n: int) -> list[str]:
     return []
 
 
-def _word_problems(st: NDArray[np.int64], npend: int) -> list[str]:
+def _word_problems(st: NDArray[np.int64], npend: int, loading: bool) -> list[str]:
     """Free groups, the merge order word and the statistics, each in its range."""
     found = []
     depth, sorted_flag = int(st[L.H_GROUP_DEPTH]), int(st[L.H_SORTED])
@@ -121,9 +137,10 @@ def _word_problems(st: NDArray[np.int64], npend: int) -> list[str]:
     grow = {
         name: int(st[h]) for name, h in (*_COUNTERS, ("group depth", L.H_GROUP_DEPTH), ("allocation number", L.H_SEQ))
     }
-    full = [f"{name}={value}" for name, value in grow.items() if value > COUNTER_LIMIT]
+    limit, beyond = _limit(loading)
+    full = [f"{name}={value}" for name, value in grow.items() if value >= limit]
     if full:
-        found.append(f"counters beyond {COUNTER_LIMIT} (2**62), which later calls would overflow: {', '.join(full)}")
+        found.append(f"counters {beyond}: {', '.join(full)}")
     spare = st[L.H_SEQ + 1 : L.HEADER]
     if spare.any():
         found.append(f"spare header word {L.H_SEQ + 1 + int(np.argmax(spare != 0))} is not zero")
@@ -155,9 +172,11 @@ _COUNTERS = (
 # -- a paged rank --------------------------------------------------------------------
 
 
-def rank_problems(st: NDArray[np.int64], pages: int, page_size: int, sorted_order: bool) -> list[str]:
-    """Every way ``st`` breaks a rank's invariants; empty if none. O(pages)."""
-    found = problems(st, pages + 1, page_size)
+def rank_problems(
+    st: NDArray[np.int64], pages: int, page_size: int, sorted_order: bool, *, loading: bool = False
+) -> list[str]:
+    """Every way ``st`` breaks a rank's invariants (``loading``: as a state from outside); empty if none. O(pages)."""
+    found = problems(st, pages + 1, page_size, loading=loading)
     if found:
         return found
     owner = owner_flags(st, pages + 1)
@@ -191,13 +210,14 @@ def group_problems(gp: NDArray[np.int64], st: NDArray[np.int64], pages: int) -> 
 # -- a host page pool -----------------------------------------------------------------
 
 
-def host_problems(st: NDArray[np.int64], n: int) -> list[str]:
-    """Every way ``st`` breaks a host pool's invariants; empty if none. O(pages).
+def host_problems(st: NDArray[np.int64], n: int, *, loading: bool = False) -> list[str]:
+    """Every way ``st`` breaks a host pool's invariants (``loading``: as a state from outside); empty if none. O(pages).
 
     The header matches the pool and its counters are in range and agree;
     every page on the free list is in range, listed once and flagged free,
-    every other page flagged allocated; no page is marked; generations and
-    pin counts are in ``[0, 2**62]``, free pages are unpinned and the
+    every other page flagged allocated; no page is marked; counters,
+    generations and pin counts are non-negative and below
+    :data:`LIVE_LIMIT` (:data:`COUNTER_LIMIT` when ``loading``), free pages are unpinned and the
     header counts the pinned ones. The scratch words and the ring's
     entries after the free list may hold anything.
     """
@@ -206,7 +226,8 @@ def host_problems(st: NDArray[np.int64], n: int) -> list[str]:
     head, nfree = int(st[L.HP_HEAD]), int(st[L.HP_NFREE])
     if int(st[L.HP_NPAGES]) != n or not (0 <= nfree <= n and 0 <= head < n):
         return [f"header out of range: pages={int(st[L.HP_NPAGES])} head={head} nfree={nfree}, pool has {n} pages"]
-    return _host_header_problems(st, n, nfree) + _host_page_problems(st, n, head, nfree)
+    limit = _limit(loading)
+    return _host_header_problems(st, n, nfree, limit) + _host_page_problems(st, n, head, nfree, limit)
 
 
 _HOST_COUNTERS = (
@@ -218,11 +239,14 @@ _HOST_COUNTERS = (
 )
 
 
-def _host_header_problems(st: NDArray[np.int64], n: int, nfree: int) -> list[str]:
+def _host_header_problems(st: NDArray[np.int64], n: int, nfree: int, limit: tuple[int, str]) -> list[str]:
     found = []
     counters = {name: int(st[h]) for name, h in _HOST_COUNTERS}
-    if min(counters.values()) < 0 or max(counters.values()) > COUNTER_LIMIT:
+    full = [f"{name}={value}" for name, value in counters.items() if value >= limit[0]]
+    if min(counters.values()) < 0:
         found.append(f"counters out of range: {counters}")
+    elif full:
+        found.append(f"counters {limit[1]}: {', '.join(full)}")
     if counters["exhausted_calls"] > counters["alloc_calls"] or not n - nfree <= counters["peak_allocated_pages"] <= n:
         found.append(f"statistics disagree: {counters} with {n - nfree} pages held")
     spare = [w for w in range(L.HP_FAULT_GEN + 1, L.HP_HEADER) if st[w] != 0]
@@ -231,7 +255,7 @@ def _host_header_problems(st: NDArray[np.int64], n: int, nfree: int) -> list[str
     return found
 
 
-def _host_page_problems(st: NDArray[np.int64], n: int, head: int, nfree: int) -> list[str]:
+def _host_page_problems(st: NDArray[np.int64], n: int, head: int, nfree: int, limit: tuple[int, str]) -> list[str]:
     ring_at, gen_at, ref_at, flags_at, marks_at = L.host_offsets(n)
     ids = st[ring_at : ring_at + L.ring_words(n)].view(np.int32)[:n]
     listed = ids[(head + np.arange(nfree)) % n]
@@ -251,10 +275,14 @@ def _host_page_problems(st: NDArray[np.int64], n: int, head: int, nfree: int) ->
         found.append("a page is marked outside a call")
     gen = st[gen_at : gen_at + n]
     ref = st[ref_at : ref_at + n]
-    if gen.min() < 0 or gen.max() > COUNTER_LIMIT:
+    if gen.min() < 0:
         found.append("a generation is out of range")
-    if ref.min() < 0 or ref.max() > COUNTER_LIMIT:
+    elif gen.max() >= limit[0]:
+        found.append(f"page {int(np.argmax(gen))}'s generation is {limit[1]}")
+    if ref.min() < 0:
         found.append("a pin count is out of range")
+    elif ref.max() >= limit[0]:
+        found.append(f"page {int(np.argmax(ref))}'s pin count is {limit[1]}")
     elif (ref[flags == 0] != 0).any():
         found.append(f"free page {int(np.flatnonzero((ref != 0) & (flags == 0))[0])} is pinned")
     if int(np.count_nonzero(ref)) != int(st[L.HP_PINNED]):

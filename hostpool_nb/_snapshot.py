@@ -54,9 +54,7 @@ class PoolState:
     sites: tuple[Any, ...] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        words = np.array(self._words, dtype=np.int64, copy=True)
-        words.flags.writeable = False  # frozen means the contents too
-        object.__setattr__(self, "_words", words)
+        object.__setattr__(self, "_words", frozen_words(self._words, "the PoolState"))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_load_state, (FORMATS["PoolState"], (self.size, self.page_size, self.merge, self._words, self.sites)))
@@ -68,6 +66,21 @@ class PoolState:
             f"free_pages={int(h[L.H_NFREE])}, released_pages={int(h[L.H_NREL])}, "
             f"pending_pages={int(h[L.H_NPEND])})"
         )
+
+
+def frozen_words(words: Any, what: str) -> NDArray[np.int64]:
+    """A snapshot's state words as a read-only int64 copy; ``HostPoolError`` for anything that is not one.
+
+    A damaged pickle may hold any object here: only a 1-D array of integers
+    is a state (numpy would read a list of digit strings, or floats, as
+    numbers), and the checks before a load need its values as they are.
+    """
+    if not isinstance(words, np.ndarray) or words.ndim != 1 or words.dtype.kind not in "iu":
+        kind = f"{words.dtype} array of shape {words.shape}" if isinstance(words, np.ndarray) else type(words).__name__
+        raise HostPoolError(f"{what} holds a {kind}, not a pool's state words (a 1-D int64 array)")
+    frozen = np.array(words, dtype=np.int64, copy=True)
+    frozen.flags.writeable = False  # frozen means the contents too
+    return frozen
 
 
 def _load_state(version: int, fields: tuple[Any, ...]) -> PoolState:
@@ -115,7 +128,7 @@ def checked_words(
     if arr.dtype != np.int64 or arr.ndim != 1:
         raise HostPoolError(f"{what} holds a {arr.dtype} array of shape {arr.shape}, not a pool state")
     arr = np.ascontiguousarray(arr)
-    found = problems(arr, size // page_size, page_size)
+    found = problems(arr, size // page_size, page_size, loading=True)
     if not found and int(arr[L.H_SORTED]) != (merge == "sorted"):
         found = [f"its merge order word is {int(arr[L.H_SORTED])}, but it says merge={merge!r}"]
     if not found and bool(arr[L.H_TRACK]) != track:
@@ -151,12 +164,10 @@ class PagedState:
     _ranks: tuple[NDArray[np.int64], ...] = field(repr=False)
 
     def __post_init__(self) -> None:
-        ranks = []
-        for words in self._ranks:
-            copy = np.array(words, dtype=np.int64, copy=True)
-            copy.flags.writeable = False
-            ranks.append(copy)
-        object.__setattr__(self, "_ranks", tuple(ranks))
+        if not isinstance(self._ranks, (tuple, list)):
+            raise HostPoolError(f"the PagedState holds a {type(self._ranks).__name__}, not one state per rank")
+        ranks = tuple(frozen_words(words, f"the PagedState's rank {r}") for r, words in enumerate(self._ranks))
+        object.__setattr__(self, "_ranks", ranks)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_load_paged, (FORMATS["PagedState"], (self.kind, self.size, self.page_size, self.dp_size, self._ranks)))
@@ -182,9 +193,7 @@ class HostPageState:
     _words: NDArray[np.int64] = field(repr=False)
 
     def __post_init__(self) -> None:
-        words = np.array(self._words, dtype=np.int64, copy=True)
-        words.flags.writeable = False
-        object.__setattr__(self, "_words", words)
+        object.__setattr__(self, "_words", frozen_words(self._words, "the HostPageState"))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_load_host, (FORMATS["HostPageState"], self.pool_size, self._words))
@@ -202,7 +211,7 @@ def checked_host_words(words: Any, n: int, what: str) -> NDArray[np.int64]:
     arr = np.ascontiguousarray(words)
     if arr.dtype != np.int64 or arr.ndim != 1:
         raise HostPoolError(f"{what} holds a {arr.dtype} array of shape {arr.shape}, not a host pool's state")
-    found = host_problems(arr, n)
+    found = host_problems(arr, n, loading=True)
     if found:
         raise HostPoolError(f"{what} fails the pool's invariants: " + "; ".join(found))
     return np.array(arr, dtype=np.int64, copy=True)
@@ -217,7 +226,7 @@ def checked_ranks(
     out = []
     for r, words in enumerate(ranks):
         arr = np.ascontiguousarray(words)
-        found = rank_problems(arr, pages, page_size, sorted_order)
+        found = rank_problems(arr, pages, page_size, sorted_order, loading=True)
         if found:
             raise HostPoolError(f"the state of rank {r} fails the invariants: " + "; ".join(found))
         out.append(np.array(arr, dtype=np.int64, copy=True))

@@ -70,6 +70,21 @@ class _RaisingIndex:
         return "_RaisingIndex()"
 
 
+class _RaisingEq:
+    """An integer by ``__index__`` whose ``==`` raises: not an integer to the pool."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+    def __eq__(self, other: object) -> bool:
+        raise ZeroDivisionError("no eq")
+
+    __hash__ = object.__hash__
+
+
 def _int(name: str, got: str) -> str:
     return f"{name} must be an integer, got {got}"
 
@@ -117,6 +132,19 @@ RELEASE_CASES = [
     pytest.param(lambda p: p.release([3]), TypeError, _int("buffer_id", "list [3]"), id="list"),
     pytest.param(lambda p: p.release(3, generation=1.5), TypeError, _int("generation", "float 1.5"), id="gen-float"),
     pytest.param(lambda p: p.release(3, generation=True), TypeError, _int("generation", "bool True"), id="gen-bool"),
+    # As free's generations=: beyond int64 is a HostPoolError, not the kernel call's OverflowError.
+    pytest.param(
+        lambda p: p.release(3, generation=2**63),
+        HostPoolError,
+        f"generation holds {2**63}, beyond the int64 range",
+        id="gen-beyond-int64",
+    ),
+    pytest.param(
+        lambda p: p.release(3, generation=-(2**63) - 1),
+        HostPoolError,
+        f"generation holds {-(2**63) - 1}, beyond the int64 range",
+        id="gen-below-int64",
+    ),
 ]
 
 
@@ -196,6 +224,12 @@ FREE_CASES = [
     pytest.param(None, TypeError, "host_page_ids must be a sequence or 1-D array of page ids, got NoneType", id="none"),
     pytest.param([3, _RaisingIndex()], TypeError, _holds("object"), id="index-raises"),
     pytest.param(np.array(["3"]), TypeError, _holds("<U1"), id="str-array"),
+    pytest.param(
+        [3, _RaisingEq(1)],
+        TypeError,
+        "host_page_ids must hold integers, got _RaisingEq (comparing it raised)",
+        id="eq-raises",
+    ),
 ]
 
 
@@ -255,6 +289,13 @@ PIN_CASES = [
     pytest.param("inc", None, TypeError, _int("buffer_id", "NoneType None"), id="none"),
     pytest.param("inc", [3.0], TypeError, "buffer_id must hold integers, got dtype float64", id="float-list"),
     pytest.param("inc", np.array([[3]]), TypeError, "buffer_id must be 1-D, got ndarray of shape (1, 1)", id="2d"),
+    pytest.param(
+        "inc",
+        [3, _RaisingEq(1)],
+        TypeError,
+        "buffer_id must hold integers, got _RaisingEq (comparing it raised)",
+        id="eq-raises",
+    ),
 ]
 
 
@@ -267,6 +308,7 @@ def test_bad_pin(pool: HostPagePool, which: str, arg: Any, error: type, message:
     ("page", "error", "message"),
     [
         (9, SlotRangeError, _range("buffer_id", 9)),
+        (N, SlotRangeError, _range("buffer_id", N)),  # the size itself is outside, with the original's text
         (7, PageNotAllocatedError, "buffer_id=7 is not allocated (in free-list)"),
         (1.5, TypeError, _int("buffer_id", "float 1.5")),
     ],
@@ -326,8 +368,8 @@ RESTORE_CASES = [
     pytest.param(
         lambda p: _tampered(p, lambda w: w.__setitem__(L.HP_ALLOC_CALLS, 2**63 - 1)),
         HostPoolError,
-        _FAILS + "counters out of range: {'alloc_calls': 9223372036854775807, 'exhausted_calls': 0, "
-        "'free_calls': 1, 'peak_allocated_pages': 5, 'clears': 0}",
+        _FAILS + "counters at or beyond 4611686018427387904 (2**62), more than a pool's calls reach: "
+        "alloc_calls=9223372036854775807",
         id="saturated-counter",
     ),
     pytest.param(
@@ -339,7 +381,7 @@ RESTORE_CASES = [
     pytest.param(
         lambda p: _tampered(p, lambda w: w.__setitem__(_offset(1) + 3, 2**63 - 1)),
         HostPoolError,
-        _FAILS + "a generation is out of range",
+        _FAILS + "page 3's generation is at or beyond 4611686018427387904 (2**62), more than a pool's calls reach",
         id="saturated-generation",
     ),
     pytest.param(
@@ -433,3 +475,25 @@ def test_the_views_are_read_only_and_follow_the_state(pool: HostPagePool) -> Non
     assert bool(pool.allocated[5])
     pool.restore_state(make_pool().backup_state())  # views stay views of the pool's own state
     assert not bool(pool.allocated[5])
+
+
+@pytest.mark.parametrize(
+    ("words", "kind"),
+    [(["a", "b"], "list"), ([object()], "list"), (np.array([1.5]), "float64 array of shape (1,)"), (None, "NoneType")],
+    ids=["digit-strings", "objects", "floats", "none"],
+)
+def test_a_damaged_snapshot_pickle_with_words_that_are_not_integers_is_a_host_pool_error(words: Any, kind: str) -> None:
+    from hostpool_nb._snapshot import FORMATS, _load_host
+
+    with pytest.raises(HostPoolError) as info:
+        _load_host(FORMATS["HostPageState"], N, words)  # what pickle.loads calls for a HostPageState
+    assert str(info.value) == f"the HostPageState holds a {kind}, not a pool's state words (a 1-D int64 array)"
+
+
+def test_a_restore_whose_free_list_head_is_the_pool_size_is_refused(pool: HostPagePool) -> None:
+    before = state_of(pool)
+    words = pool.backup_state()._words.copy()
+    words[L.HP_HEAD] = N
+    with pytest.raises(HostPoolError, match=rf"header out of range: pages={N} head={N} "):
+        pool.restore_state(HostPageState(N, words))
+    assert state_of(pool) == before

@@ -203,7 +203,8 @@ _COUNTERS = [
     (L.H_GROUP_DEPTH, "group depth"),
     (L.H_PEAK, "peak_allocated_pages"),
 ]
-_FULL = "counters beyond 4611686018427387904 (2**62), which later calls would overflow: "
+_FULL = "counters at or beyond 4611686018427387904 (2**62), more than a pool's calls reach: "
+_LIVE = "counters at or beyond 6917529027641081856 (3 * 2**61), which later calls could overflow: "
 
 
 def _state_with(pool: LogicalHostPool, word: int, value: int) -> PoolState:
@@ -211,6 +212,21 @@ def _state_with(pool: LogicalHostPool, word: int, value: int) -> PoolState:
     words = state._words.copy()
     words[word] = value
     return PoolState(state.size, state.page_size, state.merge, words, state.sites)
+
+
+def _grow(pool: LogicalHostPool, word: int) -> None:
+    """An ordinary call that adds one to the counter ``word`` (the peak cannot pass the pages: none)."""
+    if word in (L.H_ALLOC_CALLS, L.H_SEQ):
+        pool.alloc(PS)
+    elif word == L.H_MERGES:
+        pool.free(pool.alloc(PS))
+        assert pool.merge() == PS
+    elif word == L.H_FREE_CALLS:
+        pool.free(pool.alloc(PS))
+    elif word == L.H_CLEARS:
+        pool.clear()
+    elif word == L.H_GROUP_DEPTH:
+        pool.free_group_begin()
 
 
 @pytest.mark.parametrize(
@@ -223,7 +239,7 @@ def test_a_counter_that_would_wrap_is_refused(word: int, name: str, track: bool,
     if word == L.H_GROUP_DEPTH:
         pool.free_group_begin()
     before = snapshot(pool)
-    for value in (2**63 - 1, 2**62 + 1):
+    for value in (2**63 - 1, 2**62 + 1, 2**62):
         bad = _state_with(pool, word, value)
         with pytest.raises(HostPoolError) as info:
             pool.restore_state(bad)
@@ -236,9 +252,13 @@ def test_a_counter_that_would_wrap_is_refused(word: int, name: str, track: bool,
         with pytest.raises(HostPoolError) as info:
             blank.__setstate__(saved)
         assert str(info.value) == f"the pickled LogicalHostPool fails the pool's invariants: {_FULL}{name}={value}"
-    # 2**62 itself still has room to grow.
-    pool.restore_state(_state_with(pool, word, 2**62))
+    # Just below the limit loads, and the next ordinary calls take it past the limit on a state that stays sound.
+    pool.restore_state(_state_with(pool, word, 2**62 - 1))
     pool.check_invariants()
+    for _ in range(2):
+        _grow(pool, word)
+        pool.check_invariants()
+    assert int(pool._st[word]) >= 2**62 or word == L.H_PEAK
 
 
 def test_check_invariants_checks_the_counters_too() -> None:
@@ -246,7 +266,29 @@ def test_check_invariants_checks_the_counters_too() -> None:
     pool._st[L.H_MERGES] = 2**63 - 1
     with pytest.raises(RuntimeError) as info:
         pool.check_invariants()
-    assert str(info.value) == f"LogicalHostPool state is corrupted: {_FULL}merges={2**63 - 1}"
+    assert str(info.value) == f"LogicalHostPool state is corrupted: {_LIVE}merges={2**63 - 1}"
+
+
+@pytest.mark.parametrize("word", ["generation", L.HP_ALLOC_CALLS, L.HP_FREE_CALLS])
+def test_a_host_pool_loaded_just_below_the_limit_stays_sound_past_it(word: Any) -> None:
+    from hostpool_nb import HostPagePool, HostPageState
+
+    pool = HostPagePool(4)
+    page = pool.alloc(1)
+    assert page is not None
+    pool.free(page)
+    words = pool.backup_state()._words.copy()
+    at = L.host_offsets(4)[1] + int(page[0]) if word == "generation" else word
+    for value in (2**62, 2**62 + 1):
+        words[at] = value
+        with pytest.raises(HostPoolError, match=r"at or beyond 4611686018427387904 \(2\*\*62\)"):
+            pool.restore_state(HostPageState(4, words))
+    words[at] = 2**62 - 1
+    pool.restore_state(HostPageState(4, words))
+    for _ in range(4):  # hand every page out and back: the generation, the calls counted, past the limit
+        pool.free(pool.alloc(4))
+        pool.check_invariants()
+    assert int(pool._st[at]) >= 2**62
 
 
 def test_a_spare_header_word_is_refused() -> None:

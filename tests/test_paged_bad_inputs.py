@@ -114,6 +114,24 @@ class _RaisingIndex:
         return "_RaisingIndex()"
 
 
+class _RaisingEq:
+    """An integer by ``__index__`` whose ``==`` raises: not an integer to the allocator."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+    def __eq__(self, other: object) -> bool:
+        raise ZeroDivisionError("no eq")
+
+    __hash__ = object.__hash__
+
+
+_EQ_RAISES = "must hold integers, got _RaisingEq (comparing it raised)"
+
+
 # -- dp_rank, for every method that takes one -------------------------------------------
 
 _RANKED_CALLS: list[tuple[str, Callable[[Any, Any], Any]]] = [
@@ -548,6 +566,7 @@ EXTEND_CASES = [
     pytest.param(
         ([0], (1,), (_RaisingIndex(),), 1), TypeError, _must_hold("last_loc", "object"), id="tuple-index-raises"
     ),
+    pytest.param(([_RaisingEq(0)], [1], [-1], 1), TypeError, "prefix_lens " + _EQ_RAISES, id="eq-raises"),
 ]
 
 
@@ -599,6 +618,7 @@ DECODE_CASES = [
     pytest.param((7, [9]), TypeError, "seq_lens must be 1-D, got int of shape ()", id="scalar"),
     pytest.param(([_RaisingIndex()], [-1]), TypeError, _must_hold("seq_lens", "object"), id="index-raises"),
     pytest.param(([1], [3, _RaisingIndex()]), TypeError, _must_hold("last_loc", "object"), id="index-raises-2nd"),
+    pytest.param(([_RaisingEq(1)], [-1]), TypeError, "seq_lens " + _EQ_RAISES, id="eq-raises"),
 ]
 
 
@@ -656,7 +676,7 @@ def _tampered(a: PagedTokenToKVPoolAllocator, change: Callable[[np.ndarray], Non
     return PagedState(*SHAPE, tuple(words))
 
 
-_FULL = "counters beyond 4611686018427387904 (2**62), which later calls would overflow: "
+_FULL = "counters at or beyond 4611686018427387904 (2**62), more than a pool's calls reach: "
 
 
 def _saturated(word: int, name: str, rank: int = 0) -> Any:

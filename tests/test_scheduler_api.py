@@ -682,10 +682,11 @@ def test_restore_state_refuses_a_tampered_state(tamper: Any, problem: str, snaps
 def test_restore_state_refuses_a_2d_state(snapshot: Any, unchanged: Any) -> None:
     pool = rich_pool()
     before = snapshot(pool)
-    state = PoolState(96, 16, "fifo", pool.backup_state()._words.reshape(1, -1))
-    with pytest.raises(HostPoolError) as info:
-        pool.restore_state(state)
-    assert str(info.value) == f"the state holds a int64 array of shape (1, {_W6}), not a pool state"
+    with pytest.raises(HostPoolError) as info:  # refused as it is made, before any pool sees it
+        PoolState(96, 16, "fifo", pool.backup_state()._words.reshape(1, -1))
+    assert str(info.value) == (
+        f"the PoolState holds a int64 array of shape (1, {_W6}), not a pool's state words (a 1-D int64 array)"
+    )
     unchanged(pool, before)
 
 
