@@ -105,7 +105,9 @@ def _release(locks: list[Any]) -> None:
 
 
 def _before_fork() -> None:
-    deadline = time.monotonic() + WAIT_S
+    # A compile in flight holds its caller's pool for seconds: the time spent waiting for the compile
+    # lock does not count against WAIT_S (see _take_leaves).
+    deadline = [time.monotonic() + WAIT_S]
     interval = sys.getswitchinterval()
     try:
         pools, held, busy = _in_order(deadline) or _by_polling(deadline)
@@ -114,6 +116,16 @@ def _before_fork() -> None:
     _Fork.held = held
     _Fork.missed = [p for p in pools if p.lock in busy]
     _Fork.keep = pools
+
+
+def _take_leaves(leaves: list[Any], deadline: list[float]) -> None:
+    """Take each leaf lock, waiting as long as it takes (its holder never waits for a pool); the deadline moves on
+    by the time waited, as a compile in flight keeps its caller's pool for that long."""
+    for leaf in leaves:
+        if not leaf.acquire(blocking=False):
+            started = time.monotonic()
+            leaf.acquire()
+            deadline[0] += time.monotonic() - started
 
 
 def _listed() -> tuple[list[Any], list[Any]]:
@@ -127,7 +139,7 @@ def _made_since(pools: list[Any]) -> list[Any]:
     return [p for p in _live.values() if id(p) not in listed]
 
 
-def _in_order(deadline: float) -> tuple[list[Any], list[Any], list[Any]] | None:
+def _in_order(deadline: list[float]) -> tuple[list[Any], list[Any], list[Any]] | None:
     """Every lock in the order the pools were made, each waited for at most ``_ORDERED_WAIT_S``.
 
     Waiting while holding the earlier ones is what lets a fork in between
@@ -139,13 +151,12 @@ def _in_order(deadline: float) -> tuple[list[Any], list[Any], list[Any]] | None:
     pools, leaves = _listed()
     taken: list[Any] = []
     for lock in [p.lock for p in pools] + [_registry_lock]:
-        if not lock.acquire(timeout=max(0.0, min(_ORDERED_WAIT_S, deadline - time.monotonic()))):
+        if not lock.acquire(timeout=max(0.0, min(_ORDERED_WAIT_S, deadline[0] - time.monotonic()))):
             _release(taken)
             return None
         taken.append(lock)
-    for leaf in leaves:  # their holders never wait for a pool's lock, so this wait ends
-        leaf.acquire()
-        taken.append(leaf)
+    _take_leaves(leaves, deadline)  # their holders never wait for a pool's lock, so this wait ends
+    taken += leaves
     made = _made_since(pools)
     more, busy = _try_all([p.lock for p in made])
     if busy:
@@ -154,14 +165,13 @@ def _in_order(deadline: float) -> tuple[list[Any], list[Any], list[Any]] | None:
     return pools + made, taken + more, []
 
 
-def _by_polling(deadline: float) -> tuple[list[Any], list[Any], list[Any]]:
+def _by_polling(deadline: list[float]) -> tuple[list[Any], list[Any], list[Any]]:
     """Every lock at once, holding none while waiting; at the deadline, whichever are free then."""
     pause = _FIRST_PAUSE_S
     while True:
-        last = time.monotonic() + pause > deadline
         pools, leaves = _listed()
-        for leaf in leaves:  # holding nothing, so this wait ends
-            leaf.acquire()
+        _take_leaves(leaves, deadline)  # holding nothing, so this wait ends
+        last = time.monotonic() + pause > deadline[0]
         taken, busy = _try_all([_registry_lock] + [p.lock for p in pools])
         if _registry_lock in taken:  # no pool can be made now: take those made since the list was read
             made = _made_since(pools)
