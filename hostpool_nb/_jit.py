@@ -57,12 +57,13 @@ from typing import Any, TypeVar, cast
 import numpy as np
 from numba import config as _numba_config
 from numba import njit
+from numba.core import event as _numba_event  # loaded with numba's dispatcher: no cost
 
 from ._errors import KernelCacheWarning
 from ._fork import hold as hold_across_forks
 
-# (reason, remedy) for the warning; see _warn_once.
-_Problem = tuple[str, str]
+# The KernelCacheWarning's text; see _warn_once.
+_Problem = str
 
 # A kernel's Python function type. The compiled kernel is typed as that
 # function: a dispatcher (and its entry point) takes the same arguments and
@@ -481,27 +482,64 @@ def _python_ints(func: _F) -> _F:
 
 
 def _announced(made: Kernel) -> Any:
-    """Compile ``made`` (see :func:`_compile`), saying so once per process if it takes long."""
-    timer = None
-    if not _COMPILER.announced:
-        timer = threading.Timer(NOTICE_AFTER_S, _announce)
-        timer.daemon = True
-        timer.start()
+    """Compile ``made`` (see :func:`_compile`), saying so once per process if numba compiles for long.
+
+    Loading from the cache is not compiling: the notice's timer starts at
+    numba's own "numba:compile" event, which it raises only when it really
+    compiles (after a cache miss, or in memory), so a slow cache load on a
+    busy machine announces nothing.
+    """
+    watch = None if _COMPILER.announced else _CompileWatch()
     try:
-        dispatcher, problem = _compile(made.py_func, made.signature, nogil=made.nogil)
+        if watch is None:
+            dispatcher, problem = _compile(made.py_func, made.signature, nogil=made.nogil)
+        else:
+            with _numba_event.install_listener("numba:compile", watch):
+                dispatcher, problem = _compile(made.py_func, made.signature, nogil=made.nogil, watch=watch)
     finally:
-        if timer is not None:
-            timer.cancel()
+        if watch is not None:
+            watch.stop()
     if problem is not None:
-        _warn_once(*problem)
+        _warn_once(problem)
     return dispatcher
 
 
-def _announce() -> None:
+class _CompileWatch(_numba_event.Listener):
+    """A numba event listener: when numba starts compiling, a timer that announces a compile still going on.
+
+    ``where`` is the cache directory the compile writes to, for the notice
+    (``None``: compiled in memory, not cached).
+    """
+
+    def __init__(self) -> None:
+        self.timer: Any = None
+        self.where: str | None = None
+
+    def on_start(self, event: Any) -> None:
+        if self.timer is None:
+            self.timer = threading.Timer(NOTICE_AFTER_S, _announce, (self,))
+            self.timer.daemon = True
+            self.timer.start()
+
+    def on_end(self, event: Any) -> None:
+        """The compile's end: the timer is stopped when the kernel is ready (a kernel may compile callees)."""
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+
+def _announce(watch: _CompileWatch | None = None) -> None:
     if _COMPILER.announced:
         return
     _COMPILER.announced = True
-    where = os.environ.get("NUMBA_CACHE_DIR") or "numba's cache (next to the package, else ~/.cache/numba)"
+    where = watch.where if watch is not None else None
+    if where is None:
+        _log.warning(
+            "hostpool_nb: compiling numba kernels on their first use, in memory: they cannot be cached "
+            "(see the KernelCacheWarning), so every start compiles them again."
+        )
+        return
     _log.warning(
         "hostpool_nb: compiling numba kernels on their first use; each is cached in %s and loads in "
         "milliseconds from then on. `python -m hostpool_nb.warmup` compiles them all ahead of time.",
@@ -509,7 +547,9 @@ def _announce() -> None:
     )
 
 
-def _compile(func: Callable[..., Any], signature: str, *, nogil: bool = True) -> tuple[Any, _Problem | None]:
+def _compile(
+    func: Callable[..., Any], signature: str, *, nogil: bool = True, watch: _CompileWatch | None = None
+) -> tuple[Any, _Problem | None]:
     """Compile ``func`` through the cache; return it and the cache problem, if any."""
     try:
         # No signature yet: this only creates the dispatcher and sets up its
@@ -517,11 +557,15 @@ def _compile(func: Callable[..., Any], signature: str, *, nogil: bool = True) ->
         dispatcher = _njit(None, cache=True, nogil=nogil)(func)
     except (RuntimeError, OSError) as exc:
         # A non-cache error raises again from the in-memory compile.
-        return _in_memory(func, signature, nogil=nogil), (
+        return _in_memory(func, signature, nogil=nogil), _in_memory_because(
             f"numba has no writable cache directory ({exc})",
             "set NUMBA_CACHE_DIR to a writable directory",
         )
     _stamp_with_package(dispatcher)
+    where = _cache_dir(dispatcher)
+    if watch is not None:
+        watch.where = where
+    ignored = _ignored_cache_dir(where)
 
     error = _try_compile(dispatcher, signature)
     if error is not None and not _compiled(dispatcher) and _forget_index(dispatcher):
@@ -530,18 +574,47 @@ def _compile(func: Callable[..., Any], signature: str, *, nogil: bool = True) ->
         error = _try_compile(dispatcher, signature)
     if error is None:
         dispatcher.disable_compile()  # as njit(signature) does: no lazy compiles
-        return dispatcher, None
+        return dispatcher, ignored
 
-    where = _cache_dir(dispatcher)
     if _compiled(dispatcher):  # compiled, then failed to save: usable
         dispatcher.disable_compile()
-        return dispatcher, (
+        return dispatcher, _in_memory_because(
             f"numba could not write its cache in {where} ({error!r})",
             f"make {where} writable or set NUMBA_CACHE_DIR to a writable directory",
         )
-    return _in_memory(func, signature, nogil=nogil), (
+    return _in_memory(func, signature, nogil=nogil), _in_memory_because(
         f"the numba cache in {where} is corrupt and could not be rebuilt ({error!r})",
         f"delete the directory {where}",
+    )
+
+
+def _in_memory_because(reason: str, remedy: str) -> _Problem:
+    return (
+        f"hostpool_nb: numba kernels are compiled in memory on every start (seconds) "
+        f"because {reason}. To enable the on-disk cache, {remedy}."
+    )
+
+
+def _ignored_cache_dir(where: str) -> _Problem | None:
+    """The warning for a ``NUMBA_CACHE_DIR`` numba cannot use (a file, an unwritable folder), which it skips.
+
+    numba then caches where it would without the setting (``__pycache__``
+    beside the package, or the user's cache), without a word: ``where``,
+    the kernel's real cache directory, is outside the one asked for.
+    """
+    wanted = os.environ.get("NUMBA_CACHE_DIR")
+    if not wanted or where == "numba's cache directory":
+        return None
+    try:
+        inside = os.path.commonpath([os.path.realpath(wanted), os.path.realpath(where)]) == os.path.realpath(wanted)
+    except ValueError:  # different drives
+        inside = False
+    if inside:
+        return None
+    return (
+        f"hostpool_nb: NUMBA_CACHE_DIR={wanted} is not a directory numba can write to (a file? no permission?), "
+        f"so numba ignores it and caches the kernels in {where} instead. Point NUMBA_CACHE_DIR to a writable "
+        "directory, or unset it."
     )
 
 
@@ -643,17 +716,12 @@ def _njit(
     return njit(signature, nogil=nogil, cache=cache, **options)
 
 
-def _warn_once(reason: str, remedy: str) -> None:
+def _warn_once(message: str) -> None:
     """Emit the process's one :class:`KernelCacheWarning`; later calls do nothing."""
     if _COMPILER.warned:
         return
     _COMPILER.warned = True
-    warnings.warn(
-        f"hostpool_nb: numba kernels are compiled in memory on every start (seconds) "
-        f"because {reason}. To enable the on-disk cache, {remedy}.",
-        KernelCacheWarning,
-        stacklevel=_outside_the_package(),
-    )
+    warnings.warn(message, KernelCacheWarning, stacklevel=_outside_the_package())
 
 
 def _outside_the_package() -> int:

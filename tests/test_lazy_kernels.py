@@ -113,27 +113,58 @@ def test_first_calls_compile_only_the_kernels_they_use(name: str, tmp_path: Path
     assert written == expected
 
 
+# Every timer fires as it starts: a compile (or a cache load) is "slow" on any machine, however fast.
+_ALWAYS_SLOW = """
+import threading
+class Now:
+    def __init__(self, interval, function, args=()):
+        self.function, self.args, self.daemon = function, args, False
+    def start(self):
+        self.function(*self.args)
+    def cancel(self):
+        pass
+threading.Timer = Now
+"""
+
+
 @pytest.mark.slow
 @needs_jit
-def test_a_slow_first_compile_says_so_once_and_a_warm_cache_says_nothing(tmp_path: Path) -> None:
+def test_a_slow_compile_says_so_once_and_a_slow_load_from_the_cache_says_nothing(tmp_path: Path) -> None:
     code = "p = hostpool_nb.LogicalHostPool(1 << 14, 16); p.free(p.alloc(64))"
-    cold = _child(code, tmp_path / "cache")
+    cold = _child(_ALWAYS_SLOW + code, tmp_path / "cache")
     notices = [line for line in cold["stderr"].splitlines() if "compiling numba kernels on their first use" in line]
     assert len(notices) == 1, cold["stderr"]
     assert "hostpool_nb.warmup" in notices[0]
-    warm = _child(code, tmp_path / "cache")
+    assert str(tmp_path / "cache") in notices[0]  # where numba really caches them
+    # Every kernel now loads from the cache: however long that takes, nothing compiles, and nothing is said.
+    warm = _child(_ALWAYS_SLOW + code, tmp_path / "cache")
     assert warm["stderr"] == ""
+
+
+@pytest.mark.slow
+@needs_jit
+def test_a_numba_cache_dir_that_is_a_file_is_said_to_be_ignored(tmp_path: Path) -> None:
+    setting = tmp_path / "not-a-directory"
+    setting.write_text("")
+    code = "import warnings\nwarnings.simplefilter('always')\np = hostpool_nb.HostPagePool(8); p.free(p.alloc(2))"
+    res = _child(code, setting)
+    warning = [line for line in res["stderr"].splitlines() if "KernelCacheWarning" in line]
+    assert len(warning) == 1, res["stderr"]
+    assert f"NUMBA_CACHE_DIR={setting} is not a directory numba can write to" in warning[0]
+    # ... and where numba caches them instead: beside the package, or in the user's cache.
+    assert "caches the kernels in " in warning[0]
+    assert "__pycache__" in warning[0] or ".cache" in warning[0], warning[0]
 
 
 class _TimerNow:
     """A ``threading.Timer`` that fires as it starts: the compile is then always "slow"."""
 
-    def __init__(self, interval: float, function: Any) -> None:
-        self.function = function
+    def __init__(self, interval: float, function: Any, args: tuple[Any, ...] = ()) -> None:
+        self.function, self.args = function, args
         self.daemon = False
 
     def start(self) -> None:
-        self.function()
+        self.function(*self.args)
 
     def cancel(self) -> None:
         pass
