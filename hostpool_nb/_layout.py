@@ -183,6 +183,46 @@ def owner_flags(st: NDArray[np.int64], num_pages: int) -> NDArray[np.uint8]:
     return st[HEADER + ring_words(num_pages) :].view(np.uint8)[:num_pages]
 
 
+def listed(st: NDArray[np.int64], start: int = 0, count: int | None = None) -> NDArray[np.int32]:
+    """Page ids of the live window from its ``start``-th entry on (a new array), as Python code reads them.
+
+    The window is the free list, then the release list, then the pending
+    list; ``count`` entries (all that follow ``start`` by default).
+    """
+    n = int(st[H_NPAGES])
+    if count is None:
+        count = int(st[H_NFREE] + st[H_NREL] + st[H_NPEND]) - start
+    return ring_ids(st, n)[(int(st[H_HEAD]) + start + np.arange(count)) % max(n, 1)]
+
+
+def state_of_lists(
+    shape: tuple[int, int, bool, bool],
+    lists: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]],
+    group_depth: int,
+) -> NDArray[np.int64]:
+    """A state whose free, release and pending lists hold ``lists`` in order; every other page held.
+
+    ``shape`` is the pool's ``(pages, page_size, sorted order, track)``.
+
+    Counters start at zero (the peak at what is held). A tracking state's
+    pages carry no allocation number or site: "unknown". The caller checks
+    the result as any state from outside (``restore_state``).
+    """
+    num_pages, page_size, sorted_order, track = shape
+    free, released, pending = lists
+    st = new_state(num_pages, page_size, sorted_order, track)
+    ids = np.concatenate([free, released, pending]).astype(np.int32)
+    ring_ids(st, num_pages)[: ids.shape[0]] = ids
+    owner = owner_flags(st, num_pages)
+    owner[:] = OWNER_ALLOCATED
+    owner[ids[: free.shape[0] + released.shape[0]]] = OWNER_FREE
+    owner[ids[free.shape[0] + released.shape[0] :]] = OWNER_PENDING
+    st[H_NFREE], st[H_NREL], st[H_NPEND] = free.shape[0], released.shape[0], pending.shape[0]
+    st[H_GROUP_DEPTH] = group_depth
+    st[H_PEAK] = num_pages - ids.shape[0]
+    return st
+
+
 def _ring_at(st: NDArray[np.int64]) -> tuple[int, int]:
     return HEADER, st[H_NPAGES]
 

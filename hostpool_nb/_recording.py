@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from . import _layout as L
 from ._convert import as_slots
 from ._errors import HostPoolError
 from .trace import ERRORS, HEADER_DTYPE, OP_DTYPE, OPS, VERSION
@@ -29,7 +30,11 @@ class Recorder:
     """Collects a pool's calls while a ``recording()`` block runs, then writes the file."""
 
     def __init__(self, pool: Any) -> None:
+        """Start recording ``pool``: under its lock, so the state it starts from is one call's."""
         self.pool = pool
+        st = pool._st
+        counts = [int(st[h]) for h in (L.H_GROUP_DEPTH, L.H_NFREE, L.H_NREL, L.H_NPEND)]
+        self.start = np.concatenate([np.array(counts, dtype=np.int64), L.listed(st).astype(np.int64)])
         self.ops: list[tuple[int, int, bool, int, int, int, int]] = []
         self.data: list[NDArray[np.int64]] = []
         self.data_len = 0
@@ -91,7 +96,7 @@ class Recorder:
             os.close(fd)
         try:
             with open(tmp, "wb") as f:
-                np.savez(f, header=header, ops=ops, data=data, messages=messages)
+                np.savez(f, header=header, ops=ops, data=data, messages=messages, start=self.start)
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -173,7 +178,7 @@ _OP_OF = {"backup_state": "backup", "restore_state": "restore"}
 
 def _wrap(pool: Any, rec: Recorder, name: str, method: Any) -> Any:
     """The recording stand-in for one of ``pool``'s methods (see :class:`_Calls`)."""
-    calls = _Calls(pool.lock, rec, method)
+    calls = _Calls(pool, rec, method)
     wrapper = getattr(calls, name, None)
     return wrapper if wrapper is not None else calls.simple(_OP_OF.get(name, name))
 
@@ -181,8 +186,13 @@ def _wrap(pool: Any, rec: Recorder, name: str, method: Any) -> Any:
 class _Calls:
     """Recording wrappers: each holds the pool's lock around the call and its record."""
 
-    def __init__(self, lock: Any, rec: Recorder, method: Any) -> None:
-        self.lock, self.rec, self.method = lock, rec, method
+    def __init__(self, pool: Any, rec: Recorder, method: Any) -> None:
+        self.pool, self.rec, self.method = pool, rec, method
+
+    @property
+    def lock(self) -> Any:
+        """The pool's lock, read at each call: a fork may replace it in a child (``_fork.py``)."""
+        return self.pool.lock
 
     def alloc(self, need_size: Any, *, tag: Any = None) -> Any:
         with self.lock:

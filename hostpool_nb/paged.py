@@ -246,10 +246,7 @@ class _RankedAllocator:
     # -- views and forwarding ------------------------------------------------------
 
     def _window(self, r: int, start: int, count: int) -> NDArray[np.int32]:
-        st = self._st[r]
-        cap = int(st[L.H_NPAGES])
-        pos = (int(st[L.H_HEAD]) + start + np.arange(count)) % cap
-        view = L.ring_ids(st, cap)[pos]  # a copy: fancy indexing
+        view = L.listed(self._st[r], start, count)  # a copy
         view.flags.writeable = False
         return view
 

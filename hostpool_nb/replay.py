@@ -2,10 +2,12 @@
 
 Exit status 0 when every operation matches its record, 1 with the first
 divergence (operation number, expected, got), 2 when the file cannot be
-read as a trace or the recorded pool cannot be built. ``--time`` also times
-the trace on the pool and on the original algorithm
-(``hostpool_nb.originals``), side by side. See :mod:`hostpool_nb.trace`
-for the format.
+read as a trace or the recorded pool cannot be built here: a kind of pool
+replay does not build, or one whose metadata would take more memory than
+``--max-pool-bytes`` allows. ``--time`` also times the trace on the pool
+and on the original algorithm (``hostpool_nb.originals``), side by side.
+A trace starts from the state its recording found (``trace.StartState``):
+replay restores it first. See :mod:`hostpool_nb.trace` for the format.
 """
 
 from __future__ import annotations
@@ -22,11 +24,19 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from . import _layout as L
 from ._errors import HostPoolError
 from ._pool import LogicalHostPool
-from ._tracking import HISTORY_MARK
+from ._snapshot import PoolState
+from ._tracking import HISTORY_MARK, Tracker
 from .originals.sglang import LogicalHostPool as Original
 from .trace import Operation, Trace, TraceError, describe_slots, load
+
+# The pool kinds replay builds, by the name a trace's header gives.
+REPLAYS = ("LogicalHostPool",)
+# The most memory a replay builds its pools with, unless --max-pool-bytes says otherwise: a trace's header
+# names the pool, and a file of a few bytes may name one of terabytes.
+MAX_POOL_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -42,23 +52,70 @@ class Divergence:
         return f"operation {self.index} ({self.name}): expected {self.expected}, got {self.got}"
 
 
-def replay(trace: Trace) -> tuple[int, int, Divergence | None]:
-    """Replay ``trace`` on a fresh pool, comparing every result and error with the record.
+def pool_bytes(trace: Trace, with_original: bool = False) -> int:
+    """The memory a replay of ``trace`` builds its pools with: hostpool_nb's state, and the original's slots."""
+    num_pages = trace.size // trace.page_size
+    need = L.state_length(num_pages, trace.track) * 8
+    if with_original:
+        need += trace.size * 8 * 2  # its int64 free slots, and as much again when a merge concatenates them
+    return need
+
+
+def check_buildable(trace: Trace, max_pool_bytes: int = MAX_POOL_BYTES, with_original: bool = False) -> None:
+    """Raise :class:`TraceError` if replay cannot build the recorded pool here: another kind, or too large."""
+    if trace.pool not in REPLAYS:
+        raise TraceError(f"it records a {trace.pool}; replay builds {', '.join(REPLAYS)} only")
+    need = pool_bytes(trace, with_original)
+    if need > max_pool_bytes:
+        raise TraceError(
+            f"the recorded pool (size={trace.size}, page_size={trace.page_size}) needs {need:,} bytes to replay, "
+            f"more than the {max_pool_bytes:,} allowed; raise --max-pool-bytes to replay it"
+        )
+
+
+def fresh_pool(trace: Trace, track: bool = False) -> LogicalHostPool:
+    """A pool of the recorded shape, in the state the recording began from."""
+    pool = LogicalHostPool(trace.size, trace.page_size, merge=trace.merge, track=track)
+    start = trace.start
+    if start is not None and not start.fresh:
+        shape = (trace.size // trace.page_size, trace.page_size, trace.merge == "sorted", track)
+        words = L.state_of_lists(shape, (start.free, start.released, start.pending), start.group_depth)
+        sites = Tracker().table() if track else None
+        try:
+            pool.restore_state(PoolState(trace.size, trace.page_size, trace.merge, words, sites))
+        except HostPoolError as exc:
+            raise TraceError(f"the trace's start state is not one the recorded pool can be in: {exc}") from None
+    return pool
+
+
+def replay(trace: Trace, max_pool_bytes: int = MAX_POOL_BYTES) -> tuple[int, int, Divergence | None]:
+    """Replay ``trace`` on a pool in the state its recording began from, comparing every result and error.
 
     Parameters
     ----------
     trace : Trace
         A trace from :func:`hostpool_nb.trace.load`.
+    max_pool_bytes : int, optional
+        The most memory the replay may build its pool with (1 GiB by
+        default).
 
     Returns
     -------
     (int, int, Divergence or None)
         The operations replayed, those skipped (not replayable: their input
         was not numbers), and the first operation that differs, or ``None``.
+
+    Raises
+    ------
+    TraceError
+        If replay cannot build the recorded pool: a kind it does not build,
+        a pool larger than ``max_pool_bytes``, or a start state that pool
+        cannot be in.
     """
+    check_buildable(trace, max_pool_bytes)
     # Untracked: a tracking pool's error texts end with the call sites of
     # the recording, which a replay cannot have; they are compared without.
-    pool = LogicalHostPool(trace.size, trace.page_size, merge=trace.merge)
+    pool = fresh_pool(trace)
     backups: dict[int, Any] = {}
     skipped = 0
     for op in trace.operations:
@@ -152,6 +209,8 @@ def original_problem(trace: Trace) -> str | None:
     """Why the original algorithm cannot replay ``trace`` (it has no such calls), or ``None``."""
     if trace.merge != "fifo":
         return f"the pool merges {trace.merge!r}; the original merges in FIFO order only"
+    if trace.start is not None and (trace.start.group_depth or trace.start.pending.shape[0]):
+        return "the recording began inside a free group, which the original does not have"
     snapshots = sorted({op.name for op in trace.operations if op.name in ("backup", "restore") and not op.error})
     return f"it has {'/'.join(snapshots)} calls, which the original does not have" if snapshots else None
 
@@ -215,7 +274,24 @@ def _check_original(pool: Any, steps: list[tuple[int, Any, Operation]], name: st
             raise TraceError(f"the original ({name}) diverges at operation {op.index} (free): {got}, not {op.result}")
 
 
-def time_trace(trace: Trace, repeats: int = 5, with_torch: bool | None = None) -> TraceTiming:
+def _original_at_start(trace: Trace, backend: str) -> Any:
+    """The original algorithm's pool, in the state the recording began from."""
+    pool = Original(trace.size, trace.page_size, backend=backend)
+    start = trace.start
+    if start is not None and not start.fresh:
+        ps = trace.page_size
+        slots = (np.concatenate([start.free, start.released]) * ps)[:, None] + np.arange(ps)
+        flat = slots.reshape(-1)
+        nfree = start.free.shape[0] * ps
+        pool.free_slots = pool._xp.flat(flat[:nfree])
+        pool.release_list = [pool._xp.flat(flat[nfree:])] if flat.shape[0] > nfree else []
+        pool.released = flat.shape[0] - nfree
+    return pool
+
+
+def time_trace(
+    trace: Trace, repeats: int = 5, with_torch: bool | None = None, max_pool_bytes: int = MAX_POOL_BYTES
+) -> TraceTiming:
     """Seconds per recorded operation of ``trace`` on hostpool_nb and on the original algorithm.
 
     Every repeat replays the trace on a fresh pool (built outside the timed
@@ -233,19 +309,20 @@ def time_trace(trace: Trace, repeats: int = 5, with_torch: bool | None = None) -
     with_torch : bool, optional
         Time the original on torch too; by default, when torch imports.
         The original always runs on numpy.
+    max_pool_bytes : int, optional
+        The most memory the pools may take (1 GiB by default).
 
     Returns
     -------
     TraceTiming
         Seconds per operation of each implementation, the samples, and notes.
     """
-    done, skipped, divergence = replay(trace)
+    check_buildable(trace, max_pool_bytes, with_original=original_problem(trace) is None)
+    done, skipped, divergence = replay(trace, max_pool_bytes)
     if divergence is not None:
         raise TraceError(f"hostpool_nb diverges from the trace at {divergence}: was it recorded on this version?")
     notes = [f"{done} operations replayed" + (f", {skipped} not replayable skipped" if skipped else "")]
-    makers: dict[str, Any] = {
-        "hostpool_nb": lambda: LogicalHostPool(trace.size, trace.page_size, merge=trace.merge, track=trace.track)
-    }
+    makers: dict[str, Any] = {"hostpool_nb": lambda: fresh_pool(trace, trace.track)}
     plans: dict[str, list[Any]] = {"hostpool_nb": _pool_steps(trace)}
     problem = original_problem(trace)
     if problem is not None:
@@ -257,7 +334,7 @@ def time_trace(trace: Trace, repeats: int = 5, with_torch: bool | None = None) -
         for backend in backends:
             convert: Any = (lambda a: a) if backend == "numpy" else _torch_of
             plans[backend] = _original_steps(trace, convert)
-            makers[backend] = functools.partial(Original, trace.size, trace.page_size, backend=backend)
+            makers[backend] = functools.partial(_original_at_start, trace, backend)
             _check_original(makers[backend](), plans[backend], backend)
     samples: dict[str, list[float]] = {name: [] for name in makers}
     names = list(makers)
@@ -292,9 +369,18 @@ def main(argv: list[str] | None = None) -> int:
         "--time", action="store_true", help="also time it on hostpool_nb and on the original algorithm, side by side"
     )
     ap.add_argument("--repeats", type=int, default=5, help="timed replays of each implementation (default 5)")
+    ap.add_argument(
+        "--max-pool-bytes",
+        type=int,
+        default=MAX_POOL_BYTES,
+        metavar="N",
+        help=f"refuse to build pools taking more memory than this (default {MAX_POOL_BYTES:,}: 1 GiB)",
+    )
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.max_pool_bytes < 1:
+        ap.error(f"--max-pool-bytes must be positive, got {args.max_pool_bytes}")
     try:
         trace = load(args.path)
     except FileNotFoundError:
@@ -304,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m hostpool_nb.replay: error: {exc}", file=sys.stderr)
         return 2
     try:
-        done, skipped, divergence = replay(trace)
+        check_buildable(trace, args.max_pool_bytes, with_original=args.time and original_problem(trace) is None)
+        done, skipped, divergence = replay(trace, args.max_pool_bytes)
     except (HostPoolError, MemoryError) as exc:  # the recorded pool cannot be built here
         print(
             f"python -m hostpool_nb.replay: error: {args.path}: cannot build the recorded pool: {exc}", file=sys.stderr
@@ -318,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.path}: {pool}: all {done} operations match{note}")
     if args.time:
         try:
-            timing = time_trace(trace, args.repeats)
+            timing = time_trace(trace, args.repeats, max_pool_bytes=args.max_pool_bytes)
         except TraceError as exc:
             print(f"python -m hostpool_nb.replay: error: {exc}", file=sys.stderr)
             return 2
@@ -332,7 +419,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["Divergence", "TraceTiming", "main", "replay", "time_trace"]
+__all__ = [
+    "MAX_POOL_BYTES",
+    "REPLAYS",
+    "Divergence",
+    "TraceTiming",
+    "check_buildable",
+    "fresh_pool",
+    "main",
+    "pool_bytes",
+    "replay",
+    "time_trace",
+]
 
 
 if __name__ == "__main__":

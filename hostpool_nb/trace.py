@@ -6,12 +6,12 @@ on the pool inside the block to ``path``; :func:`load` reads it back as
 on a fresh pool, checking every result and error, and ``--time`` also times
 it against the original algorithm (``hostpool_nb.replay``).
 
-File format (version 1)
+File format (version 2)
 -----------------------
 An uncompressed ``.npz`` archive (``numpy.load(path)`` reads it; no pickle)
-with four arrays, each a stored (not compressed) ``.npy`` member whose
-header declares exactly the bytes it holds (:func:`load` checks both before
-reading a byte of data):
+with five arrays, each a stored (not compressed) ``.npy`` member whose
+header declares exactly the bytes it holds (:func:`load` checks both, and
+that the file holds that many bytes, before reading a byte of data):
 
 ``header``, one record
     ``version`` (int32), ``pool`` (the class, e.g. ``"LogicalHostPool"``),
@@ -33,6 +33,14 @@ reading a byte of data):
     read them).
 ``messages``, unicode
     The error texts.
+``start``, int64
+    The pool as the recording found it, so that a recording can begin at
+    any point of a pool's life: ``[group depth, free, released, pending]``
+    (page counts), then the page ids of the free list, the release list
+    and the pending list, each in its order. Replay starts from it.
+
+Version 1 (no ``start``: the recording began on a fresh pool) is read as
+well.
 
 A call whose argument the record cannot hold (not integers, such as a float
 array given to ``free``, or integers beyond int64) and a call that failed
@@ -54,7 +62,10 @@ from numpy.typing import NDArray
 
 from ._errors import HostPoolError
 
-VERSION = 1
+VERSION = 2
+READS = (1, 2)  # the versions load() reads
+_WITH_START = 2  # the first version whose traces hold the state they began from
+_START_HEADER = 4  # the start array's counts: group depth, free, released, pending
 OPS = ("", "alloc", "alloc_many", "free", "clear", "merge", "free_group_begin", "free_group_end", "backup", "restore")
 ERRORS = ("", "TypeError", "HostPoolError", "AlignmentError", "PartialPageError", "SlotRangeError", "DoubleFreeError")
 OP_DTYPE = np.dtype(
@@ -115,8 +126,32 @@ class Operation:
 
 
 @dataclass(frozen=True)
+class StartState:
+    """The pool as a recording found it: its lists' page ids, in order, and the free groups open."""
+
+    free: NDArray[np.int64]
+    released: NDArray[np.int64]
+    pending: NDArray[np.int64]
+    group_depth: int
+
+    @property
+    def fresh(self) -> bool:
+        """Whether this is a new pool's state: every page free, ascending, nothing open."""
+        f = self.free
+        return (
+            self.group_depth == 0
+            and self.released.shape[0] == 0
+            and self.pending.shape[0] == 0
+            and bool(np.array_equal(f, np.arange(f.shape[0])))
+        )
+
+
+@dataclass(frozen=True)
 class Trace:
-    """A loaded trace: the pool's parameters and the operations, in order."""
+    """A loaded trace: the pool's parameters, the state it started from and the operations, in order.
+
+    ``start`` is ``None`` for a version 1 trace: it began on a fresh pool.
+    """
 
     pool: str
     size: int
@@ -124,6 +159,7 @@ class Trace:
     merge: str
     track: bool
     operations: tuple[Operation, ...]
+    start: StartState | None = None
 
     def __len__(self) -> int:
         return len(self.operations)
@@ -134,8 +170,9 @@ class Trace:
         return sum(op.replayable for op in self.operations)
 
 
-_MEMBERS = ("header", "ops", "data", "messages")
+_MEMBERS = ("header", "ops", "data", "messages")  # and "start", from version 2 on
 _ZIP_MAGIC = b"PK\x03\x04"
+_ENCRYPTED = 0x1  # bit 0 of a zip member's general purpose flags
 _NPY_MAGIC = b"\x93NUMPY"
 
 
@@ -186,20 +223,36 @@ def load(path: str | os.PathLike[str]) -> Trace:
             archive = zipfile.ZipFile(f)
         except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
             raise TraceError(f"{path} is not a hostpool_nb trace (not a readable .npz archive: {exc})") from None
+        try:
+            total = os.fstat(f.fileno()).st_size
+        except OSError as exc:
+            raise TraceError(f"{path} cannot be read as a trace: {exc.strerror or exc}") from None
         with archive:
+            names = _MEMBERS + (("start",) if "start.npy" in archive.NameToInfo else ())
             for name in _MEMBERS:
                 if name + ".npy" not in archive.NameToInfo:
                     raise TraceError(f"{path} is not a hostpool_nb trace: it has no {name!r} array")
-            arrays = {name: _read_member(archive, name, path) for name in _MEMBERS}
-    return _check(path, arrays["header"], arrays["ops"], arrays["data"], arrays["messages"])
+            arrays = {name: _read_member(archive, name, path, total) for name in names}
+    return _check(path, arrays)
 
 
-def _read_member(archive: zipfile.ZipFile, name: str, path: Any) -> NDArray[Any]:
-    """One ``.npy`` member, read only after its header's size matched its stored bytes."""
+def _read_member(archive: zipfile.ZipFile, name: str, path: Any, total: int) -> NDArray[Any]:
+    """One ``.npy`` member, read only after its header's size matched its stored bytes and the file's.
+
+    ``total`` is the file's size: every size the archive declares is a
+    number from the file, so each is bounded by what the file really holds
+    before anything that size is allocated.
+    """
     info = archive.NameToInfo[name + ".npy"]
     where = f"{path} is damaged: its {name!r} array"
     if info.compress_type != zipfile.ZIP_STORED:
         raise TraceError(f"{where} is compressed; a trace's arrays are stored uncompressed")
+    if info.flag_bits & _ENCRYPTED:
+        raise TraceError(f"{where} is encrypted; a trace's arrays are stored in the clear")
+    if info.file_size > total - info.header_offset:
+        raise TraceError(
+            f"{where} declares {info.file_size} bytes, but the file holds {total} bytes in all (truncated?)"
+        )
     try:
         with archive.open(info) as member:
             version = np.lib.format.read_magic(member)
@@ -221,7 +274,8 @@ def _read_member(archive: zipfile.ZipFile, name: str, path: Any) -> NDArray[Any]
             raw = bytearray(member.read(want))  # writable: replay hands slices to the pool
     except TraceError:
         raise
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+    except (OSError, ValueError, RuntimeError, NotImplementedError, zipfile.BadZipFile, EOFError) as exc:
+        # RuntimeError, NotImplementedError: zipfile's for flags and methods it does not support
         raise TraceError(f"{where} cannot be read ({exc})") from None
     if len(raw) != want:
         raise TraceError(f"{where} is truncated: {len(raw)} of {want} bytes")
@@ -229,13 +283,21 @@ def _read_member(archive: zipfile.ZipFile, name: str, path: Any) -> NDArray[Any]
     return arr.reshape(shape, order="F" if fortran else "C")
 
 
-def _check(path: Any, header: Any, ops: Any, data: Any, messages: Any) -> Trace:  # noqa: PLR0912 - one check each
+def _check(path: Any, arrays: dict[str, NDArray[Any]]) -> Trace:
+    header, ops, data, messages = (arrays[name] for name in _MEMBERS)
     where = f"{path} is damaged"
     if header.dtype != HEADER_DTYPE or header.shape != (1,):
         raise TraceError(f"{path} is not a hostpool_nb trace (its header has dtype {header.dtype})")
     h = header[0]
-    if int(h["version"]) != VERSION:
-        raise TraceError(f"{path} is a version {int(h['version'])} trace; this hostpool_nb reads version {VERSION}")
+    version = int(h["version"])
+    if version not in READS:
+        raise TraceError(
+            f"{path} is a version {version} trace; this hostpool_nb reads versions "
+            f"{', '.join(map(str, READS))} (replay it with the hostpool_nb that recorded it)"
+        )
+    if (version >= _WITH_START) != ("start" in arrays):
+        holds = "has no" if version >= _WITH_START else "has a"
+        raise TraceError(f"{where}: a version {version} trace, it {holds} 'start' array")
     if ops.dtype != OP_DTYPE or ops.ndim != 1 or data.dtype != np.int64 or data.ndim != 1:
         raise TraceError(f"{where}: its ops or data array has the wrong type")
     if messages.ndim != 1 or messages.dtype.kind != "U":
@@ -248,6 +310,13 @@ def _check(path: Any, header: Any, ops: Any, data: Any, messages: Any) -> Trace:
     size, page_size, merge = int(h["size"]), int(h["page_size"]), str(h["merge"])
     if page_size < 1 or size < 0 or size % page_size or merge not in ("fifo", "sorted"):
         raise TraceError(f"{where}: the pool it records is not a pool (size={size}, page_size={page_size}, {merge})")
+    result = _operations(where, ops, data, messages)
+    start = _start(where, arrays["start"], size // page_size) if "start" in arrays else None
+    return Trace(str(h["pool"]), size, page_size, merge, bool(h["track"]), tuple(result), start)
+
+
+def _operations(where: str, ops: Any, data: Any, messages: Any) -> list[Operation]:
+    """Every record of ``ops`` as an :class:`Operation`, each checked against the data it points into."""
     result: list[Operation] = []
     backups = 0  # snapshots numbered so far: a restore names one of them
     for i, rec in enumerate(ops.tolist()):
@@ -291,7 +360,27 @@ def _check(path: Any, header: Any, ops: Any, data: Any, messages: Any) -> Trace:
                 message=str(messages[message]) if message >= 0 else None,
             )
         )
-    return Trace(str(h["pool"]), size, page_size, merge, bool(h["track"]), tuple(result))
+    return result
+
+
+def _start(where: str, words: NDArray[Any], num_pages: int) -> StartState:
+    """The ``start`` array as a :class:`StartState`, its counts and page ids checked for the recorded pool."""
+    if words.dtype != np.int64 or words.ndim != 1 or words.shape[0] < _START_HEADER:
+        raise TraceError(f"{where}: its start array is not a pool's state (dtype {words.dtype}, shape {words.shape})")
+    depth, nfree, nrel, npend = (int(v) for v in words[:_START_HEADER])
+    listed = words[_START_HEADER:]
+    if min(depth, nfree, nrel, npend) < 0 or nfree + nrel + npend != listed.shape[0] or listed.shape[0] > num_pages:
+        raise TraceError(
+            f"{where}: its start state lists {listed.shape[0]} pages as {nfree} free, {nrel} released and "
+            f"{npend} pending, of a pool of {num_pages} pages"
+        )
+    if listed.shape[0] and (int(listed.min()) < 0 or int(listed.max()) >= num_pages):
+        raise TraceError(f"{where}: its start state lists a page outside the pool's {num_pages}")
+    if np.unique(listed).shape[0] != listed.shape[0]:
+        raise TraceError(f"{where}: its start state lists a page twice")
+    if npend and not depth:
+        raise TraceError(f"{where}: its start state has pending pages outside a free group")
+    return StartState(listed[:nfree], listed[nfree : nfree + nrel], listed[nfree + nrel :], depth)
 
 
 _SHOWN = 8  # slots shown of an array in a report
@@ -306,4 +395,15 @@ def describe_slots(value: Any) -> str:
     return f"{arr.shape[0]} slots [{head}{', ...' if arr.shape[0] > _SHOWN else ''}]"
 
 
-__all__ = ["ERRORS", "OPS", "VERSION", "Operation", "Trace", "TraceError", "describe_slots", "load"]
+__all__ = [
+    "ERRORS",
+    "OPS",
+    "READS",
+    "VERSION",
+    "Operation",
+    "StartState",
+    "Trace",
+    "TraceError",
+    "describe_slots",
+    "load",
+]

@@ -551,6 +551,103 @@ def test_a_compressed_member_is_never_inflated(tmp_path: Path) -> None:
     assert "is compressed" in str(info.value)
 
 
+def _forged_zip(
+    path: Path, members: dict[str, bytes], declare: dict[str, int], encrypted: tuple[str, ...] = ()
+) -> Path:
+    """A stored zip of ``members`` whose central directory declares the sizes in ``declare`` (zip64 where they need
+    it) and flags the members in ``encrypted`` as encrypted: what the file says, not what it holds."""
+    import struct
+    import zlib
+
+    local, central = bytearray(), bytearray()
+    for name, raw in members.items():
+        offset, crc, size, flags = len(local), zlib.crc32(raw), declare.get(name, len(raw)), 0
+        flags = 1 if name in encrypted else 0
+        fname = name.encode()
+        local += struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, flags, 0, 0, 0x21, crc, len(raw), len(raw), len(fname), 0)
+        local += fname + raw
+        extra = b""
+        small = size
+        if size >= 0xFFFFFFFF:  # zip64: both sizes in the extra field
+            extra = struct.pack("<HHQQ", 0x0001, 16, size, size)
+            small = 0xFFFFFFFF
+        central += struct.pack(
+            "<IHHHHHHIIIHHHHHII",
+            0x02014B50,
+            45,
+            45,
+            flags,
+            0,
+            0,
+            0x21,
+            crc,
+            small,
+            small,
+            len(fname),
+            len(extra),
+            0,
+            0,
+            0,
+            0,
+            offset,
+        )
+        central += fname + extra
+    end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, len(members), len(members), len(central), len(local), 0)
+    path.write_bytes(bytes(local + central + end))
+    return path
+
+
+def _declaring(rows: int) -> bytes:
+    """An ``ops`` member whose .npy header declares ``rows`` records, and holds none."""
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": T.OP_DTYPE.descr, "fortran_order": False, "shape": (rows,)})
+    return buf.getvalue()
+
+
+def test_a_member_declaring_more_bytes_than_the_file_holds_is_refused_before_it_is_read(
+    tmp_path: Path, capsys: Any
+) -> None:
+    members = _members(_good_trace(tmp_path / "good.npz"))
+    rows = (64 << 30) // T.OP_DTYPE.itemsize  # 64 GiB of operations, as the header and the zip64 record both say
+    members["ops.npy"] = _declaring(rows)
+    declared = len(members["ops.npy"]) + rows * T.OP_DTYPE.itemsize
+    bad = _forged_zip(tmp_path / "huge.npz", members, {"ops.npy": declared})
+    assert bad.stat().st_size < 4096
+    with pytest.raises(T.TraceError) as info:  # not a MemoryError: nothing that size is ever allocated
+        T.load(bad)
+    assert f"its 'ops' array declares {declared} bytes, but the file holds {bad.stat().st_size} bytes" in str(
+        info.value
+    )
+    assert R.main([str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+def test_a_member_flagged_encrypted_is_a_trace_error(tmp_path: Path, capsys: Any) -> None:
+    members = _members(_good_trace(tmp_path / "good.npz"))
+    bad = _forged_zip(tmp_path / "locked.npz", members, {}, encrypted=("data.npy",))
+    with pytest.raises(T.TraceError) as info:
+        T.load(bad)
+    assert (
+        str(info.value) == f"{bad} is damaged: its 'data' array is encrypted; a trace's arrays are stored in the clear"
+    )
+    assert R.main([str(bad)]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_member_holding_more_bytes_than_its_header_declares_is_refused(tmp_path: Path) -> None:
+    members = _members(_good_trace(tmp_path / "good.npz"))
+    members["data.npy"] += b"\0" * 8  # one more int64 than its .npy header says
+    bad = _zip_of(tmp_path / "long.npz", members)
+    with pytest.raises(T.TraceError) as info:
+        T.load(bad)
+    assert str(info.value) == f"{bad} is damaged: its 'data' array declares 64 entries (512 bytes) but holds 520 bytes"
+
+
 def test_a_restore_of_a_snapshot_the_trace_never_took_is_damage(tmp_path: Path) -> None:
     pool = LogicalHostPool(64, 16)
     path = tmp_path / "t.npz"
