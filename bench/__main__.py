@@ -54,7 +54,7 @@ def _writable(option: str, path: str | None) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scale", type=float, default=1.0, help="more repeats, longer loops and traces (default 1)")
+    ap.add_argument("--scale", type=float, default=None, help="more repeats, longer loops and traces (default 1)")
     ap.add_argument("--full", action="store_true", help=f"the complete run: --scale {FULL_SCALE:g}")
     ap.add_argument("--only", metavar="NAMES", help=f"comma-separated workloads, of: {', '.join(WORKLOADS)}")
     ap.add_argument("--trace", metavar="PATH", help="time a trace recorded with pool.recording(PATH) too")
@@ -64,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--torch-threads", type=int, default=1, metavar="N", help="torch intra-op threads (default 1)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (shown only on a terminal)")
     args = ap.parse_args(argv)
+    chosen = args.full or args.scale is not None or args.only is not None  # what runs, said by an option
+    if args.scale is None:
+        args.scale = 1.0
     if args.full:
         args.scale = FULL_SCALE
     if not args.scale > 0:
@@ -76,8 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not names or unknown:
             fail(f"--only: unknown workload(s) {','.join(unknown) or '(none)'}; choose from {','.join(WORKLOADS)}")
         args.only = names
-    elif args.trace is not None and len(sys.argv if argv is None else argv) <= 3:
-        args.only = ["recorded"]  # --trace PATH alone times only the trace
+    elif args.trace is not None and not chosen:
+        args.only = ["recorded"]  # --trace with no option that says what else runs: only the trace
     if args.trace is not None:
         from hostpool_nb.trace import TraceError, load
 

@@ -297,6 +297,11 @@ def test_full_is_scale_3_and_a_trace_alone_times_only_the_trace(tmp_path: Path) 
         p.free(p.alloc(32))
     assert cli.parse_args(["--trace", str(path)]).only == ["recorded"]
     assert cli.parse_args(["--trace", str(path), "--only", "host"]).only == ["host"]
+    # Options that say nothing of what runs leave the trace alone; those that do run the rest too.
+    for more in (["--no-progress"], ["--no-torch", "--json", str(tmp_path / "o.json")], ["--torch-threads", "2"]):
+        assert cli.parse_args(["--trace", str(path), *more]).only == ["recorded"], more
+    for more in (["--full"], ["--scale", "1"], ["--scale", "2"]):
+        assert cli.parse_args(["--trace", str(path), *more]).only is None, more
 
 
 def test_help_says_how_long_and_how_to_scale(capsys: pytest.CaptureFixture[str]) -> None:

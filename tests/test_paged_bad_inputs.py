@@ -1195,3 +1195,78 @@ def test_free_at_a_page_size_that_is_no_power_of_two(ps: int) -> None:
     alloc.merge_and_sort_free()
     assert alloc.free_pages[0].tolist() == [2, 3, 4, 5]
     alloc.check_invariants()
+
+
+# -- gaps planted bugs went through ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("call", ["extend", "decode"])
+def test_a_uint64_length_of_2_63_is_beyond_the_int64_range(call: str) -> None:
+    a = PagedTokenToKVPoolAllocator(64, 16, None)
+    before = a.backup_state()
+    lens = np.array([2**63], dtype=np.uint64)
+    run = (lambda: a.alloc_extend([0], lens, [-1], 1)) if call == "extend" else (lambda: a.alloc_decode(lens, [1]))
+    with pytest.raises(HostPoolError) as info:
+        run()
+    assert str(info.value) == f"seq_lens holds {2**63}, beyond the int64 range"
+    assert [s.tolist() for s in a.backup_state()._ranks] == [s.tolist() for s in before._ranks]
+
+
+@pytest.mark.parametrize("kind", ["logical", "paged", "host"])
+def test_a_uint64_free_beyond_int64_names_the_first_such_entry(kind: str) -> None:
+    from hostpool_nb import HostPagePool, LogicalHostPool
+
+    ids = np.array([3, 2**63 + 7, 2**64 - 1], dtype=np.uint64)  # two beyond int64: the first is named
+    if kind == "host":
+        host = HostPagePool(8)
+        host.alloc(4)
+        with pytest.raises(SlotRangeError) as info:
+            host.free(ids)
+        assert str(info.value) == f"page id={2**63 + 7} outside pool range [0, 8)"
+        return
+    pool: Any = LogicalHostPool(64, 1) if kind == "logical" else PagedTokenToKVPoolAllocator(64, 16, None)
+    name = "indices" if kind == "logical" else "free_index"
+    with pytest.raises(SlotRangeError) as info:
+        pool.free(ids)
+    assert str(info.value) == f"free got slot {2**63 + 7} at {name}[1] (flattened), outside the int64 range"
+
+
+def test_the_free_group_view_is_a_new_list_each_time() -> None:
+    a = PagedTokenToKVPoolAllocator(64, 16, None)
+    held = a.alloc(32)
+    a.free_group_begin()
+    a.free(held[:16])
+    seen = a.free_group
+    seen[0].clear()
+    seen.append([np.arange(3)])
+    assert a.free_group is not seen
+    assert [[f.tolist() for f in rank] for rank in a.free_group] == [[list(range(16, 32))]]
+
+
+def test_writes_to_an_array_after_its_free_in_a_group_change_nothing() -> None:
+    a = PagedTokenToKVPoolAllocator(64, 16, None)
+    held = a.alloc(48)
+    mine = held[:16].copy()
+    a.free_group_begin()
+    assert a.free(mine) == 1
+    mine[:] = held[16:32]  # the caller reuses its array: the group still frees what it was given
+    a.free_group_end()
+    assert a.free_pages[0].tolist() == [4]
+    assert sorted(a.release_pages[0].tolist()) == [1]
+    a.free(held[16:48])  # pages 2 and 3 are still allocated
+    a.check_invariants()
+
+
+def test_a_free_that_raises_inside_a_group_leaves_its_pending_frees_as_they_were() -> None:
+    a = PagedTokenToKVPoolAllocator(64, 16, None, strict=True)
+    held = a.alloc(48)
+    a.free_group_begin()
+    a.free(held[:16])
+    pending = [[f.tolist() for f in rank] for rank in a.free_group]
+    with pytest.raises(DoubleFreeError):
+        a.free(np.concatenate([held[16:32], held[:16]]))  # page 2, then page 1 again: refused whole
+    assert [[f.tolist() for f in rank] for rank in a.free_group] == pending
+    a.free_group_end()
+    assert sorted(a.release_pages[0].tolist()) == [1]  # page 2 stays allocated
+    a.free(held[16:48])
+    a.check_invariants()
