@@ -40,7 +40,7 @@ WAIT_S = 1.0
 _FIRST_PAUSE_S = 10e-6
 _LAST_PAUSE_S = 1e-3
 _SWITCH_S = 5e-6
-# How long a wait for one lock may hold the others (see _in_order).
+# How long a wait for one lock may hold the others, at first (see _in_order); each round doubles it.
 _ORDERED_WAIT_S = 0.02
 
 _registry_lock = threading.Lock()  # held only to read or write _live: its holders never wait
@@ -110,12 +110,24 @@ def _before_fork() -> None:
     deadline = [time.monotonic() + WAIT_S]
     interval = sys.getswitchinterval()
     try:
-        pools, held, busy = _in_order(deadline) or _by_polling(deadline)
+        pools, held, busy = _take_everything(deadline)
     finally:
         sys.setswitchinterval(interval)
     _Fork.held = held
     _Fork.missed = [p for p in pools if p.lock in busy]
     _Fork.keep = pools
+
+
+def _take_everything(deadline: list[float]) -> tuple[list[Any], list[Any], list[Any]]:
+    """(pools, locks held, busy locks): in order first (what gets a fork in between a busy thread's calls), then
+    all at once (what gets one past a thread that nests pools' locks); each round waits twice as long, as calls
+    may be long ones. At the deadline, polling gives up with whatever it holds."""
+    wait = _ORDERED_WAIT_S
+    while True:
+        got = _in_order(deadline, wait) or _by_polling(deadline, time.monotonic() + wait)
+        if got is not None:
+            return got
+        wait *= 2
 
 
 def _take_leaves(leaves: list[Any], deadline: list[float]) -> None:
@@ -139,8 +151,8 @@ def _made_since(pools: list[Any]) -> list[Any]:
     return [p for p in _live.values() if id(p) not in listed]
 
 
-def _in_order(deadline: list[float]) -> tuple[list[Any], list[Any], list[Any]] | None:
-    """Every lock in the order the pools were made, each waited for at most ``_ORDERED_WAIT_S``.
+def _in_order(deadline: list[float], wait: float) -> tuple[list[Any], list[Any], list[Any]] | None:
+    """Every lock in the order the pools were made, each waited for at most ``wait`` seconds.
 
     Waiting while holding the earlier ones is what lets a fork in between
     a thread's calls through: the thread's next call waits for the fork.
@@ -151,7 +163,7 @@ def _in_order(deadline: list[float]) -> tuple[list[Any], list[Any], list[Any]] |
     pools, leaves = _listed()
     taken: list[Any] = []
     for lock in [p.lock for p in pools] + [_registry_lock]:
-        if not lock.acquire(timeout=max(0.0, min(_ORDERED_WAIT_S, deadline[0] - time.monotonic()))):
+        if not lock.acquire(timeout=max(0.0, min(wait, deadline[0] - time.monotonic()))):
             _release(taken)
             return None
         taken.append(lock)
@@ -165,12 +177,15 @@ def _in_order(deadline: list[float]) -> tuple[list[Any], list[Any], list[Any]] |
     return pools + made, taken + more, []
 
 
-def _by_polling(deadline: list[float]) -> tuple[list[Any], list[Any], list[Any]]:
-    """Every lock at once, holding none while waiting; at the deadline, whichever are free then."""
+def _by_polling(deadline: list[float], until: float) -> tuple[list[Any], list[Any], list[Any]] | None:
+    """Every lock at once, holding none while waiting, until ``until`` (``None`` then); at the deadline, whichever
+    are free then."""
     pause = _FIRST_PAUSE_S
     while True:
         pools, leaves = _listed()
+        started = deadline[0]
         _take_leaves(leaves, deadline)  # holding nothing, so this wait ends
+        until += deadline[0] - started  # a wait for a compile does not count
         last = time.monotonic() + pause > deadline[0]
         taken, busy = _try_all([_registry_lock] + [p.lock for p in pools])
         if _registry_lock in taken:  # no pool can be made now: take those made since the list was read
@@ -182,6 +197,8 @@ def _by_polling(deadline: list[float]) -> tuple[list[Any], list[Any], list[Any]]
         if not busy or last:
             return pools, leaves + taken, busy
         _release(taken + leaves)
+        if time.monotonic() + pause > until:
+            return None
         # A thread that holds a busy lock in a loop of its own is preempted
         # sooner while this one waits, so an attempt lands between two of
         # its holds more often.
