@@ -72,8 +72,13 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 JIT_DISABLED = bool(getattr(_numba_config, "DISABLE_JIT", False))  # numba's config module sets it from the env
 
-# Every module whose code or constants kernels compile in.
-KERNEL_MODULES = ("_jit.py", "_layout.py", "_kernels.py", "_paged_kernels.py", "_host_kernels.py")
+# Every module whose code or constants kernels compile in: this one, the state layout, and each module of
+# kernels, found by its name (``_*kernels.py``) so that a new one cannot be left out of the stamp or warmup.
+KERNEL_MODULES = (
+    "_jit.py",
+    "_layout.py",
+    *sorted(p.name for p in Path(__file__).resolve().parent.glob("_*kernels.py")),
+)
 
 # A compile running longer than this says so, once per process.
 NOTICE_AFTER_S = 1.0

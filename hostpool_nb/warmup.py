@@ -15,6 +15,7 @@ The cache lives next to the package (``__pycache__``), or under
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from collections.abc import Sequence
@@ -28,9 +29,10 @@ def compile_all(quiet: bool = False) -> float:
     nothing to compile and it returns at once.
     """
     started = time.perf_counter()
-    # Every module that defines kernels, so that every kernel is listed.
-    from . import _host_kernels, _kernels, _paged_kernels  # noqa: F401, PLC0415
-    from ._jit import _COMPILER, KERNELS  # noqa: PLC0415
+    from ._jit import _COMPILER, KERNEL_MODULES, KERNELS  # noqa: PLC0415
+
+    for module in KERNEL_MODULES:  # every module that defines kernels, so that every kernel is listed
+        importlib.import_module(f".{module.removesuffix('.py')}", __package__)
 
     _COMPILER.announced = True  # this says what it does itself: no first-use notice
     if not quiet:

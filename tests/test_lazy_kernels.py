@@ -346,3 +346,30 @@ def test_a_kernel_takes_one_signature() -> None:
     # One compiled entry point per kernel; numba < 0.68 does not reload several from a rebuilt cache.
     with pytest.raises(TypeError, match="one signature string"):
         _jit.kernel(("i8(i8)", "f8(f8)"))  # type: ignore[arg-type]
+
+
+@needs_jit
+def test_the_kernel_modules_are_every_module_that_defines_a_kernel_callee_or_window() -> None:
+    """The cache stamp and warmup read _jit.KERNEL_MODULES: a module of kernels left out would load stale code."""
+    import importlib
+    import pkgutil
+
+    import hostpool_nb
+
+    for info in pkgutil.walk_packages(hostpool_nb.__path__, "hostpool_nb."):
+        if not info.name.endswith(".torch"):
+            importlib.import_module(info.name)
+    defining = set()
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__name__", "")
+        if not name.startswith("hostpool_nb.") or name.count(".") != 1:
+            continue
+        for value in vars(module).values():
+            made_here = getattr(value, "__module__", None) == name or getattr(value, "py_func", None) is not None
+            if (isinstance(value, _jit.Kernel) or _jit.is_callee(value)) and made_here:
+                defining.add(getattr(value, "py_func", value).__module__.rpartition(".")[2] + ".py")
+    assert defining, "no kernel found"
+    assert defining <= set(_jit.KERNEL_MODULES), defining - set(_jit.KERNEL_MODULES)
+    assert {"_kernels.py", "_paged_kernels.py", "_host_kernels.py", "_layout.py"} <= set(_jit.KERNEL_MODULES)
+    kernels = {f"{k.__module__.rpartition('.')[2]}.py" for k in _jit.KERNELS}
+    assert kernels <= set(_jit.KERNEL_MODULES)
