@@ -17,9 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _host_kernels as H
-from . import _kernels as K
-from . import _layout as L
+from . import _host_kernels, _kernels, _layout
 from ._convert import INT64, STRIDES_1D, as_count, as_page_ids, is_array_like
 from ._errors import (
     HostPoolError,
@@ -40,18 +38,18 @@ from .originals.host_tier import PD_METRICS
 
 log = logging.getLogger("hostpool_nb")
 
-_reserve = entry_point(H.host_reserve)
-_alloc = entry_point(H.host_alloc)
-_free = entry_point(H.host_free)
-_release = entry_point(H.host_release)
-_pin = entry_point(H.host_pin)
-_pin1 = entry_point(H.host_pin1)
-_reset = entry_point(H.host_reset)
-_load = entry_point(K.load_state)
+_reserve = entry_point(_host_kernels.host_reserve)
+_alloc = entry_point(_host_kernels.host_alloc)
+_free = entry_point(_host_kernels.host_free)
+_release = entry_point(_host_kernels.host_release)
+_pin = entry_point(_host_kernels.host_pin)
+_pin1 = entry_point(_host_kernels.host_pin1)
+_reset = entry_point(_host_kernels.host_reset)
+_load = entry_point(_kernels.load_state)
 
 _NO_GENS = np.empty(0, dtype=np.int64)
 _NO_OUT = np.empty(0, dtype=np.int64)  # host_free: do not list the freed pages
-_STATUS_SHORT = L.status_of(L.E_SHORT)
+_STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
 _empty = np.empty
 _ndarray = np.ndarray
 
@@ -112,22 +110,22 @@ class HostPagePool:
         pool_size = as_count(pool_size, "pool_size")
         if pool_size <= 0:
             raise HostPoolError(f"pool_size must be positive, got {pool_size}")
-        if pool_size > L.MAX_PAGES:
-            raise HostPoolError(f"pool_size must be at most {L.MAX_PAGES} (2**31 - 1), got {pool_size}")
-        st = np.zeros(L.host_state_length(pool_size), dtype=np.int64)
-        st[L.HP_NPAGES] = pool_size
+        if pool_size > _layout.MAX_PAGES:
+            raise HostPoolError(f"pool_size must be at most {_layout.MAX_PAGES} (2**31 - 1), got {pool_size}")
+        st = np.zeros(_layout.host_state_length(pool_size), dtype=np.int64)
+        st[_layout.HP_NPAGES] = pool_size
         self._setup(st)
         _reset(st)
-        st[L.HP_CLEARS] = 0  # the construction is not a clear() call
+        st[_layout.HP_CLEARS] = 0  # the construction is not a clear() call
 
     def _setup(self, st: NDArray[np.int64]) -> None:
-        n = int(st[L.HP_NPAGES])
+        n = int(st[_layout.HP_NPAGES])
         self.pool_size = n
         self.lock = threading.RLock()
         register_fork_lock(self)
         self._st = st
-        ring, gen, ref, flags, _ = L.host_offsets(n)
-        self._ring = st[ring : ring + L.ring_words(n)].view(np.int32)[:n]
+        ring, gen, ref, flags, _ = _layout.host_offsets(n)
+        self._ring = st[ring : ring + _layout.ring_words(n)].view(np.int32)[:n]
         self.allocated = _read_only(st[flags:].view(np.bool_)[:n])
         self.generation = _read_only(st[gen : gen + n])
         self.lock_ref = _read_only(st[ref : ref + n])
@@ -397,7 +395,7 @@ class HostPagePool:
     def available_size(self) -> int:
         """Number of free pages."""
         with self.lock:
-            free: int = self._words[L.HP_NFREE]
+            free: int = self._words[_layout.HP_NFREE]
             return free
 
     def total_size(self) -> int:
@@ -416,18 +414,18 @@ class HostPagePool:
     def stats(self) -> HostPageStats:
         """Usage and counters now, in O(1)."""
         with self.lock:
-            h = [int(x) for x in self._st[: L.HP_HEADER]]
-        n = h[L.HP_NPAGES]
+            h = [int(x) for x in self._st[: _layout.HP_HEADER]]
+        n = h[_layout.HP_NPAGES]
         return HostPageStats(
             pool_size=n,
-            free_pages=h[L.HP_NFREE],
-            allocated_pages=n - h[L.HP_NFREE],
-            pinned_pages=h[L.HP_PINNED],
-            peak_allocated_pages=h[L.HP_PEAK],
-            alloc_calls=h[L.HP_ALLOC_CALLS],
-            exhausted_calls=h[L.HP_EXHAUSTED],
-            free_calls=h[L.HP_FREE_CALLS],
-            clears=h[L.HP_CLEARS],
+            free_pages=h[_layout.HP_NFREE],
+            allocated_pages=n - h[_layout.HP_NFREE],
+            pinned_pages=h[_layout.HP_PINNED],
+            peak_allocated_pages=h[_layout.HP_PEAK],
+            alloc_calls=h[_layout.HP_ALLOC_CALLS],
+            exhausted_calls=h[_layout.HP_EXHAUSTED],
+            free_calls=h[_layout.HP_FREE_CALLS],
+            clears=h[_layout.HP_CLEARS],
         )
 
     def check_invariants(self) -> None:
@@ -477,7 +475,7 @@ class HostPagePool:
             raise HostPoolError(f"{what} holds a {type(saved).__name__}, not a pool's state")
         check_format(saved.get("format"), "HostPagePool")
         pool_size = saved.get("pool_size")
-        if type(pool_size) is not int or not 0 < pool_size <= L.MAX_PAGES:
+        if type(pool_size) is not int or not 0 < pool_size <= _layout.MAX_PAGES:
             raise HostPoolError(f"{what} has pool_size={pool_size!r}")
         self._setup(checked_host_words(saved.get("state"), pool_size, what))
         self._last_exhaust_log = -1.0
@@ -511,38 +509,38 @@ class HostPagePool:
     def _fault(self, beyond: dict[int, int], position: int) -> tuple[int, int]:
         """The page a failed kernel stopped at (as it read it) and the generation it was given."""
         st = self._st
-        return beyond.get(position, int(st[L.HP_FAULT])), int(st[L.HP_FAULT_GEN])
+        return beyond.get(position, int(st[_layout.HP_FAULT])), int(st[_layout.HP_FAULT_GEN])
 
     def _free_error(self, status: int, what: str, op: str, beyond: dict[int, int]) -> Exception:
-        code, pos = L.decode_status(status)
+        code, pos = _layout.decode_status(status)
         page, given = self._fault(beyond, pos)
-        if code == L.E_RANGE:
+        if code == _layout.E_RANGE:
             return SlotRangeError(f"{what}={page} outside pool range [0, {self.pool_size})")
-        if code == L.E_NOT_ALLOCATED:
+        if code == _layout.E_NOT_ALLOCATED:
             return PageDoubleFreeError(f"double free of {what}={page}")
-        if code == L.E_STALE:
+        if code == _layout.E_STALE:
             return StaleFreeError(
                 f"stale {op} of {what}={page}: it was handed out again since generation {given} "
                 f"(its generation is {int(self.generation[page])})"
             )
-        if code == L.E_PINNED:
+        if code == _layout.E_PINNED:
             verb = "release" if op == "release" else "free"
             return PinnedPageError(f"{verb} of locked {what}={page} (lock_ref={int(self.lock_ref[page])})")
         return self._corrupt(op, status)
 
     def _pin_error(self, status: int, beyond: dict[int, int]) -> Exception:
-        code, pos = L.decode_status(status)
+        code, pos = _layout.decode_status(status)
         page, _ = self._fault(beyond, pos)
-        if code == L.E_RANGE:
+        if code == _layout.E_RANGE:
             return SlotRangeError(f"buffer_id={page} outside pool range [0, {self.pool_size})")
-        if code == L.E_NOT_ALLOCATED:
+        if code == _layout.E_NOT_ALLOCATED:
             return PageNotAllocatedError(f"buffer_id={page} is not allocated (in free-list)")
-        if code == L.E_UNDERFLOW:
+        if code == _layout.E_UNDERFLOW:
             return LockRefUnderflowError(f"dec_lock_ref underflow on buffer_id={page}")
         return self._corrupt("lock_ref", status)
 
     def _corrupt(self, op: str, status: int) -> RuntimeError:
-        code, pos = L.decode_status(status)
+        code, pos = _layout.decode_status(status)
         return RuntimeError(
             f"HostPagePool state is corrupted: {op} kernel failed with code {code} at {pos}; "
             "please report this with the calls that led to it"
@@ -728,7 +726,7 @@ class HostKVPoolMixin:
         """The number of free pages."""
         lock = self._host_pages.lock
         lock.acquire()
-        free: int = self._header[L.HP_NFREE]
+        free: int = self._header[_layout.HP_NFREE]
         lock.release()
         return free
 
@@ -779,10 +777,10 @@ class HostKVPoolMixin:
                 "host pool %s exhausted: %d pages asked for, %d free (size=%d, peak_used=%d, exhaust_count=%d)",
                 getattr(self, "_pool_name", type(self).__name__),
                 need,
-                self._header[L.HP_NFREE],
+                self._header[_layout.HP_NFREE],
                 self._pool_size,
-                self._header[L.HP_PEAK],
-                self._header[L.HP_EXHAUSTED],
+                self._header[_layout.HP_PEAK],
+                self._header[_layout.HP_EXHAUSTED],
             )
 
     def _forget_page(self, page: int) -> None:
@@ -822,7 +820,7 @@ class HostKVPoolMixin:
     @property
     def _peak_used(self) -> int:
         header = getattr(self, "_header", None)
-        return 0 if header is None else int(header[L.HP_PEAK])
+        return 0 if header is None else int(header[_layout.HP_PEAK])
 
     @_peak_used.setter
     def _peak_used(self, value: int) -> None:
@@ -831,7 +829,7 @@ class HostKVPoolMixin:
     @property
     def _exhaust_count(self) -> int:
         header = getattr(self, "_header", None)
-        return 0 if header is None else int(header[L.HP_EXHAUSTED])
+        return 0 if header is None else int(header[_layout.HP_EXHAUSTED])
 
     @_exhaust_count.setter
     def _exhaust_count(self, value: int) -> None:

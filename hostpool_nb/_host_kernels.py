@@ -125,7 +125,7 @@ def host_alloc(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
 
 
 @_callee()
-def _refusal(st: NDArray[np.int64], code: int, position: int, page: int, given: int) -> int:
+def _faulted(st: NDArray[np.int64], code: int, position: int, page: int, given: int) -> int:
     """Leave the fault in the scratch words; return the status."""
     st[HP_FAULT] = page
     st[HP_FAULT_GEN] = given
@@ -162,19 +162,19 @@ def host_free(
     for i in range(m):
         x = pages[i]
         if x < 0 or x >= n:
-            status = _refusal(st, E_RANGE, i, x, 0)
+            status = _faulted(st, E_RANGE, i, x, 0)
             break
         given = gens[i] if check != 0 else 0
         if check != 0 and flags[x] != 0 and given != gen[x]:
-            status = _refusal(st, E_STALE, i, x, given)
+            status = _faulted(st, E_STALE, i, x, given)
             break
         if marks[x] != 0:
             continue
         if flags[x] == 0:
-            status = _refusal(st, E_NOT_ALLOCATED, i, x, given)
+            status = _faulted(st, E_NOT_ALLOCATED, i, x, given)
             break
         if ref[x] > 0:
-            status = _refusal(st, E_PINNED, i, x, given)
+            status = _faulted(st, E_PINNED, i, x, given)
             break
         marks[x] = 1
         ring[pos] = x
@@ -203,14 +203,14 @@ def host_release(st: NDArray[np.int64], page: int, given: int, check: int) -> in
     """``host_free`` of one page, without an array: returns 1, or the same failures at position 0."""
     n: int = st[HP_NPAGES]
     if page < 0 or page >= n:
-        return _refusal(st, E_RANGE, 0, page, 0)
+        return _faulted(st, E_RANGE, 0, page, 0)
     flags = host_flags(st)
     if flags[page] == 0:
-        return _refusal(st, E_NOT_ALLOCATED, 0, page, given)
+        return _faulted(st, E_NOT_ALLOCATED, 0, page, given)
     if check != 0 and given != host_gens(st)[page]:
-        return _refusal(st, E_STALE, 0, page, given)
+        return _faulted(st, E_STALE, 0, page, given)
     if host_refs(st)[page] > 0:
-        return _refusal(st, E_PINNED, 0, page, given)
+        return _faulted(st, E_PINNED, 0, page, given)
     tail: int = st[HP_HEAD] + st[HP_NFREE]
     host_ring(st)[tail - n if tail >= n else tail] = page
     flags[page] = 0
@@ -223,13 +223,13 @@ def host_release(st: NDArray[np.int64], page: int, given: int, check: int) -> in
 def _pin_one(st: NDArray[np.int64], page: int, delta: int, position: int) -> int:
     n: int = st[HP_NPAGES]
     if page < 0 or page >= n:
-        return _refusal(st, E_RANGE, position, page, 0)
+        return _faulted(st, E_RANGE, position, page, 0)
     if host_flags(st)[page] == 0:
-        return _refusal(st, E_NOT_ALLOCATED, position, page, 0)
+        return _faulted(st, E_NOT_ALLOCATED, position, page, 0)
     ref = host_refs(st)
     count: int = ref[page]
     if delta < 0 and count == 0:
-        return _refusal(st, E_UNDERFLOW, position, page, 0)
+        return _faulted(st, E_UNDERFLOW, position, page, 0)
     ref[page] = count + delta
     if count == 0:
         st[HP_PINNED] += 1

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _layout as L
+from . import _layout
 from ._layout import owner_flags, ring_ids
 from ._tracking import Site, site_id_problems
 
@@ -34,7 +34,7 @@ def _limit(loading: bool) -> tuple[int, str]:
     return LIVE_LIMIT, f"at or beyond {LIVE_LIMIT} (3 * 2**61), which later calls could overflow"
 
 
-def problems(
+def pool_problems(
     st: NDArray[np.int64],
     num_pages: int,
     page_size: int,
@@ -67,18 +67,17 @@ def problems(
     if layout:
         return layout
     found: list[str] = []
-    header = (int(st[L.H_NPAGES]), int(st[L.H_PAGE_SIZE]), int(st[L.H_PAGE_SHIFT]))
-    if header != (n, page_size, L.page_shift(page_size)):
-        found.append(
-            f"header says (pages, page_size, shift) = {header}, pool has {(n, page_size, L.page_shift(page_size))}"
-        )
-    head, nfree, nrel, npend = (int(st[h]) for h in (L.H_HEAD, L.H_NFREE, L.H_NREL, L.H_NPEND))
+    header = (int(st[_layout.H_NPAGES]), int(st[_layout.H_PAGE_SIZE]), int(st[_layout.H_PAGE_SHIFT]))
+    shape = (n, page_size, _layout.page_shift(page_size))
+    if header != shape:
+        found.append(f"header says (pages, page_size, shift) = {header}, pool has {shape}")
+    head, nfree, nrel, npend = (int(st[h]) for h in (_layout.H_HEAD, _layout.H_NFREE, _layout.H_NREL, _layout.H_NPEND))
     if not (nfree >= 0 and nrel >= 0 and npend >= 0 and nfree + nrel + npend <= n and (n == 0 or 0 <= head < n)):
         found.append(f"counters out of range: head={head} nfree={nfree} nrel={nrel} npend={npend} pages={n}")
         return found
     found += _word_problems(st, npend, loading)
-    sorted_flag = int(st[L.H_SORTED])
-    track = int(st[L.H_TRACK])
+    sorted_flag = int(st[_layout.H_SORTED])
+    track = int(st[_layout.H_TRACK])
     counters = {name: int(st[h]) for name, h in _COUNTERS}
     ring = ring_ids(st, n)
     listed = ring[(head + np.arange(nfree + nrel + npend)) % max(n, 1)]
@@ -89,9 +88,9 @@ def problems(
     times = np.bincount(listed, minlength=n)
     if times.max(initial=0) > 1:
         found.append(f"page {int(np.argmax(times))} is listed {int(times.max())} times")
-    expected = np.full(n, L.OWNER_ALLOCATED, dtype=np.uint8)
-    expected[listed[: nfree + nrel]] = L.OWNER_FREE
-    expected[listed[nfree + nrel :]] = L.OWNER_PENDING
+    expected = np.full(n, _layout.OWNER_ALLOCATED, dtype=np.uint8)
+    expected[listed[: nfree + nrel]] = _layout.OWNER_FREE
+    expected[listed[nfree + nrel :]] = _layout.OWNER_PENDING
     bad_owner = owner != expected
     if bad_owner.any():
         p = int(np.argmax(bad_owner))
@@ -115,18 +114,18 @@ def _layout_problems(st: NDArray[np.int64], n: int) -> list[str]:
     """The array itself: 1-D int64, of the length its layout (tracking or not) needs."""
     if st.ndim != 1 or st.dtype != np.int64:
         return [f"state must be a 1-D int64 array, got {st.dtype} with shape {st.shape}"]
-    track = int(st[L.H_TRACK]) if st.shape[0] > L.H_TRACK else 0
-    if track not in (0, L.track_offset(n)):
-        return [f"tracking words said to start at {track}, expected 0 or {L.track_offset(n)}"]
-    if st.shape[0] != L.state_length(n, track != 0):
-        return [f"state array has length {st.shape[0]}, expected {L.state_length(n, track != 0)}"]
+    track = int(st[_layout.H_TRACK]) if st.shape[0] > _layout.H_TRACK else 0
+    if track not in (0, _layout.track_offset(n)):
+        return [f"tracking words said to start at {track}, expected 0 or {_layout.track_offset(n)}"]
+    if st.shape[0] != _layout.state_length(n, track != 0):
+        return [f"state array has length {st.shape[0]}, expected {_layout.state_length(n, track != 0)}"]
     return []
 
 
 def _word_problems(st: NDArray[np.int64], npend: int, loading: bool) -> list[str]:
     """Free groups, the merge order word and the statistics, each in its range."""
     found = []
-    depth, sorted_flag = int(st[L.H_GROUP_DEPTH]), int(st[L.H_SORTED])
+    depth, sorted_flag = int(st[_layout.H_GROUP_DEPTH]), int(st[_layout.H_SORTED])
     if depth < 0 or (npend > 0 and depth == 0):
         found.append(f"free groups out of range: depth={depth} with {npend} pending pages")
     if sorted_flag not in (0, 1):
@@ -135,24 +134,25 @@ def _word_problems(st: NDArray[np.int64], npend: int, loading: bool) -> list[str
     if min(counters.values()) < 0 or counters["failed_allocs"] > counters["alloc_calls"]:
         found.append(f"statistics out of range: {counters}")
     grow = {
-        name: int(st[h]) for name, h in (*_COUNTERS, ("group depth", L.H_GROUP_DEPTH), ("allocation number", L.H_SEQ))
+        name: int(st[h])
+        for name, h in (*_COUNTERS, ("group depth", _layout.H_GROUP_DEPTH), ("allocation number", _layout.H_SEQ))
     }
     limit, beyond = _limit(loading)
     full = [f"{name}={value}" for name, value in grow.items() if value >= limit]
     if full:
         found.append(f"counters {beyond}: {', '.join(full)}")
-    spare = st[L.H_SEQ + 1 : L.HEADER]
+    spare = st[_layout.H_SEQ + 1 : _layout.HEADER]
     if spare.any():
-        found.append(f"spare header word {L.H_SEQ + 1 + int(np.argmax(spare != 0))} is not zero")
+        found.append(f"spare header word {_layout.H_SEQ + 1 + int(np.argmax(spare != 0))} is not zero")
     return found
 
 
 def _tracking_problems(st: NDArray[np.int64], n: int, track: int, owner: NDArray[np.uint8]) -> list[str]:
     """A tracking pool's words: every page's allocation number (0: never allocated) below the next one."""
-    seq = int(st[L.H_SEQ])
+    seq = int(st[_layout.H_SEQ])
     numbers = st[track : track + n]
     bad = (numbers < 0) | (numbers >= seq)
-    if seq < 1 or bad[owner == L.OWNER_ALLOCATED].any():
+    if seq < 1 or bad[owner == _layout.OWNER_ALLOCATED].any():
         return [f"allocation numbers of held pages are not below the next one, {seq}"]
     if bad.any():
         return [f"page {int(np.argmax(bad))}'s last allocation number is not below the next one, {seq}"]
@@ -160,12 +160,12 @@ def _tracking_problems(st: NDArray[np.int64], n: int, track: int, owner: NDArray
 
 
 _COUNTERS = (
-    ("merges", L.H_MERGES),
-    ("alloc_calls", L.H_ALLOC_CALLS),
-    ("failed_allocs", L.H_FAILED_ALLOCS),
-    ("free_calls", L.H_FREE_CALLS),
-    ("peak_allocated_pages", L.H_PEAK),
-    ("clears", L.H_CLEARS),
+    ("merges", _layout.H_MERGES),
+    ("alloc_calls", _layout.H_ALLOC_CALLS),
+    ("failed_allocs", _layout.H_FAILED_ALLOCS),
+    ("free_calls", _layout.H_FREE_CALLS),
+    ("peak_allocated_pages", _layout.H_PEAK),
+    ("clears", _layout.H_CLEARS),
 )
 
 
@@ -176,32 +176,32 @@ def rank_problems(
     st: NDArray[np.int64], pages: int, page_size: int, sorted_order: bool, *, loading: bool = False
 ) -> list[str]:
     """Every way ``st`` breaks a rank's invariants (``loading``: as a state from outside); empty if none. O(pages)."""
-    found = problems(st, pages + 1, page_size, loading=loading)
+    found = pool_problems(st, pages + 1, page_size, loading=loading)
     if found:
         return found
     owner = owner_flags(st, pages + 1)
-    if owner[0] != L.OWNER_ALLOCATED:
-        found.append(f"the padding page 0 has owner flag {int(owner[0])}, expected {L.OWNER_ALLOCATED}")
-    if int(st[L.H_NPEND]) or int(st[L.H_GROUP_DEPTH]):
+    if owner[0] != _layout.OWNER_ALLOCATED:
+        found.append(f"the padding page 0 has owner flag {int(owner[0])}, expected {_layout.OWNER_ALLOCATED}")
+    if int(st[_layout.H_NPEND]) or int(st[_layout.H_GROUP_DEPTH]):
         found.append("a rank's core pending list and group depth must stay empty")
-    if bool(int(st[L.H_SORTED])) != sorted_order:
-        found.append(f"merge order word is {int(st[L.H_SORTED])}, expected {int(sorted_order)}")
+    if bool(int(st[_layout.H_SORTED])) != sorted_order:
+        found.append(f"merge order word is {int(st[_layout.H_SORTED])}, expected {int(sorted_order)}")
     return found
 
 
 def group_problems(gp: NDArray[np.int64], st: NDArray[np.int64], pages: int) -> list[str]:
     """Every way a rank's group buffer breaks its invariants; empty if none."""
-    count, cap = int(gp[L.GP_COUNT]), int(gp[L.GP_CAP])
-    if cap != pages + 1 or gp.shape[0] != L.group_length(pages):
+    count, cap = int(gp[_layout.GP_COUNT]), int(gp[_layout.GP_CAP])
+    if cap != pages + 1 or gp.shape[0] != _layout.group_length(pages):
         return [f"group buffer of capacity {cap} and length {gp.shape[0]} for {pages} pages"]
     if not 0 <= count <= cap:
         return [f"group buffer holds {count} pages"]
-    ids = gp[L.GP_HEADER : L.GP_HEADER + count]
-    marks = gp[L.GP_HEADER + cap :].view(np.uint8)[:cap]
+    ids = gp[_layout.GP_HEADER : _layout.GP_HEADER + count]
+    marks = gp[_layout.GP_HEADER + cap :].view(np.uint8)[:cap]
     if count and (ids.min() < 1 or ids.max() > pages):
         return ["a pending page id is out of range"]
     expected = np.zeros(cap, dtype=np.uint8)
-    expected[ids] = L.MARK_PENDING
+    expected[ids] = _layout.MARK_PENDING
     if len(np.unique(ids)) != count or not np.array_equal(marks, expected):
         return ["the pending pages and their marks disagree"]
     return []
@@ -221,21 +221,23 @@ def host_problems(st: NDArray[np.int64], n: int, *, loading: bool = False) -> li
     header counts the pinned ones. The scratch words and the ring's
     entries after the free list may hold anything.
     """
-    if st.ndim != 1 or st.dtype != np.int64 or st.shape[0] != L.host_state_length(n):
-        return [f"state must be a 1-D int64 array of length {L.host_state_length(n)}, got {st.dtype} {st.shape}"]
-    head, nfree = int(st[L.HP_HEAD]), int(st[L.HP_NFREE])
-    if int(st[L.HP_NPAGES]) != n or not (0 <= nfree <= n and 0 <= head < n):
-        return [f"header out of range: pages={int(st[L.HP_NPAGES])} head={head} nfree={nfree}, pool has {n} pages"]
+    if st.ndim != 1 or st.dtype != np.int64 or st.shape[0] != _layout.host_state_length(n):
+        return [f"state must be a 1-D int64 array of length {_layout.host_state_length(n)}, got {st.dtype} {st.shape}"]
+    head, nfree = int(st[_layout.HP_HEAD]), int(st[_layout.HP_NFREE])
+    if int(st[_layout.HP_NPAGES]) != n or not (0 <= nfree <= n and 0 <= head < n):
+        return [
+            f"header out of range: pages={int(st[_layout.HP_NPAGES])} head={head} nfree={nfree}, pool has {n} pages"
+        ]
     limit = _limit(loading)
     return _host_header_problems(st, n, nfree, limit) + _host_page_problems(st, n, head, nfree, limit)
 
 
 _HOST_COUNTERS = (
-    ("alloc_calls", L.HP_ALLOC_CALLS),
-    ("exhausted_calls", L.HP_EXHAUSTED),
-    ("free_calls", L.HP_FREE_CALLS),
-    ("peak_allocated_pages", L.HP_PEAK),
-    ("clears", L.HP_CLEARS),
+    ("alloc_calls", _layout.HP_ALLOC_CALLS),
+    ("exhausted_calls", _layout.HP_EXHAUSTED),
+    ("free_calls", _layout.HP_FREE_CALLS),
+    ("peak_allocated_pages", _layout.HP_PEAK),
+    ("clears", _layout.HP_CLEARS),
 )
 
 
@@ -249,15 +251,15 @@ def _host_header_problems(st: NDArray[np.int64], n: int, nfree: int, limit: tupl
         found.append(f"counters {limit[1]}: {', '.join(full)}")
     if counters["exhausted_calls"] > counters["alloc_calls"] or not n - nfree <= counters["peak_allocated_pages"] <= n:
         found.append(f"statistics disagree: {counters} with {n - nfree} pages held")
-    spare = [w for w in range(L.HP_FAULT_GEN + 1, L.HP_HEADER) if st[w] != 0]
+    spare = [w for w in range(_layout.HP_FAULT_GEN + 1, _layout.HP_HEADER) if st[w] != 0]
     if spare:
         found.append(f"spare header word {spare[0]} is not zero")
     return found
 
 
 def _host_page_problems(st: NDArray[np.int64], n: int, head: int, nfree: int, limit: tuple[int, str]) -> list[str]:
-    ring_at, gen_at, ref_at, flags_at, marks_at = L.host_offsets(n)
-    ids = st[ring_at : ring_at + L.ring_words(n)].view(np.int32)[:n]
+    ring_at, gen_at, ref_at, flags_at, marks_at = _layout.host_offsets(n)
+    ids = st[ring_at : ring_at + _layout.ring_words(n)].view(np.int32)[:n]
     listed = ids[(head + np.arange(nfree)) % n]
     if listed.size and (listed.min() < 0 or listed.max() >= n):
         return ["a listed page id is out of range"]
@@ -285,6 +287,6 @@ def _host_page_problems(st: NDArray[np.int64], n: int, head: int, nfree: int, li
         found.append(f"page {int(np.argmax(ref))}'s pin count is {limit[1]}")
     elif (ref[flags == 0] != 0).any():
         found.append(f"free page {int(np.flatnonzero((ref != 0) & (flags == 0))[0])} is pinned")
-    if int(np.count_nonzero(ref)) != int(st[L.HP_PINNED]):
-        found.append(f"{int(np.count_nonzero(ref))} pages are pinned, the header says {int(st[L.HP_PINNED])}")
+    if int(np.count_nonzero(ref)) != int(st[_layout.HP_PINNED]):
+        found.append(f"{int(np.count_nonzero(ref))} pages are pinned, the header says {int(st[_layout.HP_PINNED])}")
     return found

@@ -405,7 +405,7 @@ def twin(func: _F, signature: str, *, name: str, nogil: bool) -> _F:
 
 
 def entry_point(kernel: _F) -> _F:
-    """How a module calls a kernel it binds to a global: ``_alloc = entry_point(K.alloc)``.
+    """How a module calls a kernel it binds to a global: ``_alloc = entry_point(_kernels.alloc)``.
 
     Returns a stand-in that, on its first call, compiles the kernel (or
     loads it) and rebinds every global of the calling module that holds

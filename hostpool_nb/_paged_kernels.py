@@ -101,7 +101,7 @@ def reset_rank(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
 
 
 @_callee()
-def _take(st: NDArray[np.int64], k: int) -> int:
+def _take_front(st: NDArray[np.int64], k: int) -> int:
     """Take ``k`` pages from the front of the free list; return the ring position of the first.
 
     As the original: if the free list alone is too short, the release list
@@ -152,7 +152,7 @@ def alloc_slots(st: NDArray[np.int64], out: NDArray[np.int64], page_size: int) -
     k = out.shape[0] // page_size
     if k == 0:
         return 0
-    first = _take(st, k)
+    first = _take_front(st, k)
     if first < 0:
         return first
     ring = ring_view(st)
@@ -178,7 +178,7 @@ def alloc_tokens(st: NDArray[np.int64], out: NDArray[np.int32]) -> int:
         return fail(E_SHORT, 0)
     if k == 0:
         return 0
-    first = _take(st, k)
+    first = _take_front(st, k)
     if first < 0:
         return first
     ring = ring_view(st)
@@ -237,14 +237,14 @@ def alloc_extend(
         return fail(E_TOTAL, 0)
     if out.shape[0] < limit:
         if pages > st[H_NPAGES] - 1:
-            # More pages than the rank lists (page 0 never is): _take merges
+            # More pages than the rank lists (page 0 never is): _take_front merges
             # as the original would, then refuses, without writing anything.
-            return _take(st, pages)
+            return _take_front(st, pages)
         return fail(E_CORRUPT, 0)  # the caller's bound is wrong: never write past ``out``
     if pages == 0:
         first = 0
     else:
-        first = _take(st, pages)
+        first = _take_front(st, pages)
         if first < 0:
             return first
     w = 0
@@ -306,7 +306,7 @@ def alloc_decode(
     if pages == 0:
         first = 0
     else:
-        first = _take(st, pages)
+        first = _take_front(st, pages)
         if first < 0:
             return first
     page = first

@@ -16,27 +16,36 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _kernels as K
-from . import _layout as L
+from . import _kernels, _layout
 from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_sizes, as_slots, pool_shape
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
 from ._fork import register as register_fork_lock
 from ._hooks import DataPlaneHooks
-from ._invariants import problems
+from ._invariants import pool_problems
 from ._jit import Entries, entry_point
 from ._snapshot import FORMATS, PoolState, check_format, checked_words
 from ._stats import PoolStats
 from ._tracking import HISTORY_MARK, Outstanding, SiteKey, Tracker, leak_report
 
-_reset = entry_point(K.reset)
-_merge = entry_point(K.merge)
-_refuse = entry_point(K.refuse)
-_plan_batch = entry_point(K.plan_batch)
-_group_begin = entry_point(K.group_begin)
-_group_end = entry_point(K.group_end)
-_load_state = entry_point(K.load_state)
+_reset = entry_point(_kernels.reset)
+_merge = entry_point(_kernels.merge)
+_refuse = entry_point(_kernels.refuse)
+_plan_batch = entry_point(_kernels.plan_batch)
+_group_begin = entry_point(_kernels.group_begin)
+_group_end = entry_point(_kernels.group_end)
+_load_state = entry_point(_kernels.load_state)
 # The alloc and free kernels of each page-size class: _ENTRIES[page_size == 1].
-_ENTRIES = (Entries(K.KERNELS[0]), Entries(K.KERNELS[1]))
+_ENTRIES = (Entries(_kernels.KERNELS[0]), Entries(_kernels.KERNELS[1]))
+# Which of a class's kernels serves a call, by its length (up to SHORT_SLOTS, up to GIL_SLOTS, longer) and
+# whether the pool tracks: the one table every call but the two hot paths reads (see LogicalHostPool._sized).
+_ALLOC_KERNELS = {
+    False: ("alloc_short", "alloc_gil", "alloc"),
+    True: ("alloc_tracked_short", "alloc_tracked", "alloc_tracked"),
+}
+_FREE_KERNELS = {
+    False: ("free_short", "free_gil", "free"),
+    True: ("free_tracked_short", "free_tracked", "free_tracked"),
+}
 
 MERGE_ORDERS = ("fifo", "sorted")
 
@@ -45,10 +54,10 @@ _empty = np.empty  # one global load on the hot paths instead of two
 _ndarray = np.ndarray
 _INT64 = INT64
 _STRIDES_1D = STRIDES_1D
-_STATUS_SHORT = L.status_of(L.E_SHORT)
-_STATUS_MISALIGNED = L.status_of(L.E_MISALIGNED)  # at position 0: the length is not page-aligned
-_STATUS_MERGE_FIRST = L.status_of(L.E_MERGE_FIRST)  # a sorted pool: merge, then allocate again
-_SHORT_SLOTS = K.SHORT_SLOTS  # calls this short run the flat kernels
+_STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
+_STATUS_MISALIGNED = _layout.status_of(_layout.E_MISALIGNED)  # at position 0: the length is not page-aligned
+_STATUS_MERGE_FIRST = _layout.status_of(_layout.E_MERGE_FIRST)  # a sorted pool: merge, then allocate again
+_SHORT_SLOTS = _kernels.SHORT_SLOTS  # calls this short run the flat kernels
 # Above this many slots, ``alloc`` checks capacity before allocating its
 # output: 256 KiB, past which np.empty maps fresh memory (microseconds, or a
 # MemoryError for absurd sizes); below, reusing the allocator's free blocks
@@ -58,19 +67,19 @@ _PRECHECK_SLOTS = 1 << 15
 
 def _new_state(size: int, page_size: int, num_pages: int, sorted_order: bool, track: bool) -> NDArray[np.int64]:
     """A new state array, or a clear error for a pool too large to hold."""
-    if num_pages > L.MAX_PAGES:  # the ring holds int32 page ids
+    if num_pages > _layout.MAX_PAGES:  # the ring holds int32 page ids
         raise HostPoolError(
             f"LogicalHostPool(size={size}, page_size={page_size}) is too large: it has {num_pages} pages, "
-            f"at most {L.MAX_PAGES} (2**31 - 1) are supported; use a larger page_size"
+            f"at most {_layout.MAX_PAGES} (2**31 - 1) are supported; use a larger page_size"
         )
-    words = L.state_length(num_pages, track)
+    words = _layout.state_length(num_pages, track)
     if words * 8 > sys.maxsize:  # 32-bit platforms; numpy's own error would be about "dimensions"
         raise HostPoolError(
             f"LogicalHostPool(size={size}, page_size={page_size}) is too large: its {num_pages} pages "
             f"need {words * 8} bytes of metadata (5 per page), more than this platform can address"
         )
     try:
-        return L.new_state(num_pages, page_size, sorted_order, track)
+        return _layout.new_state(num_pages, page_size, sorted_order, track)
     except MemoryError as exc:
         raise MemoryError(
             f"LogicalHostPool(size={size}, page_size={page_size}) needs {words * 8 / 2**30:.3g} GiB "
@@ -196,11 +205,13 @@ class LogicalHostPool(DataPlaneHooks):
         self._tracker = tracker
         # The hot paths take alloc sizes 0.._plain_limit and free inputs of
         # up to _plain_limit slots: short enough to keep the GIL
-        # (K.GIL_SLOTS); a tracking pool's take none.
-        self._plain_limit = K.GIL_SLOTS if tracker is None else -1
+        # (_kernels.GIL_SLOTS); a tracking pool's take none.
+        self._plain_limit = _kernels.GIL_SLOTS if tracker is None else -1
         # This page-size class's kernels; the untracked hot paths' flat two
         # are compiled (or loaded) now, the others on their first call.
         self._k = _ENTRIES[page_size == 1]
+        self._alloc_kernels = _ALLOC_KERNELS[tracker is not None]
+        self._free_kernels = _FREE_KERNELS[tracker is not None]
         if tracker is None:
             self._alloc_short = self._k.alloc_short
             self._free_short = self._k.free_short
@@ -208,7 +219,7 @@ class LogicalHostPool(DataPlaneHooks):
         register_fork_lock(self)
         self._st = st
         # A view for Python-side checks; the kernels find it inside ``_st``.
-        self._owner = L.owner_flags(st, size // page_size)
+        self._owner = _layout.owner_flags(st, size // page_size)
 
     # -- allocation -----------------------------------------------------
 
@@ -244,7 +255,7 @@ class LogicalHostPool(DataPlaneHooks):
         """Number of slots an ``alloc`` can hand out now (free + released)."""
         st = self._st
         with self.lock:
-            return int(st[L.H_NFREE] + st[L.H_NREL]) * self.page_size
+            return int(st[_layout.H_NFREE] + st[_layout.H_NREL]) * self.page_size
 
     def alloc(self, need_size: int, *, tag: Any = None) -> NDArray[np.int64] | None:
         """Allocate ``need_size`` slots: whole pages, in FIFO order.
@@ -295,7 +306,7 @@ class LogicalHostPool(DataPlaneHooks):
             status = kernel(self._st, out)
         finally:
             lock.release()
-        return out if status >= 0 else self._refusal(status, need_size, out)
+        return out if status >= 0 else self._failed_alloc(status, need_size, out)
 
     def _alloc_checked(self, need_size: int, tag: Any) -> NDArray[np.int64] | None:
         """``alloc`` for a tracking pool, a negative size or a long one: every check in Python."""
@@ -308,70 +319,49 @@ class LogicalHostPool(DataPlaneHooks):
             raise HostPoolError(f"need_size must be non-negative, got need_size={need_size}")
         tracker = self._tracker
         where = None if tracker is None else tracker.where(tag, 2)  # an unusable tag raises here
-        if need_size > _PRECHECK_SLOTS and self._refused(need_size):
+        if need_size > _PRECHECK_SLOTS and self._beyond_capacity(need_size):
             return None
         out = _empty(need_size, _INT64)
-        lock = self.lock
-        lock.acquire()  # not ``_take``: a call less on the path every tracked alloc takes
-        try:
-            if where is None:  # a plain pool's long call
-                kernel = self._k.alloc
-                status = kernel(self._st, out)
-                if status == _STATUS_MERGE_FIRST:
-                    status = self._merge_then(kernel, out)
-            else:  # the site's id is looked up under the lock, where a sweep cannot drop it
-                site = self._tracker.intern(where, tag, self._st)  # type: ignore[union-attr]  # tracked: where is set
-                k = self._k
-                kernel = k.alloc_tracked_short if need_size <= _SHORT_SLOTS else k.alloc_tracked
-                status = kernel(self._st, out, site)
-                if status == _STATUS_MERGE_FIRST:
-                    status = self._merge_then(kernel, out, site)
-        finally:
-            lock.release()
-        return out if status >= 0 else self._refusal(status, need_size)
+        status = self._alloc_into(out, where, tag)
+        return out if status >= 0 else self._failed_alloc(status, need_size)
 
-    def _take(self, out: NDArray[np.int64], where: SiteKey | None, tag: Any) -> int:
-        """Allocate ``len(out)`` slots into ``out`` under the lock (recording ``where``, if tracked); the status."""
-        size = out.shape[0]
-        short = size <= _SHORT_SLOTS
+    def _sized(self, kernels: tuple[str, str, str], length: int) -> Any:
+        """The kernel of ``kernels`` (this pool's ``_ALLOC_KERNELS`` or ``_FREE_KERNELS``) for a call of ``length``."""
+        name = kernels[0] if length <= _SHORT_SLOTS else kernels[1] if length <= _kernels.GIL_SLOTS else kernels[2]
+        return getattr(self._k, name)
+
+    def _alloc_into(self, out: NDArray[np.int64], where: SiteKey | None, tag: Any) -> int:
+        """Allocate ``len(out)`` slots into ``out`` under the lock (recording ``where``, if tracked); the status.
+
+        The one path of every allocation but the hot path's, and the one
+        place a sorted pool's ``E_MERGE_FIRST`` is answered: merge, then
+        the same kernel again (its alloc kernels leave the merge, which
+        reorders the pages, to the pool, so that they stay small to compile).
+        """
         lock = self.lock
         lock.acquire()
         try:
-            k = self._k
-            status: int
-            if where is None:
-                kernel = k.alloc_short if short else k.alloc_gil if size <= K.GIL_SLOTS else k.alloc
-                status = kernel(self._st, out)
-                if status == _STATUS_MERGE_FIRST:
-                    status = self._merge_then(kernel, out)
-                return status
-            # The site's id is looked up under the lock, where a sweep cannot drop it.
-            site = self._tracker.intern(where, tag, self._st)  # type: ignore[union-attr]  # tracked: where is set
-            kernel = k.alloc_tracked_short if short else k.alloc_tracked
-            status = kernel(self._st, out, site)
+            # A tracked call's site id is looked up under the lock, where a sweep cannot drop it.
+            site = () if where is None else (self._tracker.intern(where, tag, self._st),)  # type: ignore[union-attr]
+            kernel = self._sized(self._alloc_kernels, out.shape[0])
+            status: int = kernel(self._st, out, *site)
             if status == _STATUS_MERGE_FIRST:
-                status = self._merge_then(kernel, out, site)
+                moved: int = _merge(self._st)
+                status = moved if moved < 0 else int(kernel(self._st, out, *site))
             return status
         finally:
             lock.release()
 
-    def _merge_then(self, kernel: Any, *args: Any) -> int:
-        """Under the lock, after an alloc kernel's ``E_MERGE_FIRST``: merge, then call it again; its status.
-
-        A sorted pool's alloc kernels leave the merge (which reorders the
-        pages) to the pool, so that they stay small to compile.
-        """
-        moved: int = _merge(self._st)
-        return moved if moved < 0 else int(kernel(self._st, *args))
-
-    def _refusal(self, status: int, need_size: int, out: NDArray[np.int64] | None = None) -> NDArray[np.int64] | None:
+    def _failed_alloc(
+        self, status: int, need_size: int, out: NDArray[np.int64] | None = None
+    ) -> NDArray[np.int64] | None:
         """What a failed allocation kernel means: ``None`` (too few slots), or the error it reported.
 
         A sorted pool whose allocation into ``out`` needed a merge first
         (the hot path's kernel does not merge) merges and allocates again.
         """
         if status == _STATUS_MERGE_FIRST and out is not None:
-            status = self._take(out, None, None)
+            status = self._alloc_into(out, None, None)
             if status >= 0:
                 return out
         if status == _STATUS_SHORT:
@@ -428,20 +418,20 @@ class LogicalHostPool(DataPlaneHooks):
         if isinstance(arr, list):  # sizes beyond int64: checked here, never served
             for i, s in enumerate(arr):
                 self._check_batch_size(i, s, page_size)
-            self._refused(self.size + 1)
+            self._beyond_capacity(self.size + 1)
             return None
         offsets = np.empty(arr.shape[0] + 1, dtype=_INT64)
         total = _plan_batch(arr, offsets, page_size, self.size)
         if total < 0:
-            _, pos = L.decode_status(total)
+            _, pos = _layout.decode_status(total)
             self._check_batch_size(pos, int(arr[pos]), page_size)
             raise self._corrupt("alloc_many", total)  # the kernel failed a size the check passes
         # A total beyond the pool (the kernel saturates at size + 1) or a large
         # one the pool cannot serve now is refused before its output exists.
-        if (total > self.size or total > _PRECHECK_SLOTS) and self._refused(total):
+        if (total > self.size or total > _PRECHECK_SLOTS) and self._beyond_capacity(total):
             return None
         out = np.empty(total, dtype=_INT64)
-        status = self._take(out, where, tag)
+        status = self._alloc_into(out, where, tag)
         if status >= 0:
             return out, offsets
         if status == _STATUS_SHORT:
@@ -484,13 +474,13 @@ class LogicalHostPool(DataPlaneHooks):
         else:
             slots = as_slots(indices)
         # One test for the hot path: a plain pool (a tracking pool's limit is
-        # -1) and a call short enough to keep the GIL (K.GIL_SLOTS).
+        # -1) and a call short enough to keep the GIL (_kernels.GIL_SLOTS).
         if slots.size <= self._plain_limit:
             kernel = self._free_short if slots.size <= _SHORT_SLOTS else self._k.free_gil
         elif self._tracker is not None:
             return self._free_tracked(slots)
         else:
-            kernel = self._k.free
+            kernel = self._sized(self._free_kernels, slots.size)
         # The kernel refuses a length that is not a multiple of page_size
         # (before any change) and returns the number of slots freed, a
         # Python int (_jit.entry_point).
@@ -510,7 +500,7 @@ class LogicalHostPool(DataPlaneHooks):
         if tracker is None:  # pragma: no cover - only called for a tracking pool
             raise RuntimeError("_free_tracked called on a pool that does not track")
         where = tracker.where(None, 2)
-        kernel = self._k.free_tracked_short if slots.size <= _SHORT_SLOTS else self._k.free_tracked
+        kernel = self._sized(self._free_kernels, slots.size)
         lock = self.lock
         lock.acquire()  # not ``with``, which costs more, on the path a tracked round trip takes twice
         try:
@@ -565,12 +555,12 @@ class LogicalHostPool(DataPlaneHooks):
         st = self._st
         with self.lock:  # the public calls, so a recording sees the group
             self.free_group_begin()
-            clears = int(st[L.H_CLEARS])
+            clears = int(st[_layout.H_CLEARS])
         try:
             yield
         finally:
             with self.lock:
-                if int(st[L.H_CLEARS]) == clears and int(st[L.H_GROUP_DEPTH]) > 0:
+                if int(st[_layout.H_CLEARS]) == clears and int(st[_layout.H_GROUP_DEPTH]) > 0:
                     self.free_group_end()
 
     # -- snapshots and pickling -----------------------------------------------
@@ -665,7 +655,7 @@ class LogicalHostPool(DataPlaneHooks):
     def stats(self) -> PoolStats:
         """Usage and counters now, read from the state's header in O(1)."""
         with self.lock:
-            header = self._st[: L.HEADER].copy()
+            header = self._st[: _layout.HEADER].copy()
         return PoolStats.from_header(header)
 
     # -- diagnostics ----------------------------------------------------------
@@ -747,7 +737,7 @@ class LogicalHostPool(DataPlaneHooks):
         tracker = self._tracker
         with self.lock:
             sites = None if tracker is None else tracker.table()
-            found = problems(self._st, self.size // self.page_size, self.page_size, sites)
+            found = pool_problems(self._st, self.size // self.page_size, self.page_size, sites)
         if found:
             raise RuntimeError("LogicalHostPool state is corrupted: " + "; ".join(found))
 
@@ -765,7 +755,7 @@ class LogicalHostPool(DataPlaneHooks):
         """The ``dtype`` attribute; the torch adapter returns ``torch.uint8``."""
         return _UINT8
 
-    def _refused(self, need: int) -> bool:
+    def _beyond_capacity(self, need: int) -> bool:
         """Whether ``need`` slots are beyond what the pool can serve now; count the refusal.
 
         Before a large output is allocated: a refused request must cost
@@ -774,7 +764,7 @@ class LogicalHostPool(DataPlaneHooks):
         """
         st = self._st
         with self.lock:
-            if need > (st[L.H_NFREE] + st[L.H_NREL]) * self.page_size:
+            if need > (st[_layout.H_NFREE] + st[_layout.H_NREL]) * self.page_size:
                 _refuse(st)
                 return True
         return False
@@ -793,34 +783,34 @@ class LogicalHostPool(DataPlaneHooks):
         return f"page {page} (slots {page * ps}..{page * ps + ps - 1})"
 
     def _free_error(self, status: int, slots: NDArray[np.int64]) -> Exception:  # noqa: PLR0911 - one per code
-        code, pos = L.decode_status(status)
+        code, pos = _layout.decode_status(status)
         ps = self.page_size
-        if code == L.E_LENGTH:
+        if code == _layout.E_LENGTH:
             return AlignmentError(
                 f"LogicalHostPool free must be page-aligned, got len(indices)={slots.shape[0]}, page_size={ps}"
             )
         start = pos - pos % ps
         slot = int(slots[pos])
-        if code == L.E_RANGE:
+        if code == _layout.E_RANGE:
             return SlotRangeError(f"free got slot {slot} at indices[{pos}] (flattened), outside [0, {self.size})")
-        if code == L.E_MISALIGNED:
+        if code == _layout.E_MISALIGNED:
             return PartialPageError(
                 f"free takes whole pages: indices[{pos}] (flattened) is slot {slot}, which is not "
                 f"the first slot of a page (a multiple of page_size={ps}); each run of {ps} "
                 "entries must be one page's slots in ascending order"
             )
-        if code == L.E_PARTIAL:
+        if code == _layout.E_PARTIAL:
             first = int(slots[start])
             return PartialPageError(
                 f"free takes whole pages: indices[{pos}] (flattened) is slot {slot}, expected "
                 f"{first + pos - start} to continue {self._page_text(first // ps)} in ascending order"
             )
-        if code == L.E_NOT_ALLOCATED:
+        if code == _layout.E_NOT_ALLOCATED:
             return DoubleFreeError(
                 f"{self._page_text(slot // ps)}, freed at indices[{pos}] (flattened), is not "
                 "allocated: it was freed already, freed by clear(), or never allocated" + self._history(slot // ps)
             )
-        if code == L.E_DUPLICATE:
+        if code == _layout.E_DUPLICATE:
             return DoubleFreeError(
                 f"{self._page_text(slot // ps)} is freed twice in one call (again at indices[{pos}], flattened)"
                 + self._history(slot // ps)
@@ -836,7 +826,7 @@ class LogicalHostPool(DataPlaneHooks):
             return HISTORY_MARK + tracker.history(self._st, page)
 
     def _corrupt(self, op: str, status: int) -> RuntimeError:
-        code, pos = L.decode_status(status)
+        code, pos = _layout.decode_status(status)
         return RuntimeError(
             f"LogicalHostPool state is corrupted: {op} kernel failed with code {code} at {pos}; "
             "please report this with the calls that led to it"

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _layout as L
+from . import _layout
 from ._convert import as_slots
 from ._errors import HostPoolError
 from .trace import ERRORS, HEADER_DTYPE, OP_DTYPE, OPS, VERSION
@@ -33,8 +33,8 @@ class Recorder:
         """Start recording ``pool``: under its lock, so the state it starts from is one call's."""
         self.pool = pool
         st = pool._st
-        counts = [int(st[h]) for h in (L.H_GROUP_DEPTH, L.H_NFREE, L.H_NREL, L.H_NPEND)]
-        self.start = np.concatenate([np.array(counts, dtype=np.int64), L.listed(st).astype(np.int64)])
+        counts = [int(st[h]) for h in (_layout.H_GROUP_DEPTH, _layout.H_NFREE, _layout.H_NREL, _layout.H_NPEND)]
+        self.start = np.concatenate([np.array(counts, dtype=np.int64), _layout.listed(st).astype(np.int64)])
         self.ops: list[tuple[int, int, bool, int, int, int, int]] = []
         self.data: list[NDArray[np.int64]] = []
         self.data_len = 0

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _layout as L
+from . import _layout
 from ._errors import HostPoolError
-from ._invariants import host_problems, problems, rank_problems
+from ._invariants import host_problems, pool_problems, rank_problems
 from ._tracking import site_id_problems, table_problem
 
 # The layout each kind of state is in. A pickle in another format was made by
@@ -63,8 +63,8 @@ class PoolState:
         h = self._words
         return (
             f"PoolState(size={self.size}, page_size={self.page_size}, merge={self.merge!r}, "
-            f"free_pages={int(h[L.H_NFREE])}, released_pages={int(h[L.H_NREL])}, "
-            f"pending_pages={int(h[L.H_NPEND])})"
+            f"free_pages={int(h[_layout.H_NFREE])}, released_pages={int(h[_layout.H_NREL])}, "
+            f"pending_pages={int(h[_layout.H_NPEND])})"
         )
 
 
@@ -128,11 +128,13 @@ def checked_words(
     if arr.dtype != np.int64 or arr.ndim != 1:
         raise HostPoolError(f"{what} holds a {arr.dtype} array of shape {arr.shape}, not a pool state")
     arr = np.ascontiguousarray(arr)
-    found = problems(arr, size // page_size, page_size, loading=True)
-    if not found and int(arr[L.H_SORTED]) != (merge == "sorted"):
-        found = [f"its merge order word is {int(arr[L.H_SORTED])}, but it says merge={merge!r}"]
-    if not found and bool(arr[L.H_TRACK]) != track:
-        raise HostPoolError(f"{what} is from a pool with track={bool(arr[L.H_TRACK])}; this pool has track={track}")
+    found = pool_problems(arr, size // page_size, page_size, loading=True)
+    if not found and int(arr[_layout.H_SORTED]) != (merge == "sorted"):
+        found = [f"its merge order word is {int(arr[_layout.H_SORTED])}, but it says merge={merge!r}"]
+    if not found and bool(arr[_layout.H_TRACK]) != track:
+        raise HostPoolError(
+            f"{what} is from a pool with track={bool(arr[_layout.H_TRACK])}; this pool has track={track}"
+        )
     if track and sites is None:
         raise HostPoolError(f"{what} has no site table, but this pool tracks: its site ids would index nothing")
     if not track and sites is not None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _layout as L
+from . import _layout
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,9 @@ class PoolStats:
     @classmethod
     def from_header(cls, header: NDArray[np.int64]) -> PoolStats:
         """Read the statistics from a copy of a state array's header."""
-        h = [int(x) for x in header[: L.HEADER]]
-        n, ps = h[L.H_NPAGES], h[L.H_PAGE_SIZE]
-        free, released, pending = h[L.H_NFREE], h[L.H_NREL], h[L.H_NPEND]
+        h = [int(x) for x in header[: _layout.HEADER]]
+        n, ps = h[_layout.H_NPAGES], h[_layout.H_PAGE_SIZE]
+        free, released, pending = h[_layout.H_NFREE], h[_layout.H_NREL], h[_layout.H_NPEND]
         return cls(
             size=n * ps,
             page_size=ps,
@@ -74,11 +74,11 @@ class PoolStats:
             pending_pages=pending,
             allocated_pages=n - free - released - pending,
             available_size=(free + released) * ps,
-            merges=h[L.H_MERGES],
-            alloc_calls=h[L.H_ALLOC_CALLS],
-            failed_allocs=h[L.H_FAILED_ALLOCS],
-            free_calls=h[L.H_FREE_CALLS],
-            peak_allocated_pages=h[L.H_PEAK],
+            merges=h[_layout.H_MERGES],
+            alloc_calls=h[_layout.H_ALLOC_CALLS],
+            failed_allocs=h[_layout.H_FAILED_ALLOCS],
+            free_calls=h[_layout.H_FREE_CALLS],
+            peak_allocated_pages=h[_layout.H_PEAK],
         )
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _layout as L
+from . import _layout
 
 UNKNOWN, CLEARED = 0, 1
 # What starts the history a tracking pool appends to a DoubleFreeError; a
@@ -264,8 +264,8 @@ class Tracker:
 
     def history(self, st: NDArray[np.int64], page: int) -> str:
         """Where ``page`` was last allocated and last freed, for an error message."""
-        n = int(st[L.H_NPAGES])
-        t = int(st[L.H_TRACK])
+        n = int(st[_layout.H_NPAGES])
+        t = int(st[_layout.H_TRACK])
         word = int(st[t + n + page])
         seq = int(st[t + page])
         if seq == 0:  # allocations are numbered from 1: this page was never handed out
@@ -281,9 +281,9 @@ class Tracker:
 
     def outstanding(self, st: NDArray[np.int64], owner: NDArray[np.uint8], page_size: int) -> list[Outstanding]:
         """The allocated pages grouped by (site, tag), largest first, then oldest first."""
-        n = int(st[L.H_NPAGES])
-        t = int(st[L.H_TRACK])
-        held = np.flatnonzero(owner == L.OWNER_ALLOCATED)
+        n = int(st[_layout.H_NPAGES])
+        t = int(st[_layout.H_TRACK])
+        held = np.flatnonzero(owner == _layout.OWNER_ALLOCATED)
         if held.size == 0:
             return []
         ids = st[t + n + held] >> 32
@@ -326,8 +326,8 @@ class Tracker:
 
 def site_ids(st: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """Every page's allocation site id and last freeing site id, from a tracking state's words."""
-    n = int(st[L.H_NPAGES])
-    t = int(st[L.H_TRACK])
+    n = int(st[_layout.H_NPAGES])
+    t = int(st[_layout.H_TRACK])
     words = st[t + n : t + 2 * n]
     return words >> 32, words & _LOW32
 

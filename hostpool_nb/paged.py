@@ -52,9 +52,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _kernels as K
-from . import _layout as L
-from . import _paged_kernels as P
+from . import _kernels, _layout, _paged_kernels
 from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_int_vector, as_slots, pool_shape
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, SlotRangeError
 from ._fork import register as register_fork_lock
@@ -63,16 +61,16 @@ from ._invariants import group_problems, rank_problems
 from ._jit import entry_point
 from ._snapshot import PagedState, checked_ranks
 
-_merge = entry_point(K.merge)
-_load_state = entry_point(K.load_state)
-_reset_rank = entry_point(P.reset_rank)
-_end_group = entry_point(P.end_group)
-_free_slots = entry_point(P.free_slots)
-_alloc_slots = entry_point(P.alloc_slots)
-_alloc_tokens = entry_point(P.alloc_tokens)
-_alloc_extend = entry_point(P.alloc_extend)
-_alloc_decode = entry_point(P.alloc_decode)
-_STATUS_SHORT = L.status_of(L.E_SHORT)
+_merge = entry_point(_kernels.merge)
+_load_state = entry_point(_kernels.load_state)
+_reset_rank = entry_point(_paged_kernels.reset_rank)
+_end_group = entry_point(_paged_kernels.end_group)
+_free_slots = entry_point(_paged_kernels.free_slots)
+_alloc_slots = entry_point(_paged_kernels.alloc_slots)
+_alloc_tokens = entry_point(_paged_kernels.alloc_tokens)
+_alloc_extend = entry_point(_paged_kernels.alloc_extend)
+_alloc_decode = entry_point(_paged_kernels.alloc_decode)
+_STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
 _INT32_MAX = 2**31 - 1
 
 
@@ -104,9 +102,9 @@ class _RankedAllocator:
         self._st: list[NDArray[np.int64]] = []
         self._gp: list[NDArray[np.int64]] = []
         for _ in range(dp_size):
-            self._st.append(L.new_state(pages_per_rank + 1, page_size, self._sorted))
-            gp = np.zeros(L.group_length(pages_per_rank), dtype=np.int64)
-            gp[L.GP_CAP] = pages_per_rank + 1
+            self._st.append(_layout.new_state(pages_per_rank + 1, page_size, self._sorted))
+            gp = np.zeros(_layout.group_length(pages_per_rank), dtype=np.int64)
+            gp[_layout.GP_CAP] = pages_per_rank + 1
             self._gp.append(gp)
         self.clear()
 
@@ -161,7 +159,7 @@ class _RankedAllocator:
         with self.lock:
             self._in_group = False
             for st, gp in zip(self._st, self._gp, strict=True):
-                if gp[L.GP_COUNT]:
+                if gp[_layout.GP_COUNT]:
                     _end_group(st, gp)
             for frees in self._group_frees:
                 frees.clear()
@@ -196,7 +194,7 @@ class _RankedAllocator:
         r = self._rank(dp_rank)
         st = self._st[r]
         with self.lock:
-            return int(st[L.H_NFREE] + st[L.H_NREL]) * self.page_size
+            return int(st[_layout.H_NFREE] + st[_layout.H_NREL]) * self.page_size
 
     # -- snapshots --------------------------------------------------------------
 
@@ -246,7 +244,7 @@ class _RankedAllocator:
     # -- views and forwarding ------------------------------------------------------
 
     def _window(self, r: int, start: int, count: int) -> NDArray[np.int32]:
-        view = L.listed(self._st[r], start, count)  # a copy
+        view = _layout.listed(self._st[r], start, count)  # a copy
         view.flags.writeable = False
         return view
 
@@ -285,24 +283,24 @@ class _RankedAllocator:
         return status
 
     def _free_error(self, status: int, r: int) -> Exception:  # noqa: PLR0911 - one per code
-        code, pos = L.decode_status(status)
-        slot = int(self._gp[r][L.GP_FAULT])
+        code, pos = _layout.decode_status(status)
+        slot = int(self._gp[r][_layout.GP_FAULT])
         ps = self.page_size
         n = self._pages
         where = f"free_index[{pos}] (flattened)"
-        if code == L.E_PAGE0:
+        if code == _layout.E_PAGE0:
             return SlotRangeError(f"free got slot {slot} at {where}, in the padding page 0, which is never allocated")
-        if code == L.E_RANGE:
+        if code == _layout.E_RANGE:
             return SlotRangeError(
                 f"free got slot {slot} at {where}, outside rank {r}'s pages 1..{n} (slots {ps}..{(n + 1) * ps - 1})"
             )
         what = f"slot {slot}" if ps == 1 else f"page {slot // ps} (slots {slot // ps * ps}..{slot // ps * ps + ps - 1})"
-        if code == L.E_DUPLICATE:
+        if code == _layout.E_DUPLICATE:
             if self._in_group:
                 return DoubleFreeError(f"{what} of rank {r}, freed at {where}, was already freed in this free group")
             return DoubleFreeError(f"{what} of rank {r} is freed twice in one call (again at {where})")
-        if code == L.E_NOT_ALLOCATED:
-            if L.group_marks(self._gp[r])[slot // ps] == L.MARK_PENDING:
+        if code == _layout.E_NOT_ALLOCATED:
+            if _layout.group_marks(self._gp[r])[slot // ps] == _layout.MARK_PENDING:
                 return DoubleFreeError(
                     f"{what} of rank {r}, freed at {where}, was freed already in a free group that clear() "
                     "ended; it is released at the next free_group_end()"
@@ -311,7 +309,7 @@ class _RankedAllocator:
         return RuntimeError(f"{type(self).__name__} rank {r} is corrupted: free kernel failed with code {code}")
 
     def _corrupt(self, op: str, status: int) -> RuntimeError:
-        code, pos = L.decode_status(status)
+        code, pos = _layout.decode_status(status)
         return RuntimeError(f"{type(self).__name__} state is corrupted: {op} kernel failed with code {code} at {pos}")
 
 
@@ -384,13 +382,13 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
     def free_pages(self) -> list[NDArray[np.int32]]:
         """Each rank's free list (ascending page ids, int32), as read-only copies."""
         with self.lock:
-            return [self._window(r, 0, int(st[L.H_NFREE])) for r, st in enumerate(self._st)]
+            return [self._window(r, 0, int(st[_layout.H_NFREE])) for r, st in enumerate(self._st)]
 
     @property
     def release_pages(self) -> list[NDArray[np.int32]]:
         """Each rank's pages freed since its last merge (int32, order not meaningful), read-only copies."""
         with self.lock:
-            return [self._window(r, int(st[L.H_NFREE]), int(st[L.H_NREL])) for r, st in enumerate(self._st)]
+            return [self._window(r, int(st[_layout.H_NFREE]), int(st[_layout.H_NREL])) for r, st in enumerate(self._st)]
 
     def merge_and_sort_free(self, dp_rank: Any = 0) -> None:
         """Merge the rank's release list into its free list, keeping it ascending. O(pages).
@@ -592,7 +590,9 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             For slots of page 0 or beyond the rank's pages, before anything
             changes.
         """
-        return self._free(free_index, dp_rank, P.FREE_PAGED_STRICT if self.strict else P.FREE_PAGED)
+        return self._free(
+            free_index, dp_rank, _paged_kernels.FREE_PAGED_STRICT if self.strict else _paged_kernels.FREE_PAGED
+        )
 
     def _batch_error(
         self, status: int, lens: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]], total: int, op: str
@@ -600,21 +600,21 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         """The error for a failed ``alloc_extend`` / ``alloc_decode`` check, naming the request."""
         prefix, seq, last = lens
         prefix_name = "prefix_lens"
-        code, i = L.decode_status(status)
+        code, i = _layout.decode_status(status)
         ps = self.page_size
-        if code == L.E_NEGATIVE:
+        if code == _layout.E_NEGATIVE:
             return HostPoolError(f"{prefix_name}[{i}] must be non-negative, got {prefix_name}[{i}]={int(prefix[i])}")
-        if code == L.E_SEQ_BELOW_PREFIX:
+        if code == _layout.E_SEQ_BELOW_PREFIX:
             return HostPoolError(
                 f"seq_lens[{i}]={int(seq[i])} is below prefix_lens[{i}]={int(prefix[i])}: a request cannot shrink"
             )
-        if code == L.E_TOTAL:
+        if code == _layout.E_TOTAL:
             return HostPoolError(
                 f"extend_num_tokens={total} is not the sum of seq_lens - prefix_lens ({int(np.sum(seq - prefix))})"
             )
-        if code == L.E_SEQ_BELOW_ONE:
+        if code == _layout.E_SEQ_BELOW_ONE:
             return HostPoolError(f"seq_lens[{i}] must be at least 1 (it counts the new token), got {int(seq[i])}")
-        if code == L.E_LAST_LOC:
+        if code == _layout.E_LAST_LOC:
             if op == "alloc_extend":
                 rule = "(last_loc + 1) % page_size == prefix_lens % page_size"
                 have = f"prefix_lens[{i}]={int(prefix[i])}"
@@ -662,7 +662,7 @@ class TokenToKVPoolAllocator(_RankedAllocator):
     def free_slots(self) -> list[NDArray[np.int32]]:
         """Each rank's free slots in allocation order (int32), as read-only copies."""
         with self.lock:
-            return [self._window(r, 0, int(st[L.H_NFREE] + st[L.H_NREL])) for r, st in enumerate(self._st)]
+            return [self._window(r, 0, int(st[_layout.H_NFREE] + st[_layout.H_NREL])) for r, st in enumerate(self._st)]
 
     def alloc(self, need_size: Any, dp_rank: Any = 0) -> NDArray[np.int32] | None:
         """The first ``need_size`` free slots of the rank (int32), or ``None`` if it has fewer.
@@ -710,7 +710,7 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         int
             The number of slots freed (or made pending).
         """
-        return self._free(free_index, dp_rank, P.FREE_TOKENS)
+        return self._free(free_index, dp_rank, _paged_kernels.FREE_TOKENS)
 
 
 __all__ = [

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _layout as L
+from . import _layout
 from ._errors import HostPoolError
 from ._pool import LogicalHostPool
 from ._snapshot import PoolState
@@ -55,7 +55,7 @@ class Divergence:
 def pool_bytes(trace: Trace, with_original: bool = False) -> int:
     """The memory a replay of ``trace`` builds its pools with: hostpool_nb's state, and the original's slots."""
     num_pages = trace.size // trace.page_size
-    need = L.state_length(num_pages, trace.track) * 8
+    need = _layout.state_length(num_pages, trace.track) * 8
     if with_original:
         need += trace.size * 8 * 2  # its int64 free slots, and as much again when a merge concatenates them
     return need
@@ -79,7 +79,7 @@ def fresh_pool(trace: Trace, track: bool = False) -> LogicalHostPool:
     start = trace.start
     if start is not None and not start.fresh:
         shape = (trace.size // trace.page_size, trace.page_size, trace.merge == "sorted", track)
-        words = L.state_of_lists(shape, (start.free, start.released, start.pending), start.group_depth)
+        words = _layout.state_of_lists(shape, (start.free, start.released, start.pending), start.group_depth)
         sites = Tracker().table() if track else None
         try:
             pool.restore_state(PoolState(trace.size, trace.page_size, trace.merge, words, sites))

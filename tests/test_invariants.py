@@ -222,5 +222,5 @@ def test_free_error_of_an_unexpected_code_is_a_runtime_error(code: int) -> None:
 def test_alloc_error_of_an_unexpected_code_is_a_runtime_error(code: int) -> None:
     pool = LogicalHostPool(64, 16)
     with pytest.raises(RuntimeError, match=f"code {code}") as info:
-        pool._refusal(L.status_for(code, 0), 16)
+        pool._failed_alloc(L.status_for(code, 0), 16)
     assert type(info.value) is RuntimeError
