@@ -28,10 +28,30 @@ napoleon_use_rtype = False
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_class_signature = "mixed"
-autodoc_default_options = {"members": True, "show-inheritance": True}
+# Members a class inherits are its members too (the pools share their protocol through private bases), but
+# not what every exception or warning inherits from Python's own classes.
+autodoc_default_options = {
+    "members": True,
+    "show-inheritance": True,
+    "inherited-members": "BaseException,object",
+}
 # The docs build from the docs extra alone: the torch adapter's page is made without torch installed.
 autodoc_mock_imports = ["torch"]
 
 html_theme = "alabaster"
 html_title = f"hostpool_nb {release}"
 html_static_path: list[str] = []
+
+
+def _public_bases(app: object, name: str, obj: object, options: object, bases: list[type]) -> None:
+    """Never show a private base (``Bases: _RankedAllocator``): the class's own public bases only."""
+    public = set(hostpool_nb.__all__)
+    bases[:] = [
+        b
+        for b in bases
+        if not b.__name__.startswith("_") and (not b.__module__.startswith("hostpool_nb._") or b.__name__ in public)
+    ]
+
+
+def setup(app: object) -> None:
+    app.connect("autodoc-process-bases", _public_bases)  # type: ignore[attr-defined]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -29,10 +28,10 @@ from ._errors import (
     StaleFreeError,
 )
 from ._fork import follow as follow_lock
-from ._fork import register as register_fork_lock
 from ._invariants import host_problems
 from ._jit import entry_point
-from ._snapshot import FORMATS, HostPageState, check_format, checked_host_words
+from ._protocol import ArrayStatePool
+from ._snapshot import HostPageState, checked_host_words
 from ._stats import HostPageStats
 from .originals.host_tier import PD_METRICS
 
@@ -54,7 +53,7 @@ _empty = np.empty
 _ndarray = np.ndarray
 
 
-class HostPagePool:
+class HostPagePool(ArrayStatePool):
     """Page ids of a host KV tier: allocated, freed, pinned and numbered by generation, in kernels.
 
     Behaves as sglang-jax's ``LRUHostKVPool`` and ``QueueHostKVPool`` keep
@@ -106,6 +105,9 @@ class HostPagePool:
     3
     """
 
+    _kind = _format = "HostPagePool"
+    _state_class = HostPageState
+
     def __init__(self, pool_size: int) -> None:
         pool_size = as_count(pool_size, "pool_size")
         if pool_size <= 0:
@@ -121,8 +123,7 @@ class HostPagePool:
     def _setup(self, st: NDArray[np.int64]) -> None:
         n = int(st[_layout.HP_NPAGES])
         self.pool_size = n
-        self.lock = threading.RLock()
-        register_fork_lock(self)
+        self._make_lock()
         self._st = st
         ring, gen, ref, flags, _ = _layout.host_offsets(n)
         self._ring = st[ring : ring + _layout.ring_words(n)].view(np.int32)[:n]
@@ -428,57 +429,30 @@ class HostPagePool:
             clears=h[_layout.HP_CLEARS],
         )
 
-    def check_invariants(self) -> None:
-        """Verify the state, independently of the kernels; ``RuntimeError`` if it is broken. O(pages)."""
-        with self.lock:
-            found = host_problems(self._st, self.pool_size)
-        if found:
-            raise RuntimeError("HostPagePool state is corrupted: " + "; ".join(found))
+    def _corruption(self) -> str | None:
+        found = host_problems(self._st, self.pool_size)
+        return "HostPagePool state is corrupted: " + "; ".join(found) if found else None
 
-    def backup_state(self) -> HostPageState:
-        """An immutable snapshot: the free list's order, allocated pages, generations and pins."""
-        with self.lock:
-            return HostPageState(self.pool_size, self._st)
+    def _snapshot(self) -> HostPageState:
+        """The free list's order, allocated pages, generations and pins, as of one moment."""
+        return HostPageState(self.pool_size, self._st)
 
-    def restore_state(self, state: HostPageState) -> None:
-        """Put the pool back as it was at ``backup_state()``.
-
-        Parameters
-        ----------
-        state : HostPageState
-            A snapshot from ``backup_state()`` of a pool of the same size.
-
-        Raises
-        ------
-        TypeError
-            If ``state`` is not a :class:`HostPageState`.
-        HostPoolError
-            If it is from a pool of another size or fails the invariants;
-            the pool is then unchanged.
-        """
-        if not isinstance(state, HostPageState):
-            raise TypeError(f"state must be a HostPageState from backup_state(), got {type(state).__name__}")
+    def _checked(self, state: HostPageState) -> NDArray[np.int64]:
         if state.pool_size != self.pool_size:
             raise HostPoolError(f"the state is from a pool of {state.pool_size} pages; this one has {self.pool_size}")
-        words = checked_host_words(state._words, self.pool_size, "the state")
-        with self.lock:
-            _load(self._st, words)
+        return checked_host_words(state._words, self.pool_size, "the state")
 
-    def __getstate__(self) -> dict[str, Any]:
-        with self.lock:
-            return {"format": FORMATS["HostPagePool"], "pool_size": self.pool_size, "state": self._st.copy()}
+    def _load(self, checked: NDArray[np.int64]) -> None:
+        _load(self._st, checked)
 
-    def __setstate__(self, saved: Any) -> None:
-        """Rebuild a pickled pool, with a lock of its own; a damaged pickle is a ``HostPoolError``."""
-        what = "the pickled HostPagePool"
-        if not isinstance(saved, dict):
-            raise HostPoolError(f"{what} holds a {type(saved).__name__}, not a pool's state")
-        check_format(saved.get("format"), "HostPagePool")
+    def _pickled(self) -> dict[str, Any]:
+        return {"pool_size": self.pool_size, "state": self._st.copy()}
+
+    def _unpickled(self, saved: dict[str, Any], what: str) -> None:
         pool_size = saved.get("pool_size")
         if type(pool_size) is not int or not 0 < pool_size <= _layout.MAX_PAGES:
             raise HostPoolError(f"{what} has pool_size={pool_size!r}")
         self._setup(checked_host_words(saved.get("state"), pool_size, what))
-        self._last_exhaust_log = -1.0
 
     def __repr__(self) -> str:
         s = self.stats()
@@ -538,13 +512,6 @@ class HostPagePool:
         if code == _layout.E_UNDERFLOW:
             return LockRefUnderflowError(f"dec_lock_ref underflow on buffer_id={page}")
         return self._corrupt("lock_ref", status)
-
-    def _corrupt(self, op: str, status: int) -> RuntimeError:
-        code, pos = _layout.decode_status(status)
-        return RuntimeError(
-            f"HostPagePool state is corrupted: {op} kernel failed with code {code} at {pos}; "
-            "please report this with the calls that led to it"
-        )
 
 
 class HostKVPoolMixin:

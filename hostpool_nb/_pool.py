@@ -8,7 +8,6 @@ their status codes into exceptions.
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -19,11 +18,11 @@ from numpy.typing import NDArray
 from . import _kernels, _layout
 from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_sizes, as_slots, pool_shape
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
-from ._fork import register as register_fork_lock
 from ._hooks import DataPlaneHooks
 from ._invariants import pool_problems
 from ._jit import Entries, entry_point
-from ._snapshot import FORMATS, PoolState, check_format, checked_words
+from ._protocol import ArrayStatePool
+from ._snapshot import PoolState, checked_words
 from ._stats import PoolStats
 from ._tracking import HISTORY_MARK, Outstanding, SiteKey, Tracker, leak_report
 
@@ -87,7 +86,7 @@ def _new_state(size: int, page_size: int, num_pages: int, sorted_order: bool, tr
         ) from exc
 
 
-class LogicalHostPool(DataPlaneHooks):
+class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
     """Page-aligned allocator of host KV-cache token slots, without torch.
 
     Hands out integer slot ids in ``[0, size)``, a whole number of pages of
@@ -166,6 +165,10 @@ class LogicalHostPool(DataPlaneHooks):
     hostpool_nb._errors.DoubleFreeError: page 0 (slots 0..15), freed at indices[0] (flattened), is not allocated: ...
     """
 
+    _kind = "LogicalHostPool"  # in messages, for the torch adapter's class too
+    _format = "LogicalHostPool"
+    _state_class = PoolState
+
     def __init__(
         self, size: int, page_size: int, layout: str = "layer_first", *, merge: str = "fifo", track: bool = False
     ) -> None:
@@ -215,8 +218,7 @@ class LogicalHostPool(DataPlaneHooks):
         if tracker is None:
             self._alloc_short = self._k.alloc_short
             self._free_short = self._k.free_short
-        self.lock = threading.RLock()
-        register_fork_lock(self)
+        self._make_lock()
         self._st = st
         # A view for Python-side checks; the kernels find it inside ``_st``.
         self._owner = _layout.owner_flags(st, size // page_size)
@@ -565,37 +567,14 @@ class LogicalHostPool(DataPlaneHooks):
 
     # -- snapshots and pickling -----------------------------------------------
 
-    def backup_state(self) -> PoolState:
-        """An immutable snapshot of the pool: O(pages), one array copy.
-
-        ``restore_state`` of it makes every later call behave exactly as it
-        would have now: the lists, open free groups and counters.
-        """
+    def _snapshot(self) -> PoolState:
+        """The state and its site table, as of one moment (under the lock): ``PoolState`` makes the one copy."""
         tracker = self._tracker
-        with self.lock:  # PoolState makes the one copy, under the lock
-            sites = None if tracker is None else tracker.table()
-            return PoolState(self.size, self.page_size, self.merge_order, self._st, sites)
+        sites = None if tracker is None else tracker.table()
+        return PoolState(self.size, self.page_size, self.merge_order, self._st, sites)
 
-    def restore_state(self, state: PoolState) -> None:
-        """Put the pool back in the state of a snapshot from ``backup_state``.
-
-        Parameters
-        ----------
-        state : PoolState
-            A snapshot from ``backup_state()`` of a pool of the same size,
-            page size, merge order and tracking.
-
-        Raises
-        ------
-        TypeError
-            If ``state`` is not a :class:`PoolState`.
-        HostPoolError
-            If it comes from a pool of another size, page size or merge
-            order, or its contents fail the invariants; the pool is then
-            unchanged.
-        """
-        if not isinstance(state, PoolState):
-            raise TypeError(f"state must be a PoolState from backup_state(), got {type(state).__name__}")
+    def _checked(self, state: PoolState) -> tuple[NDArray[np.int64], Any]:
+        """A snapshot's words, checked for this pool (its size, page size, merge order and tracking)."""
         words = checked_words(
             state._words,
             (self.size, self.page_size, self.merge_order, self.track),
@@ -603,40 +582,27 @@ class LogicalHostPool(DataPlaneHooks):
             "the state",
             state.sites,
         )
-        tracker = self._tracker
-        with self.lock:
-            _load_state(self._st, words)
-            if tracker is not None:  # the ids in the restored words index the snapshot's sites
-                tracker.load(state.sites)
+        return words, state.sites
 
-    def __getstate__(self) -> dict[str, Any]:
-        """What pickle and ``copy.deepcopy`` keep: the shape, the layout and one state copy."""
+    def _load(self, checked: tuple[NDArray[np.int64], Any]) -> None:
+        words, sites = checked
+        _load_state(self._st, words)
+        if self._tracker is not None:  # the ids in the restored words index the snapshot's sites
+            self._tracker.load(sites)
+
+    def _pickled(self) -> dict[str, Any]:
+        """The shape, the layout and one state copy, with its site table."""
         tracker = self._tracker
-        with self.lock:  # the state and its site table, as of one moment
-            words = self._st.copy()
-            sites = None if tracker is None else tracker.table()
         return {
-            "format": FORMATS["LogicalHostPool"],
             "size": self.size,
             "page_size": self.page_size,
             "layout": self.layout,
             "merge": self.merge_order,
-            "state": words,
-            "sites": sites,
+            "state": self._st.copy(),
+            "sites": None if tracker is None else tracker.table(),
         }
 
-    def __setstate__(self, saved: Any) -> None:
-        """Rebuild a pickled pool, with a lock of its own, refusing a damaged state.
-
-        Every field is checked as the constructor checks its arguments, and
-        the state as ``restore_state`` checks a snapshot: a damaged pickle
-        is a ``HostPoolError`` saying what is wrong, not a pool that fails
-        later.
-        """
-        what = f"the pickled {type(self).__name__}"
-        if not isinstance(saved, dict):
-            raise HostPoolError(f"{what} holds a {type(saved).__name__}, not a pool's state")
-        check_format(saved.get("format"), "LogicalHostPool", type(self).__name__)
+    def _unpickled(self, saved: dict[str, Any], what: str) -> None:
         missing = sorted({"size", "page_size", "layout", "merge", "state"} - set(saved))
         if missing:
             raise HostPoolError(f"{what} lacks {', '.join(missing)}")
@@ -725,21 +691,18 @@ class LogicalHostPool(DataPlaneHooks):
 
     # -- checks ----------------------------------------------------------
 
-    def check_invariants(self) -> None:
-        """Verify the internal state; raise ``RuntimeError`` if it is broken.
+    def _corruption(self) -> str | None:
+        """What ``check_invariants`` reports (under the lock).
 
         Checks, independently of the kernels, that the counters agree, that
         every page id on the free, release and pending lists is in range,
         flagged accordingly and listed once, that every page not listed is
         held by a caller, and that a sorted pool's free list ascends.
-        Costs O(number of pages).
         """
         tracker = self._tracker
-        with self.lock:
-            sites = None if tracker is None else tracker.table()
-            found = pool_problems(self._st, self.size // self.page_size, self.page_size, sites)
-        if found:
-            raise RuntimeError("LogicalHostPool state is corrupted: " + "; ".join(found))
+        sites = None if tracker is None else tracker.table()
+        found = pool_problems(self._st, self.size // self.page_size, self.page_size, sites)
+        return "LogicalHostPool state is corrupted: " + "; ".join(found) if found else None
 
     def __repr__(self) -> str:
         s = self.stats()
@@ -824,10 +787,3 @@ class LogicalHostPool(DataPlaneHooks):
             return ""
         with self.lock:
             return HISTORY_MARK + tracker.history(self._st, page)
-
-    def _corrupt(self, op: str, status: int) -> RuntimeError:
-        code, pos = _layout.decode_status(status)
-        return RuntimeError(
-            f"LogicalHostPool state is corrupted: {op} kernel failed with code {code} at {pos}; "
-            "please report this with the calls that led to it"
-        )

@@ -24,7 +24,14 @@ from ._tracking import site_id_problems, table_problem
 # The layout each kind of state is in. A pickle in another format was made by
 # a hostpool_nb whose kernels read the arrays differently (the core's format
 # 2 had int64 ring entries, 3 has int32).
-FORMATS = {"LogicalHostPool": 3, "PoolState": 3, "PagedState": 1, "HostPagePool": 1, "HostPageState": 1}
+FORMATS = {
+    "LogicalHostPool": 3,
+    "PoolState": 3,
+    "PagedAllocator": 1,  # a paged or token allocator's pickle
+    "PagedState": 1,
+    "HostPagePool": 1,
+    "HostPageState": 1,
+}
 FORMAT = FORMATS["LogicalHostPool"]
 
 
@@ -227,6 +234,8 @@ def checked_ranks(
         raise HostPoolError(f"the state holds {len(ranks)} ranks; this allocator has dp_size={dp_size}")
     out = []
     for r, words in enumerate(ranks):
+        if not isinstance(words, np.ndarray):
+            raise HostPoolError(f"the state of rank {r} is a {type(words).__name__}, not a rank's state words")
         arr = np.ascontiguousarray(words)
         found = rank_problems(arr, pages, page_size, sorted_order, loading=True)
         if found:

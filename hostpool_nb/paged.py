@@ -39,6 +39,10 @@ Where docs/behaviour.md (section 3) leaves a choice, this module takes the one b
   ``None``); ``alloc(0)`` returns an empty array; ``free_pages``,
   ``release_pages`` and ``free_slots`` are read-only int32 copies, the
   release list's order not being part of the contract.
+- An allocator pickles and deep-copies with every rank, the open free
+  group and its pending frees, and its ``kvcache`` (pickled or copied as
+  pickle and ``copy.deepcopy`` do, with it); a damaged pickle is a
+  ``HostPoolError``, checked as ``restore_state`` checks a snapshot.
 - ``alloc_decode`` requires ``seq_lens >= 1`` (they count the new token);
   a pool whose slot ids would not fit the int32 results is refused at
   construction.
@@ -46,7 +50,6 @@ Where docs/behaviour.md (section 3) leaves a choice, this module takes the one b
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -55,10 +58,10 @@ from numpy.typing import NDArray
 from . import _kernels, _layout, _paged_kernels
 from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_int_vector, as_slots, pool_shape
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, SlotRangeError
-from ._fork import register as register_fork_lock
 from ._host import HostKVPoolMixin, HostPagePool
 from ._invariants import group_problems, rank_problems
 from ._jit import entry_point
+from ._protocol import ArrayStatePool
 from ._snapshot import PagedState, checked_ranks
 
 _merge = entry_point(_kernels.merge)
@@ -74,7 +77,7 @@ _STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
 _INT32_MAX = 2**31 - 1
 
 
-class _RankedAllocator:
+class _RankedAllocator(ArrayStatePool):
     """What both allocators share: ranks, the lock, free groups, snapshots, kvcache forwarding.
 
     Each rank ``r`` has its own state arrays (``_paged_kernels.py``); one
@@ -82,8 +85,10 @@ class _RankedAllocator:
     release the GIL while they run.
     """
 
-    _kind = ""
+    _snapshot_kind = ""  # the kind a PagedState names ("paged", "token")
     _sorted = False
+    _format = "PagedAllocator"
+    _state_class = PagedState
 
     def __init__(self, shape: tuple[int, int, int], pages_per_rank: int, kvcache: Any, strict: bool) -> None:
         size, page_size, dp_size = shape
@@ -94,8 +99,7 @@ class _RankedAllocator:
         self.strict = bool(strict)
         self._kvcache = kvcache
         self._pages = pages_per_rank
-        self.lock = threading.RLock()
-        register_fork_lock(self)
+        self._make_lock()
         self._in_group = False
         # Per rank, the slots of each free made inside the open group, as validated (free_group).
         self._group_frees: list[list[NDArray[np.int64]]] = [[] for _ in range(dp_size)]
@@ -198,48 +202,77 @@ class _RankedAllocator:
 
     # -- snapshots --------------------------------------------------------------
 
-    def backup_state(self) -> PagedState:
-        """An immutable copy of every rank's lists (not of the free group, as the original)."""
-        with self.lock:
-            ranks = tuple(st.copy() for st in self._st)
-        return PagedState(self._kind, self.size, self.page_size, self.dp_size, ranks)
+    def _snapshot(self) -> PagedState:
+        """Every rank's lists (not the free group, as the original's), as of one moment."""
+        ranks = tuple(st.copy() for st in self._st)
+        return PagedState(self._snapshot_kind, self.size, self.page_size, self.dp_size, ranks)
 
-    def restore_state(self, state: PagedState) -> None:
-        """Put every rank's lists back as they were at ``backup_state()``.
-
-        Parameters
-        ----------
-        state : PagedState
-            A snapshot from ``backup_state()`` of an allocator of the same
-            kind, size, page size and ``dp_size``.
-
-        Raises
-        ------
-        TypeError
-            For anything but a :class:`PagedState`.
-        HostPoolError
-            For a state from another kind of allocator or shape, or one that
-            fails the invariants; the allocator is then unchanged.
-        """
-        if not isinstance(state, PagedState):
-            raise TypeError(f"state must be a PagedState from backup_state(), got {type(state).__name__}")
-        mine = (self._kind, self.size, self.page_size, self.dp_size)
+    def _checked(self, state: PagedState) -> list[NDArray[np.int64]]:
+        mine = (self._snapshot_kind, self.size, self.page_size, self.dp_size)
         theirs = (state.kind, state.size, state.page_size, state.dp_size)
         if mine != theirs:
             raise HostPoolError(f"the state is from {theirs} (kind, size, page_size, dp_size); this is {mine}")
-        ranks = checked_ranks(state._ranks, self.dp_size, self._pages, self.page_size, self._sorted)
-        with self.lock:
-            for st, words in zip(self._st, ranks, strict=True):
-                _load_state(st, words)
+        return checked_ranks(state._ranks, self.dp_size, self._pages, self.page_size, self._sorted)
 
-    def check_invariants(self) -> None:
-        """Verify every rank's lists and group; raise ``RuntimeError`` if one is broken. O(pages)."""
-        with self.lock:
-            for r, (st, gp) in enumerate(zip(self._st, self._gp, strict=True)):
-                found = rank_problems(st, self._pages, self.page_size, self._sorted)
-                found += group_problems(gp, st, self._pages)
-                if found:
-                    raise RuntimeError(f"{type(self).__name__} rank {r} is corrupted: " + "; ".join(found))
+    def _load(self, checked: list[NDArray[np.int64]]) -> None:
+        for st, words in zip(self._st, checked, strict=True):
+            _load_state(st, words)
+
+    def _corruption(self) -> str | None:
+        for r, (st, gp) in enumerate(zip(self._st, self._gp, strict=True)):
+            found = rank_problems(st, self._pages, self.page_size, self._sorted)
+            found += group_problems(gp, st, self._pages)
+            if found:
+                return f"{type(self).__name__} rank {r} is corrupted: " + "; ".join(found)
+        return None
+
+    # -- pickling ---------------------------------------------------------------
+
+    def _constructor_args(self) -> dict[str, Any]:
+        """What the constructor was given but the ``kvcache``: a pickle rebuilds the allocator with it."""
+        raise NotImplementedError
+
+    def _pickled(self) -> dict[str, Any]:
+        """The constructor's arguments, the ``kvcache`` (pickled as pickle pickles it), every rank and free group."""
+        return {
+            "args": self._constructor_args(),
+            "kvcache": self._kvcache,
+            "ranks": tuple(st.copy() for st in self._st),
+            "groups": tuple(gp.copy() for gp in self._gp),
+            "group_frees": [[f.copy() for f in frees] for frees in self._group_frees],
+            "in_group": self._in_group,
+        }
+
+    def _unpickled(self, saved: dict[str, Any], what: str) -> None:
+        missing = sorted({"args", "kvcache", "ranks", "groups", "group_frees", "in_group"} - set(saved))
+        if missing:
+            raise HostPoolError(f"{what} lacks {', '.join(missing)}")
+        args = saved["args"]
+        if not isinstance(args, dict):
+            raise HostPoolError(f"{what} holds constructor arguments of type {type(args).__name__}")
+        try:
+            type(self).__init__(self, kvcache=saved["kvcache"], **args)
+        except (TypeError, HostPoolError) as exc:  # what the constructor refuses, said as a damaged pickle
+            raise HostPoolError(f"{what} has arguments no allocator takes ({args!r}): {exc}") from None
+        ranks_in, groups, frees = saved["ranks"], saved["groups"], saved["group_frees"]
+        if not all(isinstance(x, (tuple, list)) for x in (ranks_in, groups, frees)):
+            raise HostPoolError(f"{what} does not hold its ranks, groups and group frees as sequences")
+        ranks = checked_ranks(tuple(ranks_in), self.dp_size, self._pages, self.page_size, self._sorted)
+        if len(groups) != self.dp_size or len(frees) != self.dp_size or type(saved["in_group"]) is not bool:
+            raise HostPoolError(f"{what} holds free groups for {len(groups)} ranks; it has dp_size={self.dp_size}")
+        for r, (st, gp, kept) in enumerate(zip(ranks, groups, frees, strict=True)):
+            if not _is_words(gp) or gp.shape[0] != _layout.group_length(self._pages):
+                found = [f"its group buffer is not an int64 array of {_layout.group_length(self._pages)} words"]
+            else:
+                found = group_problems(gp, st, self._pages)
+            if not found and not _same_pending(gp, kept, self.page_size):
+                found = ["the frees it keeps for free_group are not the pages pending"]
+            if found:
+                raise HostPoolError(f"{what}: the free group of rank {r} fails the invariants: " + "; ".join(found))
+        self._st = ranks
+        self._gp = [np.array(gp, dtype=np.int64, copy=True) for gp in groups]
+        self._group_frees = [[_read_only_copy(f) for f in kept] for kept in frees]
+        self._in_group = saved["in_group"]
 
     # -- views and forwarding ------------------------------------------------------
 
@@ -308,9 +341,24 @@ class _RankedAllocator:
             return DoubleFreeError(f"{what} of rank {r}, freed at {where}, is not allocated: it was freed already")
         return RuntimeError(f"{type(self).__name__} rank {r} is corrupted: free kernel failed with code {code}")
 
-    def _corrupt(self, op: str, status: int) -> RuntimeError:
-        code, pos = _layout.decode_status(status)
-        return RuntimeError(f"{type(self).__name__} state is corrupted: {op} kernel failed with code {code} at {pos}")
+
+def _is_words(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype == np.int64 and value.ndim == 1
+
+
+def _same_pending(gp: NDArray[np.int64], kept: Any, page_size: int) -> bool:
+    """Whether the slot arrays ``kept`` (a rank's ``free_group``) name exactly the pages pending in ``gp``."""
+    if not isinstance(kept, list) or not all(_is_words(f) for f in kept):
+        return False
+    pending = set(gp[_layout.GP_HEADER : _layout.GP_HEADER + int(gp[_layout.GP_COUNT])].tolist())
+    named = {int(slot) // page_size for f in kept for slot in f.tolist()}
+    return named == pending
+
+
+def _read_only_copy(slots: NDArray[np.int64]) -> NDArray[np.int64]:
+    copy = np.array(slots, dtype=np.int64, copy=True)
+    copy.flags.writeable = False
+    return copy
 
 
 class PagedTokenToKVPoolAllocator(_RankedAllocator):
@@ -354,7 +402,8 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
     (1, 60)
     """
 
-    _kind = "paged"
+    _kind = "PagedTokenToKVPoolAllocator"
+    _snapshot_kind = "paged"
     _sorted = True
 
     def __init__(  # noqa: PLR0913 - sglang-jax's constructor, kept for drop-in use
@@ -377,6 +426,15 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             )
         self.debug_mode = bool(debug_mode)
         super().__init__((size, page_size, dp_size), self.pages_per_rank, kvcache, strict)
+
+    def _constructor_args(self) -> dict[str, Any]:
+        return {
+            "size": self.size,
+            "page_size": self.page_size,
+            "debug_mode": self.debug_mode,
+            "dp_size": self.dp_size,
+            "strict": self.strict,
+        }
 
     @property
     def free_pages(self) -> list[NDArray[np.int32]]:
@@ -649,7 +707,8 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         always an error here.
     """
 
-    _kind = "token"
+    _kind = "TokenToKVPoolAllocator"
+    _snapshot_kind = "token"
     _sorted = False
 
     def __init__(self, size: int, kvcache: Any, dp_size: int = 1, *, strict: bool = False) -> None:
@@ -657,6 +716,9 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         if size // dp_size > _INT32_MAX:
             raise HostPoolError(f"{size // dp_size} slots per rank do not fit the int32 arrays alloc returns")
         super().__init__((size, 1, dp_size), size // dp_size, kvcache, strict)
+
+    def _constructor_args(self) -> dict[str, Any]:
+        return {"size": self.size, "dp_size": self.dp_size, "strict": self.strict}
 
     @property
     def free_slots(self) -> list[NDArray[np.int32]]:

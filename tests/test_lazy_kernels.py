@@ -180,7 +180,18 @@ def test_the_notice_goes_through_logging_once_per_process(
     def slower(x: int) -> int:
         return x + 2
 
+    from numba.core import event
+
+    def compiling(func: Any, signature: str, *, nogil: bool = True, watch: Any = None) -> Any:
+        """A compile as numba does one after a cache miss (its event, here, whatever the cache holds)."""
+        if watch is not None:
+            watch.where = "/the/cache"
+        with event.trigger_event("numba:compile", data={}):
+            pass
+        return func, None
+
     monkeypatch.setattr(_jit.threading, "Timer", _TimerNow)
+    monkeypatch.setattr(_jit, "_compile", compiling)
     monkeypatch.setattr(_jit._COMPILER, "announced", False)
     with caplog.at_level(logging.WARNING, logger="hostpool_nb"):
         assert _jit.Kernel(slow, "i8(i8)", nogil=True)(41) == 42
@@ -188,6 +199,7 @@ def test_the_notice_goes_through_logging_once_per_process(
     records = [r for r in caplog.records if r.name == "hostpool_nb"]
     assert len(records) == 1, [r.getMessage() for r in records]
     assert "compiling numba kernels on their first use" in records[0].getMessage()
+    assert "/the/cache" in records[0].getMessage()
     assert records[0].levelno == logging.WARNING
 
 

@@ -1270,3 +1270,92 @@ def test_a_free_that_raises_inside_a_group_leaves_its_pending_frees_as_they_were
     assert sorted(a.release_pages[0].tolist()) == [1]  # page 2 stays allocated
     a.free(held[16:48])
     a.check_invariants()
+
+
+# -- pickles of the allocators: the same checks on load as restore_state -------------------------------
+
+
+def _grouped(kind: str) -> Any:
+    """An allocator on two ranks with an open free group holding a pending free on rank 1."""
+    a: Any = (
+        PagedTokenToKVPoolAllocator(128, 16, {"kv": 1}, dp_size=2)
+        if kind == "paged"
+        else TokenToKVPoolAllocator(16, {"kv": 1}, dp_size=2)
+    )
+    held = a.alloc(32 if kind == "paged" else 3, dp_rank=1)
+    a.free_group_begin()
+    a.free(held[: 16 if kind == "paged" else 2], dp_rank=1)
+    return a
+
+
+@pytest.mark.parametrize("kind", ["paged", "token"])
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_an_allocator_pickles_with_its_ranks_and_open_group(kind: str, how: str) -> None:
+    import copy
+    import pickle
+
+    a = _grouped(kind)
+    b = pickle.loads(pickle.dumps(a)) if how == "pickle" else copy.deepcopy(a)
+    assert type(b) is type(a)
+    assert b.lock is not a.lock
+    assert b.get_kvcache() == {"kv": 1}
+    assert (b.size, b.page_size, b.dp_size, b.strict) == (a.size, a.page_size, a.dp_size, a.strict)
+    assert not b.is_not_in_free_group
+    assert [[f.tolist() for f in r] for r in b.free_group] == [[f.tolist() for f in r] for r in a.free_group]
+    for x in (a, b):  # the same calls give the same results on both
+        x.free_group_end()
+    assert [s.tolist() for s in b.backup_state()._ranks] == [s.tolist() for s in a.backup_state()._ranks]
+    got = [x.alloc(16 if kind == "paged" else 2, dp_rank=1) for x in (a, b)]
+    assert got[0].tolist() == got[1].tolist()
+    b.check_invariants()
+
+
+def _damaged(kind: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    saved = _grouped(kind).__getstate__()
+    change(saved)
+    return saved
+
+
+def _set(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda saved: saved.__setitem__(key, value)
+
+
+def _tamper_rank(saved: dict[str, Any]) -> None:
+    words = saved["ranks"][1].copy()
+    words[L.H_NFREE] += 1
+    saved["ranks"] = (saved["ranks"][0], words)
+
+
+def _tamper_group(saved: dict[str, Any]) -> None:
+    gp = saved["groups"][1].copy()
+    gp[L.GP_COUNT] = 0  # the pending page's mark stays: buffer and marks disagree
+    saved["groups"] = (saved["groups"][0], gp)
+
+
+def _drop_kept(saved: dict[str, Any]) -> None:
+    saved["group_frees"] = [[], []]  # a page pending, but no free of it kept
+
+
+@pytest.mark.parametrize("kind", ["paged", "token"])
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        pytest.param(lambda s: s.pop("ranks"), "lacks ranks", id="missing"),
+        pytest.param(_set("args", [1]), "holds constructor arguments of type list", id="args-not-dict"),
+        pytest.param(lambda s: s["args"].__setitem__("size", -4), "has arguments no allocator takes", id="bad-size"),
+        pytest.param(lambda s: s["args"].__setitem__("dp_size", 1), "the state holds 2 ranks", id="other-dp"),
+        pytest.param(_tamper_rank, "the state of rank 1 fails the invariants", id="rank"),
+        pytest.param(_set("ranks", ([1, 2], [3])), "the state of rank 0 is a list", id="rank-list"),
+        pytest.param(_set("groups", 7), "as sequences", id="groups-not-sequence"),
+        pytest.param(_tamper_group, "the free group of rank 1 fails the invariants", id="group"),
+        pytest.param(_drop_kept, "the frees it keeps for free_group are not the pages pending", id="kept"),
+        pytest.param(_set("in_group", 1), "holds free groups for 2 ranks", id="in-group-not-bool"),
+        pytest.param(_set("format", 99), "pickled in state format 99", id="format"),
+    ],
+)
+def test_a_damaged_allocator_pickle_is_refused(kind: str, change: Any, needle: str) -> None:
+    cls = PagedTokenToKVPoolAllocator if kind == "paged" else TokenToKVPoolAllocator
+    blank = cls.__new__(cls)
+    with pytest.raises(HostPoolError) as info:
+        blank.__setstate__(_damaged(kind, change))
+    assert needle in str(info.value), str(info.value)

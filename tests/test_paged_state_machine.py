@@ -37,6 +37,8 @@ and 3 at one page size) every situation listed below.
 from __future__ import annotations
 
 import collections
+import copy
+import pickle
 from typing import Any
 
 import numpy as np
@@ -262,8 +264,15 @@ class _Machine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def snapshot(self, data: st.DataObject) -> None:
-        if self.backups and data.draw(st.sampled_from([False, False, True]), label="restore"):
+        step = data.draw(st.sampled_from(["backup", "backup", "restore", "pickle"]), label="snapshot step")
+        if step == "restore" and self.backups:
             self.restore_both(data)
+        elif step == "pickle":
+            # The allocator goes on as its pickled copy (or deep copy): lists, groups and pending frees with it.
+            copier = data.draw(st.sampled_from(["pickle", "deepcopy"]), label="copy")
+            self.lib = pickle.loads(pickle.dumps(self.lib)) if copier == "pickle" else copy.deepcopy(self.lib)
+            self.lib.check_invariants()
+            self.events.add("pickled" + (" in a group" if self.in_group() else ""))
         else:
             self.backup_both()
 
@@ -768,6 +777,7 @@ PAGED_RULES = {
     "free_group_end released",
     "backup_state",
     "restore_state",
+    "pickled",
     "clear(r)",
     "clear()",
 }
@@ -797,6 +807,8 @@ TOKEN_EVENTS = {
     "free_group_end released",
     "backup_state",
     "restore_state",
+    "pickled",
+    "pickled in a group",
     "clear(r)",
     "clear(r) inside a group",
     "clear()",

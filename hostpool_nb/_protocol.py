@@ -1,0 +1,131 @@
+"""What every pool whose state is int64 arrays changed only by kernels shares, written once.
+
+Each kind (``LogicalHostPool``, ``HostPagePool``, the paged allocators)
+subclasses :class:`ArrayStatePool` and supplies its layout's pieces:
+
+- ``_kind``: its name in messages, and ``_format``: the key of
+  :data:`~hostpool_nb._snapshot.FORMATS` its pickles carry;
+- ``_state_class``: what ``backup_state`` returns and ``restore_state``
+  takes; ``_snapshot()`` makes one (under the lock), ``_checked(state)``
+  checks one and returns what to load (a ``HostPoolError`` if it cannot
+  be this pool's, before the lock), and ``_load(checked)`` loads it with a
+  kernel (under the lock);
+- ``_corruption()``: what ``check_invariants`` reports (under the lock),
+  or ``None``;
+- ``_pickled()`` (under the lock) and ``_unpickled(saved, what)``: the
+  fields of its pickle besides the format, and how a fresh object takes
+  them, checked as ``restore_state`` checks a snapshot.
+
+The base makes the lock and registers it with the fork handlers, and
+writes each public step of the protocol once: the type check, the order
+of checks and lock, the format check, the messages.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, ClassVar
+
+from . import _layout
+from ._errors import HostPoolError
+from ._fork import register as register_fork_lock
+from ._snapshot import FORMATS, check_format
+
+
+class ArrayStatePool:
+    """The protocol: one lock, registered for forks; snapshots, pickles and the invariants, checked the same way."""
+
+    _kind: ClassVar[str] = ""
+    _format: ClassVar[str] = ""
+    _state_class: ClassVar[type] = object
+    lock: Any
+
+    def _make_lock(self) -> None:
+        """The pool's ``threading.RLock``, taken across every fork (``_fork.py``)."""
+        self.lock = threading.RLock()
+        register_fork_lock(self)
+
+    # -- what each kind supplies ------------------------------------------------------
+
+    def _snapshot(self) -> Any:
+        raise NotImplementedError
+
+    def _checked(self, state: Any) -> Any:
+        raise NotImplementedError
+
+    def _load(self, checked: Any) -> None:
+        raise NotImplementedError
+
+    def _corruption(self) -> str | None:
+        raise NotImplementedError
+
+    def _pickled(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _unpickled(self, saved: dict[str, Any], what: str) -> None:
+        raise NotImplementedError
+
+    # -- the protocol ------------------------------------------------------------------
+
+    def backup_state(self) -> Any:
+        """An immutable snapshot of the pool's state, taken under its lock; ``restore_state`` puts it back."""
+        with self.lock:
+            return self._snapshot()
+
+    def restore_state(self, state: Any) -> None:
+        """Put the pool back in the state of a snapshot from ``backup_state``.
+
+        Parameters
+        ----------
+        state
+            A snapshot from ``backup_state()`` of a pool of the same kind
+            and shape.
+
+        Raises
+        ------
+        TypeError
+            If ``state`` is not this kind's snapshot.
+        HostPoolError
+            If it is from a pool of another shape, or its contents fail
+            the invariants; the pool is then unchanged.
+        """
+        if not isinstance(state, self._state_class):
+            name = self._state_class.__name__
+            raise TypeError(f"state must be a {name} from backup_state(), got {type(state).__name__}")
+        checked = self._checked(state)  # before the lock: a refused state costs the pool nothing
+        with self.lock:
+            self._load(checked)
+
+    def check_invariants(self) -> None:
+        """Verify the state, independently of the kernels; raise ``RuntimeError`` if it is broken. O(pages)."""
+        with self.lock:
+            found = self._corruption()
+        if found is not None:
+            raise RuntimeError(found)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickle and ``copy.deepcopy`` keep: the format, and the kind's fields as of one moment."""
+        with self.lock:
+            fields = self._pickled()
+        return {"format": FORMATS[self._format], **fields}
+
+    def __setstate__(self, saved: Any) -> None:
+        """Rebuild a pickled pool, with a lock of its own; a damaged pickle is a ``HostPoolError``.
+
+        Every field is checked as the constructor checks its arguments, and
+        the state as ``restore_state`` checks a snapshot: a damaged pickle
+        is an error saying what is wrong, not a pool that fails later.
+        """
+        what = f"the pickled {type(self).__name__}"
+        if not isinstance(saved, dict):
+            raise HostPoolError(f"{what} holds a {type(saved).__name__}, not a pool's state")
+        check_format(saved.get("format"), self._format, type(self).__name__)
+        self._unpickled(saved, what)
+
+    def _corrupt(self, op: str, status: int) -> RuntimeError:
+        """The error for a kernel that failed where the state allows no failure: a bug in the pool."""
+        code, pos = _layout.decode_status(status)
+        return RuntimeError(
+            f"{self._kind or type(self).__name__} state is corrupted: {op} kernel failed with code {code} at {pos}; "
+            "please report this with the calls that led to it"
+        )
