@@ -125,11 +125,11 @@ class HostPagePool(ArrayStatePool):
         self.pool_size = n
         self._make_lock()
         self._st = st
-        ring, gen, ref, flags, _ = _layout.host_offsets(n)
-        self._ring = st[ring : ring + _layout.ring_words(n)].view(np.int32)[:n]
-        self.allocated = _read_only(st[flags:].view(np.bool_)[:n])
-        self.generation = _read_only(st[gen : gen + n])
-        self.lock_ref = _read_only(st[ref : ref + n])
+        ring, gen, ref, flags, _ = _layout.host_views(st, n)
+        self._ring = ring
+        self.allocated = _read_only(flags.view(np.bool_))
+        self.generation = _read_only(gen)
+        self.lock_ref = _read_only(ref)
         self._words = _elements(st)  # header words as Python ints, without a numpy scalar each
         self._last_exhaust_log = -1.0
 

@@ -80,7 +80,7 @@ def pool_problems(
     track = int(st[_layout.H_TRACK])
     counters = {name: int(st[h]) for name, h in _COUNTERS}
     ring = ring_ids(st, n)
-    listed = ring[(head + np.arange(nfree + nrel + npend)) % max(n, 1)]
+    listed = ring[_layout.ring_positions(head, nfree + nrel + npend, n)]
     if listed.size and (listed.min() < 0 or listed.max() >= n):
         found.append("a listed page id is out of range")
         return found
@@ -197,7 +197,7 @@ def group_problems(gp: NDArray[np.int64], st: NDArray[np.int64], pages: int) -> 
     if not 0 <= count <= cap:
         return [f"group buffer holds {count} pages"]
     ids = gp[_layout.GP_HEADER : _layout.GP_HEADER + count]
-    marks = gp[_layout.GP_HEADER + cap :].view(np.uint8)[:cap]
+    marks = _layout.group_marks(gp)
     if count and (ids.min() < 1 or ids.max() > pages):
         return ["a pending page id is out of range"]
     expected = np.zeros(cap, dtype=np.uint8)
@@ -258,25 +258,21 @@ def _host_header_problems(st: NDArray[np.int64], n: int, nfree: int, limit: tupl
 
 
 def _host_page_problems(st: NDArray[np.int64], n: int, head: int, nfree: int, limit: tuple[int, str]) -> list[str]:
-    ring_at, gen_at, ref_at, flags_at, marks_at = _layout.host_offsets(n)
-    ids = st[ring_at : ring_at + _layout.ring_words(n)].view(np.int32)[:n]
-    listed = ids[(head + np.arange(nfree)) % n]
+    ids, gen, ref, flags, marks = _layout.host_views(st, n)
+    listed = ids[_layout.ring_positions(head, nfree, n)]
     if listed.size and (listed.min() < 0 or listed.max() >= n):
         return ["a listed page id is out of range"]
     found = []
     times = np.bincount(listed, minlength=n)
     if times.max(initial=0) > 1:
         found.append(f"page {int(np.argmax(times))} is listed {int(times.max())} times")
-    flags = st[flags_at:].view(np.uint8)[:n]
     expected = np.ones(n, dtype=np.uint8)
     expected[listed] = 0
     if not np.array_equal(flags, expected):
         p = int(np.argmax(flags != expected))
         found.append(f"page {p} has allocated flag {int(flags[p])} but is listed {int(times[p])} times")
-    if st[marks_at:].view(np.uint8)[:n].any():
+    if marks.any():
         found.append("a page is marked outside a call")
-    gen = st[gen_at : gen_at + n]
-    ref = st[ref_at : ref_at + n]
     if gen.min() < 0:
         found.append("a generation is out of range")
     elif gen.max() >= limit[0]:

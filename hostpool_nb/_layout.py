@@ -183,6 +183,11 @@ def owner_flags(st: NDArray[np.int64], num_pages: int) -> NDArray[np.uint8]:
     return st[HEADER + ring_words(num_pages) :].view(np.uint8)[:num_pages]
 
 
+def ring_positions(head: int, count: int, capacity: int) -> NDArray[np.int64]:
+    """Ring positions of ``count`` entries from ``head`` on, wrapping at ``capacity``: every ring's formula."""
+    return (head + np.arange(count)) % max(capacity, 1)
+
+
 def listed(st: NDArray[np.int64], start: int = 0, count: int | None = None) -> NDArray[np.int32]:
     """Page ids of the live window from its ``start``-th entry on (a new array), as Python code reads them.
 
@@ -192,7 +197,7 @@ def listed(st: NDArray[np.int64], start: int = 0, count: int | None = None) -> N
     n = int(st[H_NPAGES])
     if count is None:
         count = int(st[H_NFREE] + st[H_NREL] + st[H_NPEND]) - start
-    return ring_ids(st, n)[(int(st[H_HEAD]) + start + np.arange(count)) % max(n, 1)]
+    return ring_ids(st, n)[ring_positions(int(st[H_HEAD]) + start, count, n)]
 
 
 def state_of_lists(
@@ -298,6 +303,20 @@ def host_offsets(n: int) -> tuple[int, int, int, int, int]:
     flags = ref + n
     marks = flags + (n + 7) // 8
     return ring, gen, ref, flags, marks
+
+
+def host_views(
+    st: NDArray[np.int64], n: int
+) -> tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.int64], NDArray[np.uint8], NDArray[np.uint8]]:
+    """A host pool's ring, generations, pin counts, allocated bytes and marks, as Python code reads them."""
+    ring, gen, ref, flags, marks = host_offsets(n)
+    return (
+        st[ring : ring + ring_words(n)].view(np.int32)[:n],
+        st[gen : gen + n],
+        st[ref : ref + n],
+        st[flags:].view(np.uint8)[:n],
+        st[marks:].view(np.uint8)[:n],
+    )
 
 
 def host_state_length(n: int) -> int:
