@@ -448,3 +448,32 @@ def test_a_drop_pending_that_raises_still_frees_and_forgets_every_page() -> None
     assert pool._slots[:3] == [None] * 3
     assert pool.available_size() == 4
     pool._host_pages.check_invariants()
+
+
+def test_the_mixins_require_allocated_refuses_the_pool_size_itself_with_the_originals_text() -> None:
+    pool = FastLRU(8)
+    pool.alloc(8)
+    with pytest.raises(ValueError, match=r"^buffer_id=8 outside pool range \[0, 8\)$"):
+        pool._require_allocated(8)  # the fast path's bound: one past the last page
+    with pytest.raises(ValueError, match=r"^buffer_id=-1 outside pool range \[0, 8\)$"):
+        pool._require_allocated(-1)
+    pool._require_allocated(7)
+
+
+def test_a_host_pools_own_exhaustion_line_says_how_many_pages_were_asked_for(caplog: Any) -> None:
+    pool = HostPagePool(2)
+    pool.alloc(2)
+    with caplog.at_level(logging.INFO, logger="hostpool_nb"):
+        assert pool.reserve() is None
+    assert [r.getMessage() for r in caplog.records] == ["HostPagePool exhausted: 1 pages asked for, 0 free"]
+
+
+def test_a_corrupted_host_pool_says_so_as_a_runtime_error() -> None:
+    from hostpool_nb import _layout
+
+    pool = HostPagePool(4)
+    pool._st[_layout.HP_NFREE] = 3  # four pages free, the header says three
+    with pytest.raises(RuntimeError) as info:
+        pool.check_invariants()
+    assert str(info.value).startswith("HostPagePool state is corrupted: ")
+    assert not isinstance(info.value, ValueError)
