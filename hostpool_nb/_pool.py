@@ -57,6 +57,7 @@ _STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
 _STATUS_MISALIGNED = _layout.status_of(_layout.E_MISALIGNED)  # at position 0: the length is not page-aligned
 _STATUS_MERGE_FIRST = _layout.status_of(_layout.E_MERGE_FIRST)  # a sorted pool: merge, then allocate again
 _SHORT_SLOTS = _kernels.SHORT_SLOTS  # calls this short run the flat kernels
+_GIL_SLOTS = _kernels.GIL_SLOTS  # and up to this long, kernels that keep the GIL
 # Above this many slots, ``alloc`` checks capacity before allocating its
 # output: 256 KiB, past which np.empty maps fresh memory (microseconds, or a
 # MemoryError for absurd sizes); below, reusing the allocator's free blocks
@@ -210,14 +211,13 @@ class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
         # up to _plain_limit slots: short enough to keep the GIL
         # (_kernels.GIL_SLOTS); a tracking pool's take none.
         self._plain_limit = _kernels.GIL_SLOTS if tracker is None else -1
-        # This page-size class's kernels; the untracked hot paths' flat two
-        # are compiled (or loaded) now, the others on their first call.
+        # This page-size class's kernels, by call length: the short calls' two
+        # (the hot paths') are compiled (or loaded) now, the others on their first call.
         self._k = _ENTRIES[page_size == 1]
-        self._alloc_kernels = _ALLOC_KERNELS[tracker is not None]
-        self._free_kernels = _FREE_KERNELS[tracker is not None]
-        if tracker is None:
-            self._alloc_short = self._k.alloc_short
-            self._free_short = self._k.free_short
+        self._alloc_kernels: list[Any] = list(_ALLOC_KERNELS[tracker is not None])  # names, then kernels
+        self._free_kernels: list[Any] = list(_FREE_KERNELS[tracker is not None])
+        self._alloc_short = self._sized(self._alloc_kernels, 0)
+        self._free_short = self._sized(self._free_kernels, 0)
         self._make_lock()
         self._st = st
         # A view for Python-side checks; the kernels find it inside ``_st``.
@@ -327,10 +327,16 @@ class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
         status = self._alloc_into(out, where, tag)
         return out if status >= 0 else self._failed_alloc(status, need_size)
 
-    def _sized(self, kernels: tuple[str, str, str], length: int) -> Any:
-        """The kernel of ``kernels`` (this pool's ``_ALLOC_KERNELS`` or ``_FREE_KERNELS``) for a call of ``length``."""
-        name = kernels[0] if length <= _SHORT_SLOTS else kernels[1] if length <= _kernels.GIL_SLOTS else kernels[2]
-        return getattr(self._k, name)
+    def _sized(self, kernels: list[Any], length: int) -> Any:
+        """The kernel of ``kernels`` (this pool's row of ``_ALLOC_KERNELS`` or ``_FREE_KERNELS``) for ``length``.
+
+        Each is looked up (compiled, or loaded) on its first use and kept in the pool's row.
+        """
+        i = 0 if length <= _SHORT_SLOTS else 1 if length <= _GIL_SLOTS else 2
+        kernel = kernels[i]
+        if type(kernel) is str:
+            kernel = kernels[i] = getattr(self._k, kernel)
+        return kernel
 
     def _alloc_into(self, out: NDArray[np.int64], where: SiteKey | None, tag: Any) -> int:
         """Allocate ``len(out)`` slots into ``out`` under the lock (recording ``where``, if tracked); the status.
@@ -340,19 +346,30 @@ class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
         the same kernel again (its alloc kernels leave the merge, which
         reorders the pages, to the pool, so that they stay small to compile).
         """
+        n = out.shape[0]
+        kernel = self._alloc_short if n <= _SHORT_SLOTS else self._sized(self._alloc_kernels, n)
+        st = self._st
         lock = self.lock
         lock.acquire()
         try:
+            if where is None:
+                status: int = kernel(st, out)
+                if status == _STATUS_MERGE_FIRST:
+                    status = self._merged_then(kernel, out)
+                return status
             # A tracked call's site id is looked up under the lock, where a sweep cannot drop it.
-            site = () if where is None else (self._tracker.intern(where, tag, self._st),)  # type: ignore[union-attr]
-            kernel = self._sized(self._alloc_kernels, out.shape[0])
-            status: int = kernel(self._st, out, *site)
+            site = self._tracker.intern(where, tag, st)  # type: ignore[union-attr]  # tracked: where is set
+            status = kernel(st, out, site)
             if status == _STATUS_MERGE_FIRST:
-                moved: int = _merge(self._st)
-                status = moved if moved < 0 else int(kernel(self._st, out, *site))
+                status = self._merged_then(kernel, out, site)
             return status
         finally:
             lock.release()
+
+    def _merged_then(self, kernel: Any, *args: Any) -> int:
+        """Under the lock, after an alloc kernel's ``E_MERGE_FIRST``: merge, then the same kernel again; its status."""
+        moved: int = _merge(self._st)
+        return moved if moved < 0 else int(kernel(self._st, *args))
 
     def _failed_alloc(
         self, status: int, need_size: int, out: NDArray[np.int64] | None = None
@@ -502,7 +519,8 @@ class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
         if tracker is None:  # pragma: no cover - only called for a tracking pool
             raise RuntimeError("_free_tracked called on a pool that does not track")
         where = tracker.where(None, 2)
-        kernel = self._sized(self._free_kernels, slots.size)
+        n = slots.size
+        kernel = self._free_short if n <= _SHORT_SLOTS else self._sized(self._free_kernels, n)
         lock = self.lock
         lock.acquire()  # not ``with``, which costs more, on the path a tracked round trip takes twice
         try:

@@ -94,8 +94,13 @@ class _Spy:
         self.calls: list[str] = []
         k = pool._k
         pool._k = SimpleNamespace(**{name: self._wrap(name, getattr(k, name)) for name in K.PageSizeKernels._fields})
-        if hasattr(pool, "_alloc_short"):
-            pool._alloc_short, pool._free_short = pool._k.alloc_short, pool._k.free_short
+        from hostpool_nb import _pool
+
+        # The pool's rows of kernels by call length, looked up again from the spies, short ones first.
+        pool._alloc_kernels = list(_pool._ALLOC_KERNELS[pool.track])
+        pool._free_kernels = list(_pool._FREE_KERNELS[pool.track])
+        pool._alloc_short = pool._sized(pool._alloc_kernels, 0)
+        pool._free_short = pool._sized(pool._free_kernels, 0)
 
     def _wrap(self, name: str, kernel: Callable[..., int]) -> Callable[..., int]:
         def spy(*args: Any) -> int:
