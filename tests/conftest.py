@@ -60,6 +60,21 @@ settings.load_profile(_profile_name())
 Snapshot = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
+class RaisingEq:
+    """An integer by ``__index__`` whose ``==`` raises: not an integer to any pool (the bad-input matrices)."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+    def __eq__(self, other: object) -> bool:
+        raise ZeroDivisionError("no eq")
+
+    __hash__ = object.__hash__
+
+
 def take_snapshot(pool: Any) -> Snapshot:
     """Copies of what fully determines a pool's logical state.
 

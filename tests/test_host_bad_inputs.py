@@ -28,6 +28,7 @@ from hostpool_nb import (
     StaleFreeError,
 )
 from hostpool_nb import _layout as L
+from tests.conftest import RaisingEq
 from tests.host_model import state_of, words_of
 
 N = 8
@@ -68,21 +69,6 @@ class _RaisingIndex:
 
     def __repr__(self) -> str:
         return "_RaisingIndex()"
-
-
-class _RaisingEq:
-    """An integer by ``__index__`` whose ``==`` raises: not an integer to the pool."""
-
-    def __init__(self, value: int) -> None:
-        self.value = value
-
-    def __index__(self) -> int:
-        return self.value
-
-    def __eq__(self, other: object) -> bool:
-        raise ZeroDivisionError("no eq")
-
-    __hash__ = object.__hash__
 
 
 def _int(name: str, got: str) -> str:
@@ -225,9 +211,9 @@ FREE_CASES = [
     pytest.param([3, _RaisingIndex()], TypeError, _holds("object"), id="index-raises"),
     pytest.param(np.array(["3"]), TypeError, _holds("<U1"), id="str-array"),
     pytest.param(
-        [3, _RaisingEq(1)],
+        [3, RaisingEq(1)],
         TypeError,
-        "host_page_ids must hold integers, got _RaisingEq (comparing it raised)",
+        "host_page_ids must hold integers, got RaisingEq (comparing it raised)",
         id="eq-raises",
     ),
 ]
@@ -291,9 +277,9 @@ PIN_CASES = [
     pytest.param("inc", np.array([[3]]), TypeError, "buffer_id must be 1-D, got ndarray of shape (1, 1)", id="2d"),
     pytest.param(
         "inc",
-        [3, _RaisingEq(1)],
+        [3, RaisingEq(1)],
         TypeError,
-        "buffer_id must hold integers, got _RaisingEq (comparing it raised)",
+        "buffer_id must hold integers, got RaisingEq (comparing it raised)",
         id="eq-raises",
     ),
 ]

@@ -34,6 +34,7 @@ from hostpool_nb import _layout as L
 from hostpool_nb._layout import owner_flags, ring_ids
 from hostpool_nb.originals import paged as oracle_mod
 from hostpool_nb.paged import PagedState, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from tests.conftest import RaisingEq
 from tests.paged_model import assert_unchanged, capture, compare, pending_pages
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,22 +115,7 @@ class _RaisingIndex:
         return "_RaisingIndex()"
 
 
-class _RaisingEq:
-    """An integer by ``__index__`` whose ``==`` raises: not an integer to the allocator."""
-
-    def __init__(self, value: int) -> None:
-        self.value = value
-
-    def __index__(self) -> int:
-        return self.value
-
-    def __eq__(self, other: object) -> bool:
-        raise ZeroDivisionError("no eq")
-
-    __hash__ = object.__hash__
-
-
-_EQ_RAISES = "must hold integers, got _RaisingEq (comparing it raised)"
+_EQ_RAISES = "must hold integers, got RaisingEq (comparing it raised)"
 
 
 # -- dp_rank, for every method that takes one -------------------------------------------
@@ -566,7 +552,7 @@ EXTEND_CASES = [
     pytest.param(
         ([0], (1,), (_RaisingIndex(),), 1), TypeError, _must_hold("last_loc", "object"), id="tuple-index-raises"
     ),
-    pytest.param(([_RaisingEq(0)], [1], [-1], 1), TypeError, "prefix_lens " + _EQ_RAISES, id="eq-raises"),
+    pytest.param(([RaisingEq(0)], [1], [-1], 1), TypeError, "prefix_lens " + _EQ_RAISES, id="eq-raises"),
 ]
 
 
@@ -618,7 +604,7 @@ DECODE_CASES = [
     pytest.param((7, [9]), TypeError, "seq_lens must be 1-D, got int of shape ()", id="scalar"),
     pytest.param(([_RaisingIndex()], [-1]), TypeError, _must_hold("seq_lens", "object"), id="index-raises"),
     pytest.param(([1], [3, _RaisingIndex()]), TypeError, _must_hold("last_loc", "object"), id="index-raises-2nd"),
-    pytest.param(([_RaisingEq(1)], [-1]), TypeError, "seq_lens " + _EQ_RAISES, id="eq-raises"),
+    pytest.param(([RaisingEq(1)], [-1]), TypeError, "seq_lens " + _EQ_RAISES, id="eq-raises"),
 ]
 
 
