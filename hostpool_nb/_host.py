@@ -645,13 +645,13 @@ class HostKVPoolMixin:
                 status: int = _release(pages._st, buffer_id, 0, 0)
                 if status < 0:
                     raise pages._free_error(status, "buffer_id", "release", {})
-                self._forget_page(buffer_id)
+                self._forget((buffer_id,))
             finally:
                 lock.release()
         else:  # every other argument: the pool checks and says what is wrong
             with lock:
                 pages.release(buffer_id, generation=generation)
-                self._forget_page(int(buffer_id))
+                self._forget((int(buffer_id),))
         if self._reports:
             self._inc_free_metric()
 
@@ -751,13 +751,7 @@ class HostKVPoolMixin:
                 self._header[_layout.HP_EXHAUSTED],
             )
 
-    def _forget_page(self, page: int) -> None:
-        if self._drops:
-            self._drop_pending(page)
-        if self._clears:
-            self._slots[page] = None
-
-    def _forget(self, freed: list[int]) -> None:
+    def _forget(self, freed: list[int] | tuple[int, ...]) -> None:
         """For each freed page, in order, what the host class does: drop its staged transfers, clear its payload.
 
         Every page is seen to even if a ``_drop_pending`` raises; the first

@@ -447,6 +447,15 @@ def test_a_drop_pending_that_raises_still_frees_and_forgets_every_page() -> None
         pool.free(pages)
     assert pool._slots[:3] == [None] * 3
     assert pool.available_size() == 4
+    # release is the same: the page is freed and its payload cleared, then the error.
+    page = pool.reserve()
+    assert page is not None
+    pool._slots[page] = "kv"
+    pool._drop_pending = lambda p: broken(pages[0])
+    with pytest.raises(KeyError):
+        pool.release(page)
+    assert pool._slots[page] is None
+    assert pool.available_size() == 4
     pool._host_pages.check_invariants()
 
 
