@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import sys
 import time
-import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,41 +69,17 @@ def mixin_implementations(queue: bool = False) -> dict[str, Callable[[int], Any]
     return {HOSTPOOL: FastLRU, ORIGINAL: LRUHostKVPool}
 
 
-@contextlib.contextmanager
-def pd_metrics_module() -> Iterator[None]:
-    """sglang-jax's PD metrics module, where the host classes report to it: the real one, or a counting stand-in.
-
-    Without it every reserve and release of the PD pool would pay a failed
-    import, which no server does.
-    """
-    from hostpool_nb.originals.host_tier import PD_METRICS
+def pd_metrics_module() -> contextlib.AbstractContextManager[Any]:
+    """sglang-jax's PD metrics module, where the host classes report to it: the real one, or the originals'
+    counting stand-in. Without one every reserve and release of the PD pool would pay a failed import, which no
+    server does."""
+    from hostpool_nb.originals.host_tier import PD_METRICS, stand_in_pd_metrics
 
     try:
         importlib.import_module(PD_METRICS)
     except ImportError:
-        pass
-    else:
-        yield
-        return
-    counts: dict[tuple[str, str], int] = {}
-
-    def metric(name: str) -> Callable[[str, int], None]:
-        def add(pool_name: str, n: int) -> None:
-            counts[name, pool_name] = counts.get((name, pool_name), 0) + n
-
-        return add
-
-    parts = PD_METRICS.split(".")
-    names = [".".join(parts[: i + 1]) for i in range(len(parts))]
-    for name in names:
-        sys.modules.setdefault(name, types.ModuleType(name))
-    module: Any = sys.modules[PD_METRICS]
-    module.host_pool_alloc, module.host_pool_free = metric("host_pool_alloc"), metric("host_pool_free")
-    try:
-        yield
-    finally:
-        for name in names:
-            sys.modules.pop(name, None)
+        return stand_in_pd_metrics(keep_calls=False)
+    return contextlib.nullcontext()
 
 
 def half_full(make: Callable[[int], Any], n: int) -> Any:

@@ -9,20 +9,16 @@ page is still allocated at that generation; transfers staged for a page are
 dropped when it is freed. ``HostKVPoolMixin`` must leave these methods
 working unchanged.
 
-:func:`pd_metrics` puts a stand-in for sglang-jax's PD metrics module
-where the originals look it up, counting what each pool reports.
+:func:`pd_metrics` puts the originals' stand-in for sglang-jax's PD
+metrics module where the host classes look it up, counting what each pool
+reports.
 """
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import types
-from collections import Counter
-from collections.abc import Callable, Iterator
 from typing import Any
 
-from hostpool_nb.originals.host_tier import PD_METRICS, LRUHostKVPool, QueueHostKVPool
+from hostpool_nb.originals.host_tier import LRUHostKVPool, QueueHostKVPool, stand_in_pd_metrics
 from hostpool_nb.paged import HostKVPoolMixin
 
 
@@ -61,49 +57,6 @@ class FastQueue(HostKVPoolMixin, StandInQueue):
     """The stand-in staging pool with its bookkeeping on a HostPagePool."""
 
 
-class Metrics:
-    """What the PD metrics stand-in was told: counts by (metric, pool name), and a hook run at each call."""
-
-    def __init__(self) -> None:
-        self.counts: Counter[tuple[str, str]] = Counter()
-        self.calls: list[tuple[str, str, int]] = []
-        self.on_call: Callable[[str], None] | None = None
-        self.fail = False
-
-    def used_buffers(self, pool_name: str) -> int:
-        """The ``pd_host_pool_used_buffers`` gauge these counters drive."""
-        return self.counts["host_pool_alloc", pool_name] - self.counts["host_pool_free", pool_name]
-
-
-@contextlib.contextmanager
-def pd_metrics() -> Iterator[Metrics]:
-    """Install a PD metrics module (``host_pool_alloc``, ``host_pool_free``) where sglang-jax's lives."""
-    seen = Metrics()
-
-    def metric(name: str) -> Callable[[str, int], None]:
-        def record(pool_name: str, n: int) -> None:
-            if seen.on_call is not None:
-                seen.on_call(name)
-            if seen.fail:
-                raise RuntimeError("the metrics backend is down")
-            seen.counts[name, pool_name] += n
-            seen.calls.append((name, pool_name, n))
-
-        return record
-
-    parts = PD_METRICS.split(".")
-    names = [".".join(parts[: i + 1]) for i in range(len(parts))]
-    saved = {name: sys.modules.get(name) for name in names}
-    for name in names:
-        sys.modules[name] = types.ModuleType(name)
-    module: Any = sys.modules[PD_METRICS]
-    module.host_pool_alloc = metric("host_pool_alloc")
-    module.host_pool_free = metric("host_pool_free")
-    try:
-        yield seen
-    finally:
-        for name, old in saved.items():
-            if old is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = old
+def pd_metrics() -> Any:
+    """The originals' stand-in for sglang-jax's PD metrics module, every call kept (``stand_in_pd_metrics``)."""
+    return stand_in_pd_metrics(keep_calls=True)

@@ -41,9 +41,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import sys
 import threading
 import time
-from collections.abc import Iterable
+import types
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -58,6 +61,66 @@ def pd_metric(name: str, pool_name: str) -> None:
     """Add 1 to the PD metric ``name`` of ``pool_name``; nothing if the metrics module is missing or raises."""
     with contextlib.suppress(Exception):  # metrics never fail a pool call, as in the original
         getattr(importlib.import_module(PD_METRICS), name)(pool_name, 1)
+
+
+class Metrics:
+    """What the PD metrics stand-in was told: counts by (metric, pool name), and a hook run at each call.
+
+    ``calls`` lists every call in order when ``keep_calls`` (the tests'
+    view; a benchmark's loops would fill it), ``fail`` makes every call
+    raise, as a metrics backend that is down.
+    """
+
+    def __init__(self, keep_calls: bool = True) -> None:
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self.calls: list[tuple[str, str, int]] = []
+        self.keep_calls = keep_calls
+        self.on_call: Callable[[str], None] | None = None
+        self.fail = False
+
+    def used_buffers(self, pool_name: str) -> int:
+        """The ``pd_host_pool_used_buffers`` gauge these counters drive."""
+        return self.counts["host_pool_alloc", pool_name] - self.counts["host_pool_free", pool_name]
+
+
+@contextlib.contextmanager
+def stand_in_pd_metrics(keep_calls: bool = True) -> Iterator[Metrics]:
+    """Put a counting ``host_pool_alloc`` / ``host_pool_free`` module where sglang-jax's lives (:data:`PD_METRICS`).
+
+    For tests and benchmarks without sglang-jax: the pools report to it as
+    they would to the real one. What was in ``sys.modules`` before is put
+    back at the end.
+    """
+    seen = Metrics(keep_calls)
+
+    def metric(name: str) -> Callable[[str, int], None]:
+        def record(pool_name: str, n: int) -> None:
+            if seen.on_call is not None:
+                seen.on_call(name)
+            if seen.fail:
+                raise RuntimeError("the metrics backend is down")
+            seen.counts[name, pool_name] += n
+            if seen.keep_calls:
+                seen.calls.append((name, pool_name, n))
+
+        return record
+
+    parts = PD_METRICS.split(".")
+    names = [".".join(parts[: i + 1]) for i in range(len(parts))]
+    saved = {name: sys.modules.get(name) for name in names}
+    for name in names:
+        sys.modules[name] = types.ModuleType(name)
+    module: Any = sys.modules[PD_METRICS]
+    module.host_pool_alloc = metric("host_pool_alloc")
+    module.host_pool_free = metric("host_pool_free")
+    try:
+        yield seen
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
 
 
 class _HostPoolBase:
