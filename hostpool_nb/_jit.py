@@ -534,11 +534,11 @@ class _CompileWatch(_numba_event.Listener):
             self.timer.cancel()
 
 
-def _announce(watch: _CompileWatch | None = None) -> None:
+def _announce(watch: _CompileWatch) -> None:
     if _COMPILER.announced:
         return
     _COMPILER.announced = True
-    where = watch.where if watch is not None else None
+    where = watch.where
     if where is None:
         _log.warning(
             "hostpool_nb: compiling numba kernels on their first use, in memory: they cannot be cached "
