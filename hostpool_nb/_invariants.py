@@ -79,11 +79,11 @@ def pool_problems(
     sorted_flag = int(st[_layout.H_SORTED])
     track = int(st[_layout.H_TRACK])
     counters = {name: int(st[h]) for name, h in _COUNTERS}
-    ring = ring_ids(st, n)
-    listed = ring[_layout.ring_positions(head, nfree + nrel + npend, n)]
-    if listed.size and (listed.min() < 0 or listed.max() >= n):
-        found.append("a listed page id is out of range")
+    lists = _listed_runs(st, n, (nfree, nrel, npend))
+    if isinstance(lists, str):
+        found.append(lists)
         return found
+    listed = np.concatenate(lists)
     owner = owner_flags(st, n)
     times = np.bincount(listed, minlength=n)
     if times.max(initial=0) > 1:
@@ -108,6 +108,38 @@ def pool_problems(
         if sites is not None and not found:
             found += site_id_problems(st, sites)
     return found
+
+
+def _listed_runs(st: NDArray[np.int64], n: int, pages: tuple[int, int, int]) -> list[NDArray[np.int64]] | str:
+    """The page ids of the free, release and pending lists, decoded from their runs; or what is wrong with them.
+
+    Each list's entries must be runs (``_layout.py``): a length entry (at
+    most ``-2``) follows a page id, every other entry is a page id, each run
+    lies inside the pool, and the runs hold as many pages as the list's
+    count says.
+    """
+    entries = [int(st[h]) for h in (_layout.H_EFREE, _layout.H_EREL, _layout.H_EPEND)]
+    if min(entries) < 0 or sum(entries) > n or any(e > p for e, p in zip(entries, pages, strict=True)):
+        return f"ring entries out of range: {entries} for lists of {list(pages)} pages in a ring of {n}"
+    ring = ring_ids(st, n).astype(np.int64)
+    at = _layout.ring_positions(int(st[_layout.H_HEAD]), sum(entries), n)
+    decoded = []
+    for name, e, count, offset in zip(
+        ("free", "release", "pending"), entries, pages, (0, entries[0], entries[0] + entries[1]), strict=True
+    ):
+        runs = ring[at[offset : offset + e]]
+        length = runs <= -_layout.MIN_RUN
+        starts = runs[~length]
+        lengths = np.where(np.append(length[1:], False)[~length], -np.append(runs[1:], 0)[~length], 1)
+        # A length that follows no page id, or a page id that is negative or runs past the pool.
+        if e and (length[0] or bool(np.any(length[1:] & length[:-1]))):
+            return "a listed page id is out of range"
+        if starts.size and (int(starts.min()) < 0 or bool(np.any(lengths > n - starts))):
+            return "a listed page id is out of range"
+        if int(lengths.sum()) != count:
+            return f"the {name} list's runs hold {int(lengths.sum())} pages, its count says {count}"
+        decoded.append(_layout.run_pages(runs))
+    return decoded
 
 
 def _layout_problems(st: NDArray[np.int64], n: int) -> list[str]:
@@ -141,9 +173,9 @@ def _word_problems(st: NDArray[np.int64], npend: int, loading: bool) -> list[str
     full = [f"{name}={value}" for name, value in grow.items() if value >= limit]
     if full:
         found.append(f"counters {beyond}: {', '.join(full)}")
-    spare = st[_layout.H_SEQ + 1 : _layout.HEADER]
+    spare = st[_layout.H_EPEND + 1 : _layout.HEADER]
     if spare.any():
-        found.append(f"spare header word {_layout.H_SEQ + 1 + int(np.argmax(spare != 0))} is not zero")
+        found.append(f"spare header word {_layout.H_EPEND + 1 + int(np.argmax(spare != 0))} is not zero")
     return found
 
 

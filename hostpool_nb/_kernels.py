@@ -33,6 +33,9 @@ from ._layout import (
     E_SHORT,
     H_ALLOC_CALLS,
     H_CLEARS,
+    H_EFREE,
+    H_EPEND,
+    H_EREL,
     H_FAILED_ALLOCS,
     H_FREE_CALLS,
     H_GROUP_DEPTH,
@@ -72,7 +75,7 @@ _LOW32 = (1 << 32) - 1  # a tracking word's low half: the site that last freed t
 
 @_jit("i8(i8[::1])")
 def reset(st: NDArray[np.int64]) -> int:
-    """Make every page free, in ascending order; empty the other lists; end all groups.
+    """Make every page free, in ascending order (one run); empty the other lists; end all groups.
 
     The counters are kept, but for ``H_CLEARS``, which counts this call.
     Returns the number of free pages.
@@ -81,157 +84,71 @@ def reset(st: NDArray[np.int64]) -> int:
     owner = owner_view(st)
     ring = ring_view(st)
     t: int = st[H_TRACK]
+    if t != 0:
+        for p in range(n):
+            if owner[p] == OWNER_ALLOCATED:
+                st[t + n + p] = (st[t + n + p] & ~_LOW32) | 1  # freed by clear() (the tracker's id 1)
     for p in range(n):
-        if t != 0 and owner[p] == OWNER_ALLOCATED:
-            st[t + n + p] = (st[t + n + p] & ~_LOW32) | 1  # freed by clear() (the tracker's id 1)
-        ring[p] = p
         owner[p] = OWNER_FREE
+    entries = 0
+    if n > 0:
+        entries = 1 if n == 1 else 2
+        put_run(ring, 0, 0, n)
     st[H_HEAD] = 0
     st[H_NFREE] = n
+    st[H_EFREE] = entries
     st[H_NREL] = 0
+    st[H_EREL] = 0
     st[H_NPEND] = 0
+    st[H_EPEND] = 0
     st[H_GROUP_DEPTH] = 0
     st[H_CLEARS] += 1
     return n
 
 
-@_callee()
-def merge_lists(st: NDArray[np.int64]) -> int:
-    """Fold the release list into the free list.
-
-    FIFO order: the release list already sits right behind the free list on
-    the ring, in the order it was freed, so merging moves a boundary and
-    copies nothing. Sorted order (``H_SORTED``): the two become one
-    ascending list. The owner flags already say which pages are free
-    (``OWNER_FREE``; a pending page is flagged apart), so one pass over them
-    lists the pages in order: O(pages), no comparison sort, and without a
-    branch per page (every id is written, the position moves on only for a
-    free page). The window keeps its place on the ring, so the pending list
-    behind it stays where it is. Nothing happens, and nothing is counted,
-    without released pages. Returns the number of pages merged, or
-    ``E_CORRUPT`` with the state unchanged if the flags do not count as
-    many free pages as the lists hold.
-    """
-    moved: int = st[H_NREL]
-    if moved == 0:
-        return 0
-    if st[H_SORTED] != 0:
-        n: int = st[H_NPAGES]
-        live: int = st[H_NFREE] + moved
-        owner = owner_view(st)
-        found = 0
-        for p in range(n):  # a sum of comparisons: LLVM vectorises it
-            found += owner[p] == OWNER_FREE
-        if found != live:
-            return fail(E_CORRUPT, 0)
-        ring = ring_view(st)
-        head: int = st[H_HEAD]
-        first = min(live, n - head)  # the window is ring[head:head + first], then ring[:live - first]
-        p = 0
-        for segment in range(2):
-            into = ring[head : head + first] if segment == 0 else ring[: live - first]
-            m = into.shape[0]
-            q = 0
-            while q < m and p < n:  # every write stays in ``into``: the free pages were counted
-                into[q] = p
-                q += owner[p] == OWNER_FREE
-                p += 1
-        st[H_NFREE] = live
-    else:
-        st[H_NFREE] += moved
-    st[H_NREL] = 0
-    st[H_MERGES] += 1
-    return moved
-
-
-@_jit("i8(i8[::1])")
-def merge(st: NDArray[np.int64]) -> int:
-    """:func:`merge_lists`, for the pools to call."""
-    return merge_lists(st)
+# -- runs on the ring ----------------------------------------------------------
+# Every list is a sequence of runs (``_layout.py``): an entry ``p >= 0``, then,
+# for a run of ``L >= 2`` pages, the entry ``-L``. These are the only two
+# functions that know the encoding; the kernels here and the paged ranks'
+# read and write runs through them.
 
 
 @_callee()
-def count_alloc(st: NDArray[np.int64], failed: int) -> None:
-    """Count an answered allocation call, and the most pages ever held."""
-    st[H_ALLOC_CALLS] += 1
-    if failed != 0:
-        st[H_FAILED_ALLOCS] += 1
-    held: int = st[H_NPAGES] - st[H_NFREE] - st[H_NREL] - st[H_NPEND]
-    st[H_PEAK] = max(st[H_PEAK], held)
+def run_at(ring: NDArray[np.int32], pos: int, left: int) -> int:
+    """The length of the run whose first entry is at ring position ``pos``, ``left`` entries of its list from there.
 
-
-@_jit("i8(i8[::1])")
-def refuse(st: NDArray[np.int64]) -> int:
-    """Count an allocation answered ``None`` before reaching a kernel; return ``E_SHORT``.
-
-    The pool refuses a request larger than the whole pool, or one that a
-    capacity check finds short before allocating its output, without
-    calling an alloc kernel; the counters must still see it.
+    A negative entry after it is its length, but only inside its list: the
+    entry after a list's last run is another list's, or scratch.
     """
-    count_alloc(st, 1)
-    return fail(E_SHORT, 0)
-
-
-# -- runs ---------------------------------------------------------------------
-# Allocations hand out the free list in order and callers give back what they
-# were given, so a call's pages mostly come in runs of consecutive page ids.
-# alloc and free take a long run whole: one vectorised test that its owner
-# flags are as expected, one fill that changes them, one block store of its
-# ids, instead of a branchy step per page. Short runs, lone pages and any
-# run that fails a test go one page at a time, in input order, which also
-# finds the exact position of a fault.
-
-# A run is followed entry by entry for its first ``_RUN_PROBE`` entries, then
-# ``_RUN_BLOCK`` entries at a time: one branch per block, in a loop LLVM
-# vectorises (64 is as fast as one plain pass; larger blocks gain nothing).
-_RUN_PROBE = 8
-_RUN_BLOCK = 64
-
-# A stretch of at least ``_LONG_SLOTS`` slots (and two pages) is taken as a
-# run; anything shorter goes a page at a time. Taking a run costs calls,
-# views and three passes (measure, test, fill) where the page-at-a-time
-# loop makes one, so only long runs repay it.
-_LONG_SLOTS = 1024
+    if left > 1:
+        nxt = pos + 1 if pos + 1 < ring.shape[0] else 0
+        e: int = ring[nxt]
+        if e < 0:
+            return -e
+    return 1
 
 
 @_callee()
-def long_run(page_size: int) -> int:
-    """Pages in a stretch long enough to take as a run, for pages of ``page_size`` slots."""
-    return max(2, _LONG_SLOTS // page_size)
+def put_run(ring: NDArray[np.int32], pos: int, first: int, length: int) -> int:
+    """Write the run ``first .. first + length - 1`` (``length >= 1``) at ring position ``pos``; the position after."""
+    n = ring.shape[0]
+    ring[pos] = first
+    pos = pos + 1 if pos + 1 < n else 0
+    if length > 1:
+        ring[pos] = -length
+        pos = pos + 1 if pos + 1 < n else 0
+    return pos
 
 
-@_callee()  # a caller's slots, the ring's ids
-def _run_length(ids: NDArray[np.int64] | NDArray[np.int32], start: int, limit: int, first: int) -> int:
-    """How many of ``ids[start:start + limit]`` count up by one from ``first`` (at least 1).
-
-    ``first`` is the caller's read of ``ids[start]``, which the run is
-    measured against (never a second read). The first entries are compared
-    one by one, so that input without runs (a shuffled free list) pays
-    about one comparison per entry; a run that lasts is followed in
-    vectorised blocks of ``_RUN_BLOCK``.
-    """
-    k = 1
-    while k < limit and k < _RUN_PROBE:
-        if ids[start + k] != first + k:
-            return k
-        k += 1
-    while k + _RUN_BLOCK <= limit:
-        # A slice view: indexing ``ids[start + t]`` directly kept numba's
-        # negative-index test in the loop, which stopped LLVM vectorising it.
-        block = ids[start + k : start + k + _RUN_BLOCK]
-        acc = 0
-        for t in range(_RUN_BLOCK):
-            acc |= block[t] ^ (first + k + t)
-        if acc != 0:
-            break
-        k += _RUN_BLOCK
-    while k < limit and ids[start + k] == first + k:
-        k += 1
-    return k
+@_callee()
+def run_width(length: int) -> int:
+    """Ring entries a run of ``length`` pages takes."""
+    return 1 if length == 1 else 2
 
 
 # Eight owner flags in one word of the state: a flag value repeated in every byte.
 _EVERY_BYTE = 0x0101010101010101
+_HIGH_BITS = 0x8080808080808080
 # Runs shorter than this are tested and flagged a byte at a time: for them
 # the word loop and the two edge loops cost more than they save.
 _WORDS_FROM = 64
@@ -293,25 +210,22 @@ def _set_flags(st: NDArray[np.int64], owner: NDArray[np.uint8], start: int, leng
 
 
 @_callee()
-def _stage_run(ring: NDArray[np.int32], pos: int, first: int, length: int) -> int:
-    """Write page ids ``first .. first + length - 1`` on the ring from ``pos``; return the position after.
-
-    Two block stores, split where the ring wraps, instead of a wrap test per page.
-    """
+def set_runs(st: NDArray[np.int64], pos: int, entries: int, flag: int) -> None:
+    """Flag every page of the ``entries`` ring entries from ``pos`` on ``flag``."""
+    ring = ring_view(st)
+    owner = owner_view(st)
     n = ring.shape[0]
-    head = min(length, n - pos)
-    seg = ring[pos : pos + head]
-    for q in range(head):
-        seg[q] = first + q
-    seg = ring[: length - head]
-    for q in range(length - head):
-        seg[q] = first + head + q
-    pos += length
-    return pos - n if pos >= n else pos
+    left = entries
+    while left > 0:
+        length = run_at(ring, pos, left)
+        _set_flags(st, owner, ring[pos], length, flag)
+        w = run_width(length)
+        pos = pos + w if pos + w < n else pos + w - n
+        left -= w
 
 
 @_callee()
-def _fill_run(out: NDArray[np.int64], start: int, length: int, first: int) -> None:
+def _fill_run(out: NDArray[np.int64] | NDArray[np.int32], start: int, length: int, first: int) -> None:
     """Write ``first, first + 1, ...`` to ``out[start:start + length]``.
 
     Filling a slice view lets LLVM vectorise the loop (indexing ``out``
@@ -325,61 +239,255 @@ def _fill_run(out: NDArray[np.int64], start: int, length: int, first: int) -> No
 
 
 @_callee()
-def _claim_slots(ids: NDArray[np.int32], out: NDArray[np.int64], owner: NDArray[np.uint8]) -> int:
-    """Flag the pages ``ids`` allocated and write them to ``out``, until one is not a free page: how many.
+def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArray[np.int32], page_size: int) -> int:
+    """Hand out the first ``need`` pages of the lists, run by run; their slots to ``out`` (``page_size`` each).
 
-    Page size 1's loop, a function of its own: views indexed from 0 (no
-    negative-index test), and few enough live values that the flags'
-    base stays in a register (inlined into the kernel, it was reloaded from
-    the stack for every slot, 15% slower).
+    Each run's owner flags are tested free and set allocated as a block,
+    and its slots written as one range: nothing is read or written per page
+    but the caller's output. A run longer than what is left of the request
+    is split: its rest stays at the front, rewritten in place. Reads on
+    into the release list when the free list is short (a FIFO merge, then
+    counted). Returns 0; or ``E_CORRUPT`` at the page it stopped at, with
+    the lists and flags as they were, when a run is not a run of free
+    pages or the lists hold fewer pages than their counts.
     """
-    n = owner.shape[0]
-    count: int = ids.shape[0]
-    for k in range(count):
-        p = ids[k]
-        if p < 0 or p >= n or owner[p] != OWNER_FREE:
-            return k
-        owner[p] = OWNER_ALLOCATED
-        out[k] = p
-    return count
+    owner = owner_view(st)
+    ring = ring_view(st)
+    n = ring.shape[0]
+    nfree: int = st[H_NFREE]
+    into_released = need > nfree
+    avail: int = st[H_EFREE] + st[H_EREL] if into_released else st[H_EFREE]
+    head: int = st[H_HEAD]
+    pos = head
+    used = 0  # entries wholly taken
+    got = 0
+    length = 0
+    take = 0
+    bad = False
+    while got < need:
+        if used >= avail:
+            bad = True
+            break
+        p: int = ring[pos]
+        length = run_at(ring, pos, avail - used)
+        take = min(length, need - got)
+        if p < 0 or length > n - p or not _flags_are(st, owner, p, take, OWNER_FREE):
+            bad = True
+            break
+        _set_flags(st, owner, p, take, OWNER_ALLOCATED)
+        _fill_run(out, got * page_size, take * page_size, p * page_size)
+        got += take
+        if take < length:
+            break
+        w = run_width(length)
+        pos = pos + w if pos + w < n else pos + w - n
+        used += w
+    if bad:  # a corrupted list: the pages claimed are put back
+        q = head
+        done = 0
+        left = avail
+        while done < got:
+            length = run_at(ring, q, left)
+            part = min(length, got - done)
+            _set_flags(st, owner, ring[q], part, OWNER_FREE)
+            done += part
+            w = run_width(length)
+            q = q + w if q + w < n else q + w - n
+            left -= w
+        return fail(E_CORRUPT, got)
+    if take < length:  # the last run's rest stays at the front
+        rest = length - take
+        first = ring[pos] + take
+        if rest > 1:
+            put_run(ring, pos, first, rest)
+        else:
+            pos = pos + 1 if pos + 1 < n else 0
+            ring[pos] = first
+            used += 1
+    if into_released:
+        st[H_NFREE] += st[H_NREL]
+        st[H_EFREE] += st[H_EREL]
+        st[H_NREL] = 0
+        st[H_EREL] = 0
+        st[H_MERGES] += 1
+    st[H_HEAD] = pos
+    st[H_NFREE] -= need
+    st[H_EFREE] -= used
+    return 0
 
 
 @_callee()
-def _stage_slots(
-    slots: NDArray[np.int64], into: NDArray[np.int32], owner: NDArray[np.uint8], mark: int
-) -> tuple[int, int]:
-    """Flag the allocated pages ``slots`` ``mark`` and stage them ``into`` the ring, until one is not.
+def merge_lists(st: NDArray[np.int64]) -> int:
+    """Fold the release list into the free list.
 
-    Returns how many were staged and the value that stopped it, as read
-    (the one read of it), for the caller's error; ``len(slots)`` and 0 when
-    none did. Page size 1's loop, a function of its own for the reason
-    :func:`_claim_slots` gives.
+    FIFO order: the release list already sits right behind the free list on
+    the ring, in the order it was freed, so merging moves a boundary and
+    copies nothing. Sorted order (``H_SORTED``): the two become one
+    ascending list of the longest runs of free pages. The owner flags
+    already say which pages are free (``OWNER_FREE``; a pending page is
+    flagged apart), so one pass over them counts the pages and the entries
+    their runs need (sums LLVM vectorises), and a second writes the runs,
+    skipping eight flags at a time inside and between runs: O(pages), no
+    comparison sort. The longest runs take no more entries than the lists
+    held, so they are written to end where the pending list starts, which
+    stays where it is. Nothing happens, and nothing is counted, without
+    released pages. Returns the number of pages merged, or ``E_CORRUPT``
+    with the state unchanged if the flags do not count as many free pages
+    as the lists hold.
     """
-    n = owner.shape[0]
-    for k in range(slots.shape[0]):
-        p = slots[k]  # the only read of this element
-        if p < 0 or p >= n or owner[p] != OWNER_ALLOCATED:
-            return k, p
-        owner[p] = mark
-        into[k] = p
-    return slots.shape[0], 0
+    moved: int = st[H_NREL]
+    if moved == 0:
+        return 0
+    if st[H_SORTED] != 0:
+        n: int = st[H_NPAGES]
+        live: int = st[H_NFREE] + moved
+        owner = owner_view(st)
+        found = 0
+        starts = 0
+        seconds = 0  # second pages of runs: a run of two or more takes one entry more
+        before = 1  # page p - 1 is not free (none is before page 0)
+        older = 1
+        for p in range(n):
+            free = owner[p] == OWNER_FREE
+            found += free
+            starts += free & before
+            seconds += free & (1 - before) & older
+            older = before
+            before = 1 - free
+        entries = starts + seconds
+        old: int = st[H_EFREE] + st[H_EREL]
+        if found != live or entries > old:
+            return fail(E_CORRUPT, 0)
+        ring = ring_view(st)
+        base = HEADER + (n + 1) // 2  # the owner flags' first word (_layout.py)
+        end: int = st[H_HEAD] + old  # where the pending list starts
+        pos = end - entries
+        pos = pos - n if pos >= n else pos
+        p = 0
+        while p < n:
+            while p < n and owner[p] != OWNER_FREE:
+                w: int = st[base + (p >> 3)] if p & 7 == 0 and p + 8 <= n else 0
+                # No zero byte in the word: eight pages in a row that are not free.
+                p += 8 if w != 0 and ((w - _EVERY_BYTE) & ~w & _HIGH_BITS) == 0 else 1
+            if p >= n:
+                break
+            first = p
+            while p < n and owner[p] == OWNER_FREE:
+                p += 8 if p & 7 == 0 and p + 8 <= n and st[base + (p >> 3)] == 0 else 1
+            pos = put_run(ring, pos, first, p - first)
+        st[H_HEAD] = end - entries if end - entries < n else end - entries - n
+        st[H_NFREE] = live
+        st[H_EFREE] = entries
+    else:
+        st[H_NFREE] += moved
+        st[H_EFREE] += st[H_EREL]
+    st[H_NREL] = 0
+    st[H_EREL] = 0
+    st[H_MERGES] += 1
+    return moved
+
+
+@_jit("i8(i8[::1])")
+def merge(st: NDArray[np.int64]) -> int:
+    """:func:`merge_lists`, for the pools to call."""
+    return merge_lists(st)
+
+
+@_callee()
+def count_alloc(st: NDArray[np.int64], failed: int) -> None:
+    """Count an answered allocation call, and the most pages ever held."""
+    st[H_ALLOC_CALLS] += 1
+    if failed != 0:
+        st[H_FAILED_ALLOCS] += 1
+    held: int = st[H_NPAGES] - st[H_NFREE] - st[H_NREL] - st[H_NPEND]
+    st[H_PEAK] = max(st[H_PEAK], held)
+
+
+@_jit("i8(i8[::1])")
+def refuse(st: NDArray[np.int64]) -> int:
+    """Count an allocation answered ``None`` before reaching a kernel; return ``E_SHORT``.
+
+    The pool refuses a request larger than the whole pool, or one that a
+    capacity check finds short before allocating its output, without
+    calling an alloc kernel; the counters must still see it.
+    """
+    count_alloc(st, 1)
+    return fail(E_SHORT, 0)
+
+
+# -- runs in the caller's input ------------------------------------------------
+# Callers give back what they were given, so a free's pages mostly come in
+# runs of consecutive ids. free takes a long run whole: one vectorised test
+# that its owner flags say allocated, one fill that changes them, one run on
+# the ring. Short runs, lone pages and any run that fails a test go one page
+# at a time, in input order, which also finds the exact position of a fault;
+# consecutive pages still become one run on the ring.
+
+# A run is followed entry by entry for its first ``_RUN_PROBE`` entries, then
+# ``_RUN_BLOCK`` entries at a time: one branch per block, in a loop LLVM
+# vectorises (64 is as fast as one plain pass; larger blocks gain nothing).
+_RUN_PROBE = 8
+_RUN_BLOCK = 64
+
+# A stretch of at least ``_LONG_SLOTS`` slots (and two pages) is taken as a
+# run; anything shorter goes a page at a time. Taking a run costs calls,
+# views and three passes (measure, test, fill) where the page-at-a-time
+# loop makes one, so only long runs repay it.
+_LONG_SLOTS = 1024
+
+
+@_callee()
+def long_run(page_size: int) -> int:
+    """Pages in a stretch long enough to take as a run, for pages of ``page_size`` slots."""
+    return max(2, _LONG_SLOTS // page_size)
+
+
+@_callee()  # a caller's slots
+def _run_length(ids: NDArray[np.int64], start: int, limit: int, first: int) -> int:
+    """How many of ``ids[start:start + limit]`` count up by one from ``first`` (at least 1).
+
+    ``first`` is the caller's read of ``ids[start]``, which the run is
+    measured against (never a second read). The first entries are compared
+    one by one, so that input without runs (a shuffled free list) pays
+    about one comparison per entry; a run that lasts is followed in
+    vectorised blocks of ``_RUN_BLOCK``.
+    """
+    k = 1
+    while k < limit and k < _RUN_PROBE:
+        if ids[start + k] != first + k:
+            return k
+        k += 1
+    while k + _RUN_BLOCK <= limit:
+        # A slice view: indexing ``ids[start + t]`` directly kept numba's
+        # negative-index test in the loop, which stopped LLVM vectorising it.
+        block = ids[start + k : start + k + _RUN_BLOCK]
+        acc = 0
+        for t in range(_RUN_BLOCK):
+            acc |= block[t] ^ (first + k + t)
+        if acc != 0:
+            break
+        k += _RUN_BLOCK
+    while k < limit and ids[start + k] == first + k:
+        k += 1
+    return k
 
 
 # -- short calls -------------------------------------------------------------
 # A call of at most SHORT_SLOTS slots holds no run worth taking (_LONG_SLOTS),
-# so it goes through one flat page loop, for every page size: each kernel
-# below is a single function with no callee but ``fail``. numba compiles a
-# callee as a unit of its own (its own typing, lowering and machine code)
-# and links it in again, so these two compile in a third of the time the
-# run kernels take (docs/architecture.md): what a new process's first
-# alloc and free wait for. They keep the GIL: handing it over and back
-# costs more than a short call's work.
+# so it goes through one flat loop, for every page size: each kernel below
+# is a single function with no callee but ``fail``. numba compiles a callee
+# as a unit of its own (its own typing, lowering and machine code) and links
+# it in again, so these two compile in a third of the time the run kernels
+# take (docs/architecture.md): what a new process's first alloc and free
+# wait for. They keep the GIL: handing it over and back costs more than a
+# short call's work. They read and write runs as ``run_at`` and ``put_run``
+# do, written out.
 SHORT_SLOTS = 1023
 
 
 @_jit("i8(i8[::1], i8[::1])", nogil=False)
 def alloc_short(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
-    """Pop ``len(out) // page_size`` pages from the front of the free list, a page at a time.
+    """Pop ``len(out) // page_size`` pages from the front of the free list, run by run (:func:`take_front`).
 
     ``out`` (int64, its length a multiple of ``page_size``) receives the slot
     ids ``p * page_size + 0 .. page_size - 1`` of each page ``p``, pages in
@@ -404,50 +512,78 @@ def alloc_short(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     owner = owner_view(st)
     ring = ring_view(st)
     n = ring.shape[0]
+    into_released = need > nfree
+    avail: int = st[H_EFREE] + st[H_EREL] if into_released else st[H_EFREE]
     head: int = st[H_HEAD]
-    # The pages are ring[head:head + part], then ring[:need - part] if they
-    # wrap: views indexed from 0, so no wrap or negative-index test per page.
-    part = need if need <= n - head else n - head
+    pos = head
+    used = 0
     got = 0
-    for segment in range(2):
-        ids = ring[head : head + part] if segment == 0 else ring[: need - part]
-        k = 0
-        if page_size == 1:  # page ids are slot ids: the tightest loop
-            dst = out[got : got + ids.shape[0]]
-            while k < ids.shape[0]:
-                p = ids[k]
-                if p < 0 or p >= n or owner[p] != OWNER_FREE:
-                    break
-                owner[p] = OWNER_ALLOCATED
-                dst[k] = p
-                k += 1
-        else:
-            while k < ids.shape[0]:
-                p = ids[k]
-                if p < 0 or p >= n or owner[p] != OWNER_FREE:
-                    break
-                owner[p] = OWNER_ALLOCATED
-                slots = out[(got + k) * page_size : (got + k + 1) * page_size]  # a view: LLVM vectorises the fill
-                first = p * page_size
-                for j in range(page_size):
-                    slots[j] = first + j
-                k += 1
-        got += k
-        if k < ids.shape[0]:
+    length = 0
+    take = 0
+    bad = False
+    while got < need:
+        if used >= avail:
+            bad = True
             break
-    pos = head + need if head + need < n else head + need - n
-    if got < need:  # a corrupted ring: the pages claimed are put back
-        pos = head
-        for _ in range(got):
-            owner[ring[pos]] = OWNER_FREE
-            pos = pos + 1 if pos + 1 < n else 0
+        p: int = ring[pos]
+        nxt = pos + 1 if pos + 1 < n else 0
+        length = -ring[nxt] if avail - used > 1 and ring[nxt] < 0 else 1
+        take = min(length, need - got)
+        if p < 0 or length > n - p:
+            bad = True
+            break
+        flags = owner[p : p + take]
+        wrong = 0
+        for q in range(take):
+            wrong |= flags[q] ^ OWNER_FREE
+        if wrong != 0:
+            bad = True
+            break
+        for q in range(take):
+            flags[q] = OWNER_ALLOCATED
+        dst = out[got * page_size : (got + take) * page_size]  # a view: LLVM vectorises the fill
+        first = p * page_size
+        for j in range(take * page_size):
+            dst[j] = first + j
+        got += take
+        if take < length:
+            break
+        w = 1 if length == 1 else 2
+        pos = pos + w if pos + w < n else pos + w - n
+        used += w
+    if bad:  # a corrupted list: the pages claimed are put back
+        q = head
+        done = 0
+        left = avail
+        while done < got:
+            nxt = q + 1 if q + 1 < n else 0
+            length = -ring[nxt] if left > 1 and ring[nxt] < 0 else 1
+            part = min(length, got - done)
+            owner[ring[q] : ring[q] + part] = OWNER_FREE
+            done += part
+            w = 1 if length == 1 else 2
+            q = q + w if q + w < n else q + w - n
+            left -= w
         return fail(E_CORRUPT, got)
-    if need > nfree:  # read on into the release list: a FIFO merge
+    if take < length:  # the last run's rest stays at the front
+        rest = length - take
+        nxt = pos + 1 if pos + 1 < n else 0
+        if rest > 1:
+            ring[pos] += take
+            ring[nxt] = -rest
+        else:
+            ring[nxt] = ring[pos] + take
+            pos = nxt
+            used += 1
+    if into_released:  # read on into the release list: a FIFO merge
         st[H_NFREE] += st[H_NREL]
+        st[H_EFREE] += st[H_EREL]
         st[H_NREL] = 0
+        st[H_EREL] = 0
         st[H_MERGES] += 1
     st[H_HEAD] = pos
     st[H_NFREE] -= need
+    st[H_EFREE] -= used
     st[H_ALLOC_CALLS] += 1
     st[H_PEAK] = max(st[H_PEAK], n - st[H_NFREE] - st[H_NREL] - st[H_NPEND])
     return need * page_size
@@ -461,13 +597,13 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     runs of ``page_size``; each must be one page's slots in ascending
     order, of a page currently allocated and not named earlier in the
     call. Pages may come in any order; they join the release list in the
-    order given (the pending list inside a free group). Each page's id
-    derives from one read of its first slot, its other slots are compared
-    against that read, and it is staged on the ring's spare part before
-    anything else (see ``free_pn``). Returns the number of slots freed, or
-    ``E_LENGTH``, ``E_RANGE``, ``E_MISALIGNED``, ``E_PARTIAL``,
-    ``E_NOT_ALLOCATED`` or ``E_DUPLICATE`` at the first offending position
-    in input order, with the state unchanged.
+    order given (the pending list inside a free group), pages in a row as
+    one run. Each page's id derives from one read of its first slot, its
+    other slots are compared against that read, and it is staged on the
+    ring's spare part before anything else (see ``free_pn``). Returns the
+    number of slots freed, or ``E_LENGTH``, ``E_RANGE``, ``E_MISALIGNED``,
+    ``E_PARTIAL``, ``E_NOT_ALLOCATED`` or ``E_DUPLICATE`` at the first
+    offending position in input order, with the state unchanged.
     """
     page_size: int = st[H_PAGE_SIZE]
     if slots.shape[0] % page_size != 0:
@@ -482,55 +618,62 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     owner = owner_view(st)
     ring = ring_view(st)
     mark = OWNER_PENDING if st[H_GROUP_DEPTH] > 0 else OWNER_FREE
-    tail: int = st[H_HEAD] + st[H_NFREE] + st[H_NREL] + st[H_NPEND]
+    tail: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL] + st[H_EPEND]
     if tail >= n:
         tail -= n
     pos = tail
     status = 0
     missing = -1  # a page found not allocated: freed earlier in this call, or not held
     c = 0  # pages staged
-    while page_size == 1 and c < count:  # page ids are slot ids: the tightest loop
-        # A block stops at the ring's end: one view of the ring, no wrap test per slot.
-        end = count if count - c <= n - pos else c + n - pos
-        src = slots[c:end]
-        into = ring[pos : pos + end - c]
-        k = 0
+    entries = 0  # entries staged, but for the open run
+    first = -2  # the open run, not written yet
+    length = 0
+    if page_size == 1:  # page ids are slot ids: the tightest loop
         p = 0
-        while k < src.shape[0]:
-            p = src[k]  # the only read of this element
+        while c < count:
+            p = slots[c]  # the only read of this element
             if p < 0 or p >= n or owner[p] != OWNER_ALLOCATED:
                 break
             owner[p] = mark
-            into[k] = p
-            k += 1
-        c += k
-        pos = pos + k if pos + k < n else 0
-        if k < src.shape[0]:  # the fault, from the value read
+            if p == first + length:
+                length += 1
+            else:
+                if length > 0:
+                    ring[pos] = first
+                    pos = pos + 1 if pos + 1 < n else 0
+                    entries += 1
+                    if length > 1:
+                        ring[pos] = -length
+                        pos = pos + 1 if pos + 1 < n else 0
+                        entries += 1
+                first = p
+                length = 1
+            c += 1
+        if c < count:  # the fault, from the value read
             if p < 0 or p >= n:
                 status = fail(E_RANGE, c)
             else:
                 missing = p
-            break
     while page_size > 1 and c < count:
         b = c * page_size
-        first = slots[b]  # the page's id derives from this one read
-        if first < 0 or first >= size:
+        head_slot = slots[b]  # the page's id derives from this one read
+        if head_slot < 0 or head_slot >= size:
             status = fail(E_RANGE, b)
             break
         # Shifts and masks for power-of-two pages: a division is a small page's largest cost.
-        misaligned = first & mask if shift >= 0 else first % page_size
+        misaligned = head_slot & mask if shift >= 0 else head_slot % page_size
         if misaligned != 0:
             status = fail(E_MISALIGNED, b)
             break
-        p = first >> shift if shift >= 0 else first // page_size
+        p = head_slot >> shift if shift >= 0 else head_slot // page_size
         page = slots[b : b + page_size]
         bad = 0
         for j in range(page_size):  # branch-free; the exact position only when wrong
-            bad |= page[j] ^ (first + j)
+            bad |= page[j] ^ (head_slot + j)
         if bad != 0:
             status = fail(E_PARTIAL, b + 1)  # a writer may have restored the value since
             for j in range(page_size):
-                if page[j] != first + j:
+                if page[j] != head_slot + j:
                     status = fail(E_PARTIAL, b + j)
                     break
             break
@@ -538,35 +681,66 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
             missing = p
             break
         owner[p] = mark
-        ring[pos] = p
-        pos = pos + 1 if pos + 1 < n else 0
+        if p == first + length:
+            length += 1
+        else:
+            if length > 0:
+                ring[pos] = first
+                pos = pos + 1 if pos + 1 < n else 0
+                entries += 1
+                if length > 1:
+                    ring[pos] = -length
+                    pos = pos + 1 if pos + 1 < n else 0
+                    entries += 1
+            first = p
+            length = 1
         c += 1
-    if missing >= 0:  # E_DUPLICATE if this call staged it already; the staged ids, not the input
+    if length > 0:  # the open run
+        ring[pos] = first
+        pos = pos + 1 if pos + 1 < n else 0
+        entries += 1
+        if length > 1:
+            ring[pos] = -length
+            entries += 1
+    if missing >= 0:  # E_DUPLICATE if this call staged it already; the staged runs, not the input
         status = fail(E_NOT_ALLOCATED, c * page_size)
         q = tail
-        for _ in range(c):
-            if ring[q] == missing:
+        left = entries
+        while left > 0:
+            nxt = q + 1 if q + 1 < n else 0
+            run = -ring[nxt] if left > 1 and ring[nxt] < 0 else 1
+            if ring[q] <= missing < ring[q] + run:
                 status = fail(E_DUPLICATE, c * page_size)
                 break
-            q = q + 1 if q + 1 < n else 0
+            w = 1 if run == 1 else 2
+            q = q + w if q + w < n else q + w - n
+            left -= w
     if status < 0:  # roll back: the staged pages are allocated again
-        pos = tail
-        for _ in range(c):
-            owner[ring[pos]] = OWNER_ALLOCATED
-            pos = pos + 1 if pos + 1 < n else 0
+        q = tail
+        left = entries
+        while left > 0:
+            nxt = q + 1 if q + 1 < n else 0
+            run = -ring[nxt] if left > 1 and ring[nxt] < 0 else 1
+            owner[ring[q] : ring[q] + run] = OWNER_ALLOCATED
+            w = 1 if run == 1 else 2
+            q = q + w if q + w < n else q + w - n
+            left -= w
         return status
     if st[H_GROUP_DEPTH] > 0:
         st[H_NPEND] += c
+        st[H_EPEND] += entries
     else:
         st[H_NREL] += c
+        st[H_EREL] += entries
     if c > 0:
         st[H_FREE_CALLS] += 1
     return count * page_size
 
 
 # -- alloc --------------------------------------------------------------------
-# Longer calls: one kernel per page-size class (page size 1, where a page id is a slot id,
-# and larger pages), so a process compiles only the classes its pools use.
+# Longer calls. With the lists kept as runs, an allocation writes each run's
+# slots as one range for every page size, so one kernel serves both
+# page-size classes.
 
 
 @_callee()
@@ -591,38 +765,9 @@ def _alloc_begin(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     return need
 
 
-@_callee()
-def _alloc_end(st: NDArray[np.int64], need: int, got: int) -> int:
-    """Commit an allocation whose pages were claimed: move the head, merge, count; the slots handed out.
-
-    ``got < need`` is a corrupted ring: the flags of the ``got`` pages
-    claimed are put back, and the result is ``E_CORRUPT`` at the first bad
-    position, with the lists unchanged.
-    """
-    n: int = st[H_NPAGES]
-    head: int = st[H_HEAD]
-    if got < need:
-        owner = owner_view(st)
-        ring = ring_view(st)
-        for e in range(got):
-            pos = head + e
-            owner[ring[pos if pos < n else pos - n]] = OWNER_FREE
-        return fail(E_CORRUPT, got)
-    if need > st[H_NFREE]:
-        # FIFO here: a sorted pool merged before reading the ring.
-        st[H_NFREE] += st[H_NREL]
-        st[H_NREL] = 0
-        st[H_MERGES] += 1
-    st[H_HEAD] = head + need if head + need < n else head + need - n
-    st[H_NFREE] -= need
-    count_alloc(st, 0)
-    page_size: int = st[H_PAGE_SIZE]
-    return need * page_size
-
-
 @_jit("i8(i8[::1], i8[::1])")
-def alloc_pn(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
-    """Pop ``len(out) // page_size`` pages from the front of the free list; for ``page_size > 1``.
+def alloc_pages(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
+    """Pop ``len(out) // page_size`` pages from the front of the free list (:func:`take_front`).
 
     ``out`` (int64, caller-provided, length a multiple of ``page_size``)
     receives the slot ids ``p * page_size + 0 .. page_size - 1`` of each
@@ -633,16 +778,8 @@ def alloc_pn(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     merges (:func:`merge`) and calls again. Returns ``len(out)``, or a
     failure (``E_SHORT``, or ``E_CORRUPT`` if a listed page is not free)
     with the lists unchanged; ``out`` is then partly written and should be
-    discarded.
-    Counts the call either way; but ``E_MISALIGNED`` comes before anything,
-    counters included.
-
-    The pages are ``ring[head:]``, then, if they wrap, ``ring[:rest]``: two
-    segments, one loop for both. Where the id ``long - 1`` places ahead
-    continues the current one, the stretch is measured
-    (:func:`_run_length`) and, when its flags all say free, taken whole:
-    one flag test, one fill, one vectorised write of its slots (the ring is
-    read once and never copied). Everything else goes a page at a time.
+    discarded. Counts the call either way; but ``E_MISALIGNED`` comes
+    before anything, counters included.
     """
     need = _alloc_begin(st, out)
     if need <= 0:
@@ -651,101 +788,12 @@ def alloc_pn(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
         # A sorted merge reorders the pages, so it comes before reading them;
         # the pool calls merge and asks again (this kernel stays small).
         return fail(E_MERGE_FIRST, 0)
-    owner = owner_view(st)
-    ring = ring_view(st)
     page_size: int = st[H_PAGE_SIZE]
-    n = ring.shape[0]
-    head: int = st[H_HEAD]
-    got = 0
-    if need == 1:  # the single-page round trip, without the loops and views
-        p = ring[head]
-        if 0 <= p < n and owner[p] == OWNER_FREE:
-            owner[p] = OWNER_ALLOCATED
-            _fill_run(out, 0, page_size, p * page_size)
-            got = 1
-        return _alloc_end(st, need, got)
-    long = long_run(page_size)
-    first = min(need, n - head)
-    for segment in range(2):
-        ids = ring[head : head + first] if segment == 0 else ring[: need - first]
-        count = ids.shape[0]
-        i = 0
-        skip = 0  # a stretch that failed its flag test is not measured twice
-        while i < count:
-            if i >= skip and i + long <= count:
-                p = ids[i]
-                if 0 <= p < n and ids[i + long - 1] == p + long - 1:
-                    # Bounded so that the run stays a run of pages: an id
-                    # beyond the last page fails on its own, below.
-                    length = _run_length(ids, i, min(count - i, n - p), p)
-                    if _flags_are(st, owner, p, length, OWNER_FREE):
-                        _set_flags(st, owner, p, length, OWNER_ALLOCATED)
-                        _fill_run(out, (got + i) * page_size, length * page_size, p * page_size)
-                        i += length
-                        continue
-                    skip = i + length  # page by page, to the first page that is not free
-            end = min(count, i + long)
-            block = ids[i:end]  # a view indexed from 0, so LLVM drops the negative-index test
-            stop = end
-            for k in range(end - i):
-                p = block[k]
-                if p < 0 or p >= n or owner[p] != OWNER_FREE:
-                    stop = i + k
-                    break
-                owner[p] = OWNER_ALLOCATED
-                # A call per page, but a vectorised fill (faster than an inline loop).
-                _fill_run(out, (got + i + k) * page_size, page_size, p * page_size)
-            i = stop
-            if stop < end:
-                break
-        got += i
-        if i < count:
-            break
-    return _alloc_end(st, need, got)
-
-
-@_jit("i8(i8[::1], i8[::1])")
-def alloc_p1(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
-    """:func:`alloc_pn` for ``page_size == 1``, where ``out`` gets the page ids themselves."""
-    need = _alloc_begin(st, out)
-    if need <= 0:
-        return need
-    if need > st[H_NFREE] and st[H_SORTED] != 0:
-        # A sorted merge reorders the pages, so it comes before reading them;
-        # the pool calls merge and asks again (this kernel stays small).
-        return fail(E_MERGE_FIRST, 0)
-    owner = owner_view(st)
-    ring = ring_view(st)
-    n = ring.shape[0]
-    head: int = st[H_HEAD]
-    long = long_run(1)
-    first = min(need, n - head)
-    got = 0
-    for segment in range(2):
-        ids = ring[head : head + first] if segment == 0 else ring[: need - first]
-        count = ids.shape[0]
-        i = 0
-        skip = 0
-        while i < count:
-            if i >= skip and i + long <= count:
-                p = ids[i]
-                if 0 <= p < n and ids[i + long - 1] == p + long - 1:
-                    length = _run_length(ids, i, min(count - i, n - p), p)
-                    if _flags_are(st, owner, p, length, OWNER_FREE):
-                        _set_flags(st, owner, p, length, OWNER_ALLOCATED)
-                        _fill_run(out, got + i, length, p)
-                        i += length
-                        continue
-                    skip = i + length
-            end = min(count, i + long)
-            stop = i + _claim_slots(ids[i:end], out[got + i : got + end], owner)
-            i = stop
-            if stop < end:
-                break
-        got += i
-        if i < count:
-            break
-    return _alloc_end(st, need, got)
+    status = take_front(st, need, out, page_size)
+    if status < 0:
+        return status
+    count_alloc(st, 0)
+    return need * page_size
 
 
 # -- free ---------------------------------------------------------------------
@@ -754,54 +802,74 @@ def alloc_p1(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
 # its first slot (a run's from its first), the rest of its slots are compared
 # against that read, and the id is checked and staged in the ring's spare
 # part (pool memory, outside the live window) before anything else happens;
-# the release, and the roll-back of a failure, read only those staged ids,
+# the release, and the roll-back of a failure, read only those staged runs,
 # never ``slots`` again. A racing writer can make the call fail, but never
 # make it act on a value it did not validate. A page can only be staged
 # after its flag said "allocated", and every allocated page is off the live
-# window, so the spare part of the ring always has room.
+# window, so the spare part of the ring always has room (a run takes at most
+# an entry per page).
 
 
 @_callee()
-def _staged_twice(ring: NDArray[np.int32], tail: int, done: int, page: int, position: int) -> int:
+def _stage(
+    ring: NDArray[np.int32], pos: int, entries: int, first: int, length: int, p: int, more: int
+) -> tuple[int, int, int, int]:
+    """Add pages ``p .. p + more - 1`` to the open run ``first, length``, or write it and open theirs.
+
+    A free's staging registers: ``pos`` (the next entry), ``entries``
+    (written so far), and the open run, written only when a page does not
+    continue it (or at the end): a run of any length costs two writes.
+    """
+    if p == first + length:
+        return pos, entries, first, length + more
+    if length > 0:
+        pos = put_run(ring, pos, first, length)
+        entries += run_width(length)
+    return pos, entries, p, more
+
+
+@_callee()
+def _staged_twice(ring: NDArray[np.int32], tail: int, entries: int, page: int, position: int) -> int:
     """The failure for a ``page`` that ``free`` found not allocated.
 
-    ``E_DUPLICATE`` if this call staged it already (it is among the ``done``
-    pages staged from ring position ``tail``), else ``E_NOT_ALLOCATED``.
-    Error path only; it reads the pool's ring, never the caller's input.
+    ``E_DUPLICATE`` if this call staged it already (it is in one of the
+    ``entries`` staged from ring position ``tail``), else
+    ``E_NOT_ALLOCATED``. Error path only; it reads the pool's ring, never
+    the caller's input.
     """
     n = ring.shape[0]
     pos = tail
-    for _ in range(done):
-        if ring[pos] == page:
+    left = entries
+    while left > 0:
+        length = run_at(ring, pos, left)
+        if ring[pos] <= page < ring[pos] + length:
             return fail(E_DUPLICATE, position)
-        pos = pos + 1 if pos + 1 < n else 0
+        w = run_width(length)
+        pos = pos + w if pos + w < n else pos + w - n
+        left -= w
     return fail(E_NOT_ALLOCATED, position)
 
 
 @_callee()
-def _free_end(st: NDArray[np.int64], tail: int, done: int, status: int) -> int:
-    """Finish a free that staged ``done`` pages from ring position ``tail``: commit them, or roll back.
+def _free_end(st: NDArray[np.int64], tail: int, done: int, entries: int, status: int) -> int:
+    """Finish a free that staged ``done`` pages as ``entries`` from ring position ``tail``: commit, or roll back.
 
     On a failure (``status < 0``) the staged pages are flagged allocated
-    again (their ids stay outside the live window, as unread scratch) and
+    again (their runs stay outside the live window, as unread scratch) and
     the failure is returned. Otherwise they join the release list (inside a
     free group, the pending list: the kernels flagged them
     ``OWNER_PENDING``; the group's end releases them) and ``status`` is
     returned.
     """
     if status < 0:
-        ring = ring_view(st)
-        owner = owner_view(st)
-        n = ring.shape[0]
-        pos = tail
-        for _ in range(done):
-            owner[ring[pos]] = OWNER_ALLOCATED
-            pos = pos + 1 if pos + 1 < n else 0
+        set_runs(st, tail, entries, OWNER_ALLOCATED)
         return status
     if st[H_GROUP_DEPTH] > 0:
         st[H_NPEND] += done
+        st[H_EPEND] += entries
     else:
         st[H_NREL] += done
+        st[H_EREL] += entries
     if done > 0:
         st[H_FREE_CALLS] += 1
     return status
@@ -815,12 +883,12 @@ def free_pn(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     ``page_size``; each run must be one page's slots in ascending order, of
     a page that is currently allocated and not named earlier in the call.
     Pages may come in any order; they are appended to the release list in
-    the order given (to the pending list inside a free group). Returns the
-    number of slots freed, or a failure (``E_RANGE``, ``E_MISALIGNED``,
-    ``E_PARTIAL``, ``E_NOT_ALLOCATED``, ``E_DUPLICATE``) at the first
-    offending position in input order, with the state unchanged;
-    ``E_LENGTH`` first if ``len(slots)`` is not a multiple of
-    ``page_size``.
+    the order given (to the pending list inside a free group), pages in a
+    row as one run. Returns the number of slots freed, or a failure
+    (``E_RANGE``, ``E_MISALIGNED``, ``E_PARTIAL``, ``E_NOT_ALLOCATED``,
+    ``E_DUPLICATE``) at the first offending position in input order, with
+    the state unchanged; ``E_LENGTH`` first if ``len(slots)`` is not a
+    multiple of ``page_size``.
 
     A page at a time, or a run of ``long`` pages or more: where the page
     ``long - 1`` pages ahead begins where a run would put it, the run is
@@ -843,7 +911,11 @@ def free_pn(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     long = long_run(page_size)
     tail = ring_tail(st)
     pos = tail
+    entries = 0
+    first_page = -2
+    length = 0
     status = 0
+    missing = -1  # a page found not allocated: freed earlier in this call, or not held
     reach = (long - 1) * page_size
     c = 0  # input pages staged
     skip = 0  # a stretch that failed its tests is not measured twice
@@ -855,13 +927,13 @@ def free_pn(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
                 p = first // page_size
                 # Whole pages of a run are one run of slots: measured in one
                 # vectorised pass over every slot. A page cut short ends it.
-                length = _run_length(slots, start, min(count - c, n - p) * page_size, first) // page_size
-                if length > 0 and _flags_are(st, owner, p, length, OWNER_ALLOCATED):
-                    _set_flags(st, owner, p, length, mark)
-                    pos = _stage_run(ring, pos, p, length)
-                    c += length
+                run = _run_length(slots, start, min(count - c, n - p) * page_size, first) // page_size
+                if run > 0 and _flags_are(st, owner, p, run, OWNER_ALLOCATED):
+                    _set_flags(st, owner, p, run, mark)
+                    pos, entries, first_page, length = _stage(ring, pos, entries, first_page, length, p, run)
+                    c += run
                     continue
-                skip = c + length  # page by page, to the exact position of the fault
+                skip = c + run  # page by page, to the exact position of the fault
         # A view of the block indexed from 0: a slice per page, or indexing
         # ``slots`` from a running position, cost a reference count or a
         # negative-index test per page.
@@ -905,16 +977,20 @@ def free_pn(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
                 stop = c + k
                 break
             if owner[p] != OWNER_ALLOCATED:
-                status = _staged_twice(ring, tail, c + k, p, start + b)
+                missing = p  # resolved below, once the open run is written
                 stop = c + k
                 break
             owner[p] = mark
-            ring[pos] = p
-            pos = pos + 1 if pos + 1 < n else 0
+            pos, entries, first_page, length = _stage(ring, pos, entries, first_page, length, p, 1)
         c = stop  # the pages staged so far
-        if status != 0:
+        if status != 0 or missing >= 0:
             break
-    return _free_end(st, tail, c, status if status != 0 else count * page_size)
+    if length > 0:
+        put_run(ring, pos, first_page, length)
+        entries += run_width(length)
+    if missing >= 0:
+        status = _staged_twice(ring, tail, entries, missing, c * page_size)
+    return _free_end(st, tail, c, entries, status if status != 0 else count * page_size)
 
 
 @_jit("i8(i8[::1], i8[::1])")
@@ -925,8 +1001,9 @@ def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     continues its first starts a run: the run is measured (it may go on
     past the block) and, when every slot of it is allocated, released
     whole. Any other block goes through a plain loop that validates, flags
-    and stages one slot at a time. Testing for runs only at block starts
-    keeps that loop as tight as a loop without runs.
+    and stages one slot at a time, slots in a row as one run. Testing for
+    runs only at block starts keeps that loop as tight as a loop without
+    runs.
     """
     n = st[H_NPAGES]
     count: int = slots.shape[0]
@@ -938,32 +1015,50 @@ def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     long = long_run(1)
     tail = ring_tail(st)
     pos = tail
+    entries = 0
+    first = -2
+    length = 0
     status = 0
     c = 0  # input slots staged
     skip = 0  # a run that failed its flag test is not measured twice
+    missing = -1  # a page found not allocated: freed earlier in this call, or not held
+    p = 0
     while c < count:
         if c >= skip and c + long <= count:
             p = slots[c]  # the run's ids all derive from this one read
             if 0 <= p < n and slots[c + long - 1] == p + long - 1:
-                length = _run_length(slots, c, min(count - c, n - p), p)
-                if _flags_are(st, owner, p, length, OWNER_ALLOCATED):
-                    _set_flags(st, owner, p, length, mark)
-                    pos = _stage_run(ring, pos, p, length)
-                    c += length
+                run = _run_length(slots, c, min(count - c, n - p), p)
+                if _flags_are(st, owner, p, run, OWNER_ALLOCATED):
+                    _set_flags(st, owner, p, run, mark)
+                    pos, entries, first, length = _stage(ring, pos, entries, first, length, p, run)
+                    c += run
                     continue
-                skip = c + length  # slot by slot, to the exact position of the fault
-        # A block stops at the ring's end, so it stages into one view of
-        # the ring: no wrap test and no negative-index test per slot.
-        end = min(count, c + long, c + n - pos)
-        staged, p = _stage_slots(slots[c:end], ring[pos : pos + end - c], owner, mark)
-        c += staged  # the slots staged so far
-        if c < end:  # the fault, from the value read
-            status = fail(E_RANGE, c) if p < 0 or p >= n else _staged_twice(ring, tail, c, p, c)
+                skip = c + run  # slot by slot, to the exact position of the fault
+        block = slots[c : min(count, c + long)]  # a view indexed from 0: no negative-index test per slot
+        k = 0
+        while k < block.shape[0]:
+            p = block[k]  # the only read of this element
+            if p < 0 or p >= n or owner[p] != OWNER_ALLOCATED:
+                break
+            owner[p] = mark
+            if p == first + length:
+                length += 1
+            else:
+                pos, entries, first, length = _stage(ring, pos, entries, first, length, p, 1)
+            k += 1
+        c += k
+        if k < block.shape[0]:  # the fault, from the value read
+            if p < 0 or p >= n:
+                status = fail(E_RANGE, c)
+            else:
+                missing = p
             break
-        pos += staged
-        if pos == n:
-            pos = 0
-    return _free_end(st, tail, c, status if status != 0 else count)
+    if length > 0:
+        put_run(ring, pos, first, length)
+        entries += run_width(length)
+    if missing >= 0:
+        status = _staged_twice(ring, tail, entries, missing, c)
+    return _free_end(st, tail, c, entries, status if status != 0 else count)
 
 
 # Calls of SHORT_SLOTS + 1 .. GIL_SLOTS slots run these twins of the run
@@ -972,8 +1067,7 @@ def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
 GIL_SLOTS = 4096
 
 _TWO = "i8(i8[::1], i8[::1])"
-alloc_pn_gil = _twin(alloc_pn, _TWO, name="alloc_pn_gil", nogil=False)
-alloc_p1_gil = _twin(alloc_p1, _TWO, name="alloc_p1_gil", nogil=False)
+alloc_pages_gil = _twin(alloc_pages, _TWO, name="alloc_pages_gil", nogil=False)
 free_pn_gil = _twin(free_pn, _TWO, name="free_pn_gil", nogil=False)
 free_p1_gil = _twin(free_p1, _TWO, name="free_p1_gil", nogil=False)
 
@@ -984,8 +1078,7 @@ free_p1_gil = _twin(free_p1, _TWO, name="free_p1_gil", nogil=False)
 # holds each page. The plain kernels stay as short as an untracked pool needs.
 
 _alloc_short = _as_callee(alloc_short)
-_alloc_pn = _as_callee(alloc_pn)
-_alloc_p1 = _as_callee(alloc_p1)
+_alloc_pages = _as_callee(alloc_pages)
 _free_short = _as_callee(free_short)
 _free_pn = _as_callee(free_pn)
 _free_p1 = _as_callee(free_p1)
@@ -1017,8 +1110,9 @@ def _track_alloc(st: NDArray[np.int64], out: NDArray[np.int64], site: int, statu
 def _track_free(st: NDArray[np.int64], tail: int, site: int, status: int) -> int:
     """After a successful free (``status > 0``), each page freed records ``site`` as the site that freed it.
 
-    The pages are read back from where the free staged them on the ring
-    (from position ``tail``, not from the caller's slots again). O(pages).
+    The pages are read back from the runs the free staged on the ring
+    (from position ``tail`` to the new end of the window, not from the
+    caller's slots again). O(pages).
     """
     if status <= 0:
         return status
@@ -1026,10 +1120,17 @@ def _track_free(st: NDArray[np.int64], tail: int, site: int, status: int) -> int
     t: int = st[H_TRACK]
     pos = tail
     ring = ring_view(st)
-    for _ in range(status // st[H_PAGE_SIZE]):
-        p = ring[pos]
-        st[t + n + p] = (st[t + n + p] & ~_LOW32) | site
-        pos = pos + 1 if pos + 1 < n else 0
+    left = ring_tail(st) - tail
+    if left < 0:
+        left += n
+    while left > 0:
+        length = run_at(ring, pos, left)
+        first: int = ring[pos]
+        for p in range(first, first + length):
+            st[t + n + p] = (st[t + n + p] & ~_LOW32) | site
+        w = run_width(length)
+        pos = pos + w if pos + w < n else pos + w - n
+        left -= w
     return status
 
 
@@ -1037,15 +1138,9 @@ _TRACKED = "i8(i8[::1], i8[::1], i8)"
 
 
 @_jit(_TRACKED)
-def alloc_pn_tracked(st: NDArray[np.int64], out: NDArray[np.int64], site: int) -> int:
-    """:func:`alloc_pn`, then each page handed out records this allocation (:func:`_track_alloc`)."""
-    return _track_alloc(st, out, site, _alloc_pn(st, out))
-
-
-@_jit(_TRACKED)
-def alloc_p1_tracked(st: NDArray[np.int64], out: NDArray[np.int64], site: int) -> int:
-    """:func:`alloc_p1`, then each page handed out records this allocation (:func:`_track_alloc`)."""
-    return _track_alloc(st, out, site, _alloc_p1(st, out))
+def alloc_tracked(st: NDArray[np.int64], out: NDArray[np.int64], site: int) -> int:
+    """:func:`alloc_pages`, then each page handed out records this allocation (:func:`_track_alloc`)."""
+    return _track_alloc(st, out, site, _alloc_pages(st, out))
 
 
 @_jit(_TRACKED)
@@ -1099,25 +1194,25 @@ class PageSizeKernels(NamedTuple):
 
 KERNELS = (
     PageSizeKernels(
-        alloc_pn,
-        alloc_pn_gil,
+        alloc_pages,
+        alloc_pages_gil,
         alloc_short,
         free_pn,
         free_pn_gil,
         free_short,
-        alloc_pn_tracked,
+        alloc_tracked,
         alloc_tracked_short,
         free_pn_tracked,
         free_tracked_short,
     ),
     PageSizeKernels(
-        alloc_p1,
-        alloc_p1_gil,
+        alloc_pages,
+        alloc_pages_gil,
         alloc_short,
         free_p1,
         free_p1_gil,
         free_short,
-        alloc_p1_tracked,
+        alloc_tracked,
         alloc_tracked_short,
         free_p1_tracked,
         free_tracked_short,
@@ -1139,7 +1234,7 @@ def group_end(st: NDArray[np.int64]) -> int:
 
     The pending list sits right behind the release list, in the order its
     pages were freed, so releasing it moves a boundary; only the pages'
-    flags change (``OWNER_PENDING`` to ``OWNER_FREE``), O(pages released).
+    flags change (``OWNER_PENDING`` to ``OWNER_FREE``), a run at a time.
     Returns the number of pages released (0 for an inner group), or
     ``E_NO_GROUP`` with the state unchanged when no group is open.
     """
@@ -1151,16 +1246,12 @@ def group_end(st: NDArray[np.int64]) -> int:
         return 0
     n: int = st[H_NPAGES]
     pend: int = st[H_NPEND]
-    owner = owner_view(st)
-    ring = ring_view(st)
-    pos: int = st[H_HEAD] + st[H_NFREE] + st[H_NREL]
-    if pos >= n:
-        pos -= n
-    for _ in range(pend):
-        owner[ring[pos]] = OWNER_FREE
-        pos = pos + 1 if pos + 1 < n else 0
+    pos: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL]
+    set_runs(st, pos - n if pos >= n else pos, st[H_EPEND], OWNER_FREE)
     st[H_NREL] += pend
+    st[H_EREL] += st[H_EPEND]
     st[H_NPEND] = 0
+    st[H_EPEND] = 0
     return pend
 
 

@@ -11,13 +11,21 @@ A pool of ``n`` pages keeps one array ``st`` of :func:`state_length` words:
 ``st[:HEADER]``
     Scalars at the ``H_*`` offsets: the lists' places, the pool's shape, and
     counters that only grow (``clear()`` keeps them).
-the ring (:func:`ring_view`), ``n`` int32 page ids after the header
-    From ring position ``st[H_HEAD]`` on: the ``st[H_NFREE]`` pages of the
-    free list, the ``st[H_NREL]`` of the release list (freed, not merged
-    yet), the ``st[H_NPEND]`` of the pending list (freed in a free group).
+the ring (:func:`ring_view`), ``n`` int32 entries after the header
+    The lists are kept as runs of consecutive page ids: an entry ``p >= 0``
+    starts a run at page ``p``; when the entry after it (in the same list)
+    is negative, ``-L`` with ``L >= 2``, the run is ``p .. p + L - 1``,
+    else it is ``p`` alone. A run never spans two lists, so an entry takes
+    at most one ring position per page and the ring always has room. From
+    ring position ``st[H_HEAD]`` on: the ``st[H_EFREE]`` entries of the
+    free list (``st[H_NFREE]`` pages), the ``st[H_EREL]`` of the release
+    list (``st[H_NREL]`` pages, freed, not merged yet), the ``st[H_EPEND]``
+    of the pending list (``st[H_NPEND]`` pages, freed in a free group).
     Free list then release list is the FIFO order allocation follows; a
-    sorted pool's merge rewrites both as one ascending list. The entries
-    after the live window are scratch: ``free`` stages the pages it has
+    sorted pool's merge rewrites both as one ascending list of the longest
+    runs. Runs need not be the longest: a free makes runs of the pages it is
+    given in a row, and never joins them to a list's last run. The entries
+    after the live window are scratch: ``free`` stages the runs it has
     checked there, which is always room enough, since it stages only held
     pages.
 the owner flags (:func:`owner_view`), one byte per page after the ring
@@ -77,12 +85,16 @@ H_PEAK = 13  # most pages allocated at once
 H_CLEARS = 14  # clear() calls: a free_group() block tells it was ended by one
 H_TRACK = 15  # where the tracking words start (0: the pool does not track)
 H_SEQ = 16  # the next allocation's number, in a tracking pool
+H_EFREE = 17  # ring entries of the free list
+H_EREL = 18  # ring entries of the release list
+H_EPEND = 19  # ring entries of the pending list
 HEADER = 24  # the spare words keep room for later counters
 
 OWNER_FREE = 0
 OWNER_ALLOCATED = 1
 OWNER_PENDING = 2
 OWNER_STAGED = 3  # paged: a page being freed by the current call
+MIN_RUN = 2  # a run of one page is its id alone; a longer one carries its length
 
 MAX_PAGES = 2**31 - 1  # ring entries are int32 page ids
 
@@ -154,14 +166,41 @@ def page_shift(page_size: int) -> int:
     return page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
 
 
+def run_entries(ids: NDArray[np.integer]) -> NDArray[np.int32]:
+    """The ring entries of a list of page ids: each stretch that counts up by one as a run."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.shape[0] == 0:
+        return np.zeros(0, dtype=np.int32)
+    starts = np.flatnonzero(np.concatenate([[True], np.diff(ids) != 1]))
+    lengths = np.diff(np.append(starts, ids.shape[0]))
+    width = np.where(lengths > 1, 2, 1)
+    at = np.cumsum(width) - width
+    entries = np.zeros(int(width.sum()), dtype=np.int64)
+    entries[at] = ids[starts]
+    entries[at[lengths > 1] + 1] = -lengths[lengths > 1]
+    return entries.astype(np.int32)
+
+
+def run_pages(entries: NDArray[np.integer]) -> NDArray[np.int64]:
+    """The page ids of well-formed ring entries (:func:`run_entries` undone)."""
+    e = np.asarray(entries, dtype=np.int64)
+    at = np.flatnonzero(e >= 0)
+    nxt = np.append(e[1:], 0)[at]
+    lengths = np.where(nxt < 0, -nxt, 1)
+    offsets = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.repeat(e[at], lengths) + np.arange(int(lengths.sum())) - offsets
+
+
 def new_state(num_pages: int, page_size: int, sorted_order: bool = False, track: bool = False) -> NDArray[np.int64]:
     """A new state: every page free, listed in ascending order, as ``reset`` leaves it.
 
     Built with numpy rather than by the ``reset`` kernel, so that making a
     pool compiles nothing it does not call.
     """
-    st = np.zeros(state_length(num_pages, track), dtype=np.int64)
-    ring_ids(st, num_pages)[:] = np.arange(num_pages, dtype=np.int32)  # owner flags: zero, OWNER_FREE
+    st = np.zeros(state_length(num_pages, track), dtype=np.int64)  # owner flags: zero, OWNER_FREE
+    first = run_entries(np.arange(num_pages))
+    ring_ids(st, num_pages)[: first.shape[0]] = first
+    st[H_EFREE] = first.shape[0]
     st[H_NFREE] = num_pages
     st[H_NPAGES] = num_pages
     st[H_PAGE_SIZE] = page_size
@@ -188,16 +227,22 @@ def ring_positions(head: int, count: int, capacity: int) -> NDArray[np.int64]:
     return (head + np.arange(count)) % max(capacity, 1)
 
 
+def window_entries(st: NDArray[np.int64]) -> tuple[NDArray[np.int32], NDArray[np.int32], NDArray[np.int32]]:
+    """The ring entries of the free, release and pending lists (new arrays)."""
+    n = int(st[H_NPAGES])
+    counts = [int(st[h]) for h in (H_EFREE, H_EREL, H_EPEND)]
+    entries = ring_ids(st, n)[ring_positions(int(st[H_HEAD]), sum(counts), n)]
+    return entries[: counts[0]], entries[counts[0] : counts[0] + counts[1]], entries[counts[0] + counts[1] :]
+
+
 def listed(st: NDArray[np.int64], start: int = 0, count: int | None = None) -> NDArray[np.int32]:
-    """Page ids of the live window from its ``start``-th entry on (a new array), as Python code reads them.
+    """Page ids of the live window from its ``start``-th page on (a new array), as Python code reads them.
 
     The window is the free list, then the release list, then the pending
-    list; ``count`` entries (all that follow ``start`` by default).
+    list; ``count`` pages (all that follow ``start`` by default).
     """
-    n = int(st[H_NPAGES])
-    if count is None:
-        count = int(st[H_NFREE] + st[H_NREL] + st[H_NPEND]) - start
-    return ring_ids(st, n)[ring_positions(int(st[H_HEAD]) + start, count, n)]
+    pages = np.concatenate([run_pages(e) for e in window_entries(st)]).astype(np.int32)
+    return pages[start:] if count is None else pages[start : start + count]
 
 
 def state_of_lists(
@@ -217,7 +262,10 @@ def state_of_lists(
     free, released, pending = lists
     st = new_state(num_pages, page_size, sorted_order, track)
     ids = np.concatenate([free, released, pending]).astype(np.int32)
-    ring_ids(st, num_pages)[: ids.shape[0]] = ids
+    entries = [run_entries(ids) for ids in lists]
+    ring_ids(st, num_pages)[:] = 0
+    ring_ids(st, num_pages)[: sum(e.shape[0] for e in entries)] = np.concatenate(entries)
+    st[H_EFREE], st[H_EREL], st[H_EPEND] = (e.shape[0] for e in entries)
     owner = owner_flags(st, num_pages)
     owner[:] = OWNER_ALLOCATED
     owner[ids[: free.shape[0] + released.shape[0]]] = OWNER_FREE
@@ -243,9 +291,9 @@ owner_view = window(np.uint8, _owner_at)  # the owner flags, as kernels read the
 
 @callee()
 def ring_tail(st: NDArray[np.int64]) -> int:
-    """Ring position just past the live window: where ``free`` stages pages."""
+    """Ring position just past the live window: where ``free`` stages runs."""
     n: int = st[H_NPAGES]
-    tail: int = st[H_HEAD] + st[H_NFREE] + st[H_NREL] + st[H_NPEND]
+    tail: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL] + st[H_EPEND]
     return tail - n if tail >= n else tail
 
 

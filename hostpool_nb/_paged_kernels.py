@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 
 from ._jit import callee as _callee
 from ._jit import kernel as _jit
-from ._kernels import count_alloc, merge_lists
+from ._kernels import count_alloc, merge_lists, put_run, run_width, set_runs, take_front
 from ._layout import (
     E_CORRUPT,
     E_DUPLICATE,
@@ -32,10 +32,13 @@ from ._layout import (
     E_SEQ_BELOW_PREFIX,
     E_SHORT,
     E_TOTAL,
+    GP_CAP,
     GP_COUNT,
     GP_FAULT,
     GP_HEADER,
     H_CLEARS,
+    H_EFREE,
+    H_EREL,
     H_HEAD,
     H_NFREE,
     H_NPAGES,
@@ -87,13 +90,18 @@ def reset_rank(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
     owner = owner_view(st)
     ring = ring_view(st)
     for p in range(1, cap):
-        ring[p - 1] = p
         owner[p] = OWNER_FREE
+    entries = 0
+    if cap > 1:
+        put_run(ring, 0, 1, cap - 1)
+        entries = run_width(cap - 1)
     if cap > 0:
         owner[0] = OWNER_ALLOCATED  # the padding page: never listed, never handed out
     st[H_HEAD] = 0
     st[H_NFREE] = cap - 1
+    st[H_EFREE] = entries
     st[H_NREL] = 0
+    st[H_EREL] = 0
     st[H_CLEARS] += 1
     st[H_PEAK] = max(st[H_PEAK], 1)  # the padding page counts as held (the shared invariants check it)
     _drop_group(gp)
@@ -101,13 +109,13 @@ def reset_rank(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
 
 
 @_callee()
-def _take_front(st: NDArray[np.int64], k: int) -> int:
-    """Take ``k`` pages from the front of the free list; return the ring position of the first.
+def _take_front(st: NDArray[np.int64], k: int, out: NDArray[np.int64] | NDArray[np.int32], page_size: int) -> int:
+    """Take ``k`` pages from the front of the free list: their slots to ``out`` (``page_size`` each); 0.
 
     As the original: if the free list alone is too short, the release list
     is merged first, and only then is the request refused (``E_SHORT``),
     so a refused request may still have merged. ``E_CORRUPT`` (lists
-    unchanged) if a listed page is not flagged free.
+    unchanged) if a listed page is not flagged free (``take_front``).
     """
     if k > st[H_NFREE] and st[H_NREL] > 0:
         status = merge_lists(st)
@@ -115,32 +123,20 @@ def _take_front(st: NDArray[np.int64], k: int) -> int:
             return status
     if k > st[H_NFREE]:
         return fail(E_SHORT, 0)
-    cap: int = st[H_NPAGES]
-    owner = owner_view(st)
-    ring = ring_view(st)
-    head: int = st[H_HEAD]
-    pos = head
-    for i in range(k):
-        p = ring[pos]
-        if p <= 0 or p >= cap or owner[p] != OWNER_FREE:
-            back = head
-            for _ in range(i):
-                owner[ring[back]] = OWNER_FREE
-                back = back + 1 if back + 1 < cap else 0
-            return fail(E_CORRUPT, i)
-        owner[p] = OWNER_ALLOCATED
-        pos = pos + 1 if pos + 1 < cap else 0
-    st[H_HEAD] = pos
-    st[H_NFREE] -= k
+    status = take_front(st, k, out, page_size)
+    if status < 0:
+        return status
     count_alloc(st, 0)
-    return head
+    return 0
 
 
 @_callee()
-def _page_at(ring: NDArray[np.int32], pos: int) -> int:
-    """The page id at ring position ``pos`` (any non-negative offset, wrapped)."""
-    page: int = ring[pos % ring.shape[0]]
-    return page
+def _scratch(gp: NDArray[np.int64], k: int) -> int:
+    """Where ``k`` page ids fit in the group buffer's spare words, or -1 (then more than are free)."""
+    if gp[GP_COUNT] + k > gp[GP_CAP]:
+        return -1
+    start: int = GP_HEADER + gp[GP_COUNT]
+    return start
 
 
 @_jit("i8(i8[::1], i8[::1], i8)")
@@ -152,15 +148,9 @@ def alloc_slots(st: NDArray[np.int64], out: NDArray[np.int64], page_size: int) -
     k = out.shape[0] // page_size
     if k == 0:
         return 0
-    first = _take_front(st, k)
-    if first < 0:
-        return first
-    ring = ring_view(st)
-    for i in range(k):
-        base = _page_at(ring, first + i) * page_size
-        dst = out[i * page_size : (i + 1) * page_size]
-        for j in range(page_size):
-            dst[j] = base + j
+    status = _take_front(st, k, out, page_size)
+    if status < 0:
+        return status
     n: int = out.shape[0]
     return n
 
@@ -178,18 +168,16 @@ def alloc_tokens(st: NDArray[np.int64], out: NDArray[np.int32]) -> int:
         return fail(E_SHORT, 0)
     if k == 0:
         return 0
-    first = _take_front(st, k)
-    if first < 0:
-        return first
-    ring = ring_view(st)
-    for i in range(k):
-        out[i] = _page_at(ring, first + i)
+    status = _take_front(st, k, out, 1)
+    if status < 0:
+        return status
     return k
 
 
-@_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8, i8, i8)")
+@_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8, i8, i8)")
 def alloc_extend(
     st: NDArray[np.int64],
+    gp: NDArray[np.int64],
     prefix: NDArray[np.int64],
     seq: NDArray[np.int64],
     last: NDArray[np.int64],
@@ -215,6 +203,7 @@ def alloc_extend(
     the pages cannot fit the rank (the caller spares itself a huge
     allocation): the checks then run as ever and the call ends in
     ``E_SHORT`` (after the merge the original makes), never writing.
+    The new pages' ids are staged in the spare words of ``gp``.
     """
     n = seq.shape[0]
     limit = tokens
@@ -239,17 +228,18 @@ def alloc_extend(
         if pages > st[H_NPAGES] - 1:
             # More pages than the rank lists (page 0 never is): _take_front merges
             # as the original would, then refuses, without writing anything.
-            return _take_front(st, pages)
+            return _take_front(st, pages, out[:0], page_size)
         return fail(E_CORRUPT, 0)  # the caller's bound is wrong: never write past ``out``
-    if pages == 0:
-        first = 0
-    else:
-        first = _take_front(st, pages)
-        if first < 0:
-            return first
+    at = _scratch(gp, pages)
+    if at < 0:
+        return _take_front(st, pages, out[:0], page_size)  # more pages than are free: refused
+    ids = gp[at : at + pages]
+    if pages > 0:
+        status = _take_front(st, pages, ids, 1)
+        if status < 0:
+            return status
     w = 0
-    page = first
-    ring = ring_view(st)
+    page = 0
     for i in range(n):
         p = prefix[i]
         left = seq[i] - p
@@ -266,7 +256,7 @@ def alloc_extend(
         # Then new pages in free-list order, the last one possibly partial.
         while left > 0:
             take = min(page_size, left)
-            base = _page_at(ring, page) * page_size
+            base = ids[page] * page_size
             for j in range(take):
                 out[w + j] = base + j
             page += 1
@@ -275,9 +265,10 @@ def alloc_extend(
     return w
 
 
-@_jit("i8(i8[::1], i8[::1], i8[::1], i4[::1], i8, i8)")
+@_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8, i8)")
 def alloc_decode(
     st: NDArray[np.int64],
+    gp: NDArray[np.int64],
     seq: NDArray[np.int64],
     last: NDArray[np.int64],
     out: NDArray[np.int32],
@@ -291,7 +282,8 @@ def alloc_decode(
     (``seq`` counts the new token), with ``debug`` ``E_LAST_LOC`` when
     ``(last + 2) % page_size != seq % page_size``. The new pages come from
     the front of the free list in request order (merging first if short;
-    ``E_SHORT`` if still short).
+    ``E_SHORT`` if still short). The new pages' ids are staged in the
+    spare words of ``gp``.
     """
     n: int = seq.shape[0]
     pages = 0
@@ -303,17 +295,18 @@ def alloc_decode(
             return fail(E_LAST_LOC, i)
         if (s - 1) % page_size == 0:
             pages += 1
-    if pages == 0:
-        first = 0
-    else:
-        first = _take_front(st, pages)
-        if first < 0:
-            return first
-    page = first
-    ring = ring_view(st)
+    at = _scratch(gp, pages)
+    if at < 0:
+        return _take_front(st, pages, out[:0], page_size)  # more pages than are free: refused
+    ids = gp[at : at + pages]
+    if pages > 0:
+        status = _take_front(st, pages, ids, 1)
+        if status < 0:
+            return status
+    page = 0
     for i in range(n):
         if (seq[i] - 1) % page_size == 0:
-            out[i] = _page_at(ring, page) * page_size
+            out[i] = ids[page] * page_size
             page += 1
         else:
             out[i] = last[i] + 1
@@ -352,10 +345,13 @@ def free_slots(
     marks = marks_view(gp)
     ring = ring_view(st)
     shift: int = st[H_PAGE_SHIFT]  # log2(page_size), or -1: a division per slot
-    tail: int = st[H_HEAD] + st[H_NFREE] + st[H_NREL]
+    tail: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL]
     if tail >= cap:
         tail -= cap
     pos = tail
+    entries = 0  # staged on the ring, but for the open run
+    first = -2  # the open run, not written yet: pages in a row are one run
+    length = 0
     pend0: int = gp[GP_COUNT]
     done = 0
     status = 0
@@ -408,9 +404,18 @@ def free_slots(
             status = fail(E_NOT_ALLOCATED, c)
             break
         owner[p] = OWNER_STAGED
-        ring[pos] = p
-        pos = pos + 1 if pos + 1 < cap else 0
+        if p == first + length:
+            length += 1
+        else:
+            if length > 0:
+                pos = put_run(ring, pos, first, length)
+                entries += run_width(length)
+            first = p
+            length = 1
         done += 1
+    if length > 0:
+        put_run(ring, pos, first, length)
+        entries += run_width(length)
     if status != 0:
         gp[GP_FAULT] = slot  # the value the check failed on: the caller's array may have changed since
     if in_group != 0:
@@ -421,14 +426,11 @@ def free_slots(
             return status
         gp[GP_COUNT] = pend0 + done
         return done
-    new_flag = OWNER_ALLOCATED if status != 0 else OWNER_FREE
-    pos = tail
-    for _ in range(done):
-        owner[ring[pos]] = new_flag
-        pos = pos + 1 if pos + 1 < cap else 0
+    set_runs(st, tail, entries, OWNER_ALLOCATED if status != 0 else OWNER_FREE)
     if status != 0:
         return status
     st[H_NREL] += done
+    st[H_EREL] += entries
     return done
 
 
@@ -446,18 +448,31 @@ def end_group(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
     ring = ring_view(st)
     marks = marks_view(gp)
     count: int = gp[GP_COUNT]
-    pos: int = st[H_HEAD] + st[H_NFREE] + st[H_NREL]
+    pos: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL]
     if pos >= cap:
         pos -= cap
     released = 0
+    entries = 0
+    first = -2  # the open run: pages in a row are one run
+    length = 0
     for i in range(count):
         p = gp[GP_HEADER + i]
         marks[p] = MARK_NONE
         if owner[p] == OWNER_ALLOCATED:
             owner[p] = OWNER_FREE
-            ring[pos] = p
-            pos = pos + 1 if pos + 1 < cap else 0
+            if p == first + length:
+                length += 1
+            else:
+                if length > 0:
+                    pos = put_run(ring, pos, first, length)
+                    entries += run_width(length)
+                first = p
+                length = 1
             released += 1
+    if length > 0:
+        put_run(ring, pos, first, length)
+        entries += run_width(length)
     gp[GP_COUNT] = 0
     st[H_NREL] += released
+    st[H_EREL] += entries
     return released

@@ -82,12 +82,8 @@ def take_snapshot(pool: Any) -> Snapshot:
     in order) and the owner flags. The ring's other entries are scratch
     (``free`` stages validated page ids there), so they are left out.
     """
-    from hostpool_nb._layout import ring_ids
-
     st = pool._st
-    n = int(st[L.H_NPAGES])
-    head, live = int(st[L.H_HEAD]), int(st[L.H_NFREE] + st[L.H_NREL])
-    window = ring_ids(st, n)[(head + np.arange(live)) % max(n, 1)]
+    window = np.concatenate(L.window_entries(st))  # the runs as entries: how they are split matters too
     return st[: L.HEADER].copy(), window.copy(), pool._owner.copy()
 
 
@@ -184,3 +180,22 @@ def all_kernels() -> None:
     from hostpool_nb.warmup import compile_all
 
     compile_all(quiet=True)
+
+
+def one_entry_per_page(st: np.ndarray, head: int | None = None) -> np.ndarray:
+    """Rewrite ``st``'s lists with every page a run of its own (a valid state), and return the ring.
+
+    Then ring position ``head + i`` holds the ``i``-th listed page, as in
+    the layout before runs: tests that corrupt one listed page write it
+    there. The pages, their order and the owner flags stay as they were;
+    the window starts at ring position ``head`` (where it was by default).
+    """
+    n = int(st[L.H_NPAGES])
+    pages = L.listed(st)
+    ring = L.ring_ids(st, n)
+    if head is not None:
+        st[L.H_HEAD] = head
+    ring[L.ring_positions(int(st[L.H_HEAD]), pages.shape[0], n)] = pages
+    for entries, count in ((L.H_EFREE, L.H_NFREE), (L.H_EREL, L.H_NREL), (L.H_EPEND, L.H_NPEND)):
+        st[entries] = st[count]
+    return ring

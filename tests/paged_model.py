@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from hostpool_nb import _layout as L
-from hostpool_nb._layout import owner_flags, ring_ids
+from hostpool_nb._layout import owner_flags
 
 RankState = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
@@ -34,8 +34,7 @@ RankState = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, 
 def rank_state(words: np.ndarray, gp: np.ndarray) -> RankState:
     """One rank's logical state: header, live ring window, owner flags, pending page ids, their marks."""
     n = int(words[L.H_NPAGES])
-    head, live = int(words[L.H_HEAD]), int(words[L.H_NFREE] + words[L.H_NREL])
-    window = ring_ids(words, n)[(head + np.arange(live)) % max(n, 1)]
+    window = np.concatenate(L.window_entries(words))  # the runs as entries: how they are split matters too
     owner = owner_flags(words, n)
     count, cap = int(gp[L.GP_COUNT]), int(gp[L.GP_CAP])
     pending = gp[L.GP_HEADER : L.GP_HEADER + count]

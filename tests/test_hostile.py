@@ -898,11 +898,11 @@ def test_a_fork_while_another_thread_uses_the_pool_gives_the_child_a_usable_pool
 
 
 def test_a_sorted_free_list_of_two_pages_in_descending_order_fails_check_invariants() -> None:
-    from hostpool_nb._layout import ring_ids
+    from tests.conftest import one_entry_per_page
 
     pool = LogicalHostPool(2 * PS, PS, merge="sorted")
     pool.check_invariants()
-    ring = ring_ids(pool._st, 2)
+    ring = one_entry_per_page(pool._st)
     head = int(pool._st[L.H_HEAD])
     ring[head], ring[(head + 1) % 2] = 1, 0
     with pytest.raises(RuntimeError) as info:

@@ -15,7 +15,7 @@ import pytest
 
 from hostpool_nb import LogicalHostPool
 from hostpool_nb import _layout as L
-from hostpool_nb._layout import ring_ids
+from tests.conftest import one_entry_per_page
 
 PAGE_SIZES = [1, 3, 16]
 PAGES = 8
@@ -34,13 +34,13 @@ def wrapped_pool(page_size: int) -> LogicalHostPool:
     pool.free(first[:page_size])  # then page 0
     pool.check_invariants()
     st = pool._st
+    one_entry_per_page(st, head=6)
     assert (int(st[L.H_HEAD]), int(st[L.H_NFREE]), int(st[L.H_NREL])) == (6, 2, 2)
     return pool
 
 
 def ring(pool: LogicalHostPool) -> np.ndarray:
-    n = int(pool._st[L.H_NPAGES])
-    return ring_ids(pool._st, n)
+    return one_entry_per_page(pool._st)
 
 
 def live(pool: LogicalHostPool) -> list[int]:

@@ -10,8 +10,7 @@ import pytest
 from hostpool_nb import DoubleFreeError, LogicalHostPool, _pool
 from hostpool_nb import _kernels as K
 from hostpool_nb import _layout as L
-from hostpool_nb._layout import ring_ids
-from tests.conftest import JIT_DISABLED
+from tests.conftest import JIT_DISABLED, one_entry_per_page
 
 
 def kernels(ps: int) -> Any:
@@ -171,6 +170,7 @@ def _wrapped(ps: int, track: bool = False) -> LogicalHostPool:
     assert held is not None
     pool.free(held)
     st = pool._st
+    one_entry_per_page(st, head=BIG - 3)
     assert (int(st[L.H_HEAD]), int(st[L.H_NFREE]), int(st[L.H_NREL])) == (BIG - 3, 3, BIG - 3)
     return pool
 
@@ -190,7 +190,7 @@ def test_alloc_rolls_back_a_corrupt_ring_across_its_end(
     pool = _wrapped(ps, track)
     held = pool.alloc(2 * ps)  # pages BIG-3, BIG-2 now held; head at BIG-1
     assert held is not None
-    ring = ring_ids(pool._st, BIG)
+    ring = one_entry_per_page(pool._st)
     victim = 7  # ring position of the 9th page from head BIG-1
     value = {"held": BIG - 3, "too-big": BIG + 5, "equal-n": BIG, "negative": -1}[bad]
     old = int(ring[victim])
@@ -216,7 +216,7 @@ def test_a_one_page_alloc_refuses_a_corrupt_head(ps: int, bad: str, track: bool,
     pool = _wrapped(ps, track)
     held = pool.alloc(2 * ps)  # pages BIG-3, BIG-2 now held; head at BIG-1
     assert held is not None
-    ring = ring_ids(pool._st, BIG)
+    ring = one_entry_per_page(pool._st)
     head = int(pool._st[L.H_HEAD])
     value = {"held": BIG - 3, "too-big": BIG + 5, "equal-n": BIG, "negative": -1}[bad]
     old = int(ring[head])

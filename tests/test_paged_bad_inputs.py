@@ -34,7 +34,7 @@ from hostpool_nb import _layout as L
 from hostpool_nb._layout import owner_flags, ring_ids
 from hostpool_nb.originals import paged as oracle_mod
 from hostpool_nb.paged import PagedState, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from tests.conftest import RaisingEq
+from tests.conftest import RaisingEq, one_entry_per_page
 from tests.paged_model import assert_unchanged, capture, compare, pending_pages
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -676,7 +676,7 @@ def _saturated(word: int, name: str, rank: int = 0) -> Any:
 
 
 def _ring(words: np.ndarray) -> np.ndarray:
-    return ring_ids(words, 9)
+    return one_entry_per_page(words)
 
 
 def _owner(words: np.ndarray) -> np.ndarray:
@@ -769,7 +769,7 @@ RESTORE_CASES = [
     pytest.param(
         lambda a: _tampered(a, lambda w: w.__setitem__(L.H_NFREE, 20)),
         HostPoolError,
-        _INVARIANTS + "counters out of range: head=5 nfree=20 nrel=1 npend=0 pages=9",
+        _INVARIANTS + "counters out of range: head=0 nfree=20 nrel=1 npend=0 pages=9",
         id="counter",
     ),
     pytest.param(
@@ -1102,7 +1102,7 @@ def test_alloc_stops_unchanged_at_a_corrupt_listed_page(ps: int, bad: str) -> No
     cap = int(st[L.H_NPAGES])
     head = int(st[L.H_HEAD])
     value = {"held": 1, "padding": 0, "negative": -1, "cap": cap, "beyond": cap + 5}[bad]
-    ring = ring_ids(st, cap)
+    ring = one_entry_per_page(st)
     victim = head + 3  # the 4th page the next allocation takes
     old = int(ring[victim])
     ring[victim] = value

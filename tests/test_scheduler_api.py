@@ -38,9 +38,9 @@ import pytest
 import hostpool_nb
 from hostpool_nb import AlignmentError, DoubleFreeError, HostPoolError, LogicalHostPool, PoolState, PoolStats
 from hostpool_nb import _layout as L
-from hostpool_nb._layout import owner_flags, ring_ids
+from hostpool_nb._layout import owner_flags
 from hostpool_nb._snapshot import FORMAT
-from tests.conftest import JIT_DISABLED, take_snapshot
+from tests.conftest import JIT_DISABLED, one_entry_per_page, take_snapshot
 from tests.scheduler_ops import run_ops, summary
 from tests.test_torch_missing import run_child
 
@@ -580,9 +580,11 @@ def _flags(w: np.ndarray) -> np.ndarray:
     return owner_flags(w, 6)
 
 
-def _set(index: int, value: int) -> Any:
+def _set(index: int, value: int, *also: int) -> Any:
+    """Set header word ``index`` (and the words ``also``, e.g. a list's entry count with its page count)."""
+
     def tamper(w: np.ndarray) -> np.ndarray:
-        w[index] = value
+        w[[index, *also]] = value
         return w
 
     return tamper
@@ -590,7 +592,7 @@ def _set(index: int, value: int) -> Any:
 
 def _set_ring(i: int, value: int) -> Any:
     def tamper(w: np.ndarray) -> np.ndarray:
-        ring_ids(w, 6)[_ring(w, i)] = value
+        one_entry_per_page(w)[_ring(w, i)] = value
         return w
 
     return tamper
@@ -614,10 +616,10 @@ _STATS = (
 
 TAMPERED_CASES = [
     pytest.param(
-        _set(L.H_NFREE, 6), "counters out of range: head=5 nfree=6 nrel=1 npend=1 pages=6", id="nfree-too-large"
+        _set(L.H_NFREE, 6), "counters out of range: head=1 nfree=6 nrel=1 npend=1 pages=6", id="nfree-too-large"
     ),
     pytest.param(
-        _set(L.H_NREL, -1), "counters out of range: head=5 nfree=1 nrel=-1 npend=1 pages=6", id="nrel-negative"
+        _set(L.H_NREL, -1), "counters out of range: head=1 nfree=1 nrel=-1 npend=1 pages=6", id="nrel-negative"
     ),
     pytest.param(
         _set(L.H_HEAD, 6), "counters out of range: head=6 nfree=1 nrel=1 npend=1 pages=6", id="head-past-ring"
@@ -650,7 +652,7 @@ TAMPERED_CASES = [
     pytest.param(_set_flag(5, L.OWNER_ALLOCATED), "page 5 has owner flag 1 but is listed 1 times", id="free-held"),
     pytest.param(_set_flag(2, L.OWNER_PENDING), "page 2 has owner flag 2 but is listed 1 times", id="released-pend"),
     pytest.param(_set_flag(3, 7), "page 3 has owner flag 7 but is listed 0 times", id="flag-7"),
-    pytest.param(_set(L.H_NPEND, 0), "page 4 has owner flag 2 but is listed 0 times", id="pending-dropped"),
+    pytest.param(_set(L.H_NPEND, 0, L.H_EPEND), "page 4 has owner flag 2 but is listed 0 times", id="pending-dropped"),
     pytest.param(_set(L.H_MERGES, -1), "statistics out of range: " + _STATS % (-1, 1, 0), id="merges-negative"),
     pytest.param(_set(L.H_FAILED_ALLOCS, 2), "statistics out of range: " + _STATS % (0, 1, 2), id="failed-over-calls"),
     pytest.param(_set(L.H_PEAK, 2), "peak of 2 pages is below the 3 held now", id="peak-below-held"),
@@ -697,7 +699,7 @@ def test_restore_state_refuses_an_unsorted_free_list_for_a_sorted_pool(snapshot:
         pool.free(held[p * 16 : (p + 1) * 16])
     assert pool.merge() == 48
     words = pool.backup_state()._words.copy()
-    ids = ring_ids(words, 6)
+    ids = one_entry_per_page(words)
     i, j = _ring(words, 0), _ring(words, 1)
     assert ids[[i, j, _ring(words, 2)]].tolist() == [1, 3, 4]
     ids[i], ids[j] = ids[j], ids[i]
@@ -844,7 +846,7 @@ PICKLE_CASES = [
     pytest.param({"format": ...}, [exact(_format_text(None))], id="no-format"),
     pytest.param(
         {"state": _words_with(L.H_NFREE, 6)},
-        _pickled_inv("counters out of range: head=5 nfree=6 nrel=1 npend=1 pages=6"),
+        _pickled_inv("counters out of range: head=1 nfree=6 nrel=1 npend=1 pages=6"),
         id="state-counters",
     ),
     pytest.param(

@@ -42,7 +42,6 @@ from hypothesis.stateful import (
 
 from hostpool_nb import LogicalHostPool, PoolState
 from hostpool_nb import _layout as L
-from hostpool_nb._layout import ring_ids
 from tests.conftest import assert_lock_free
 from tests.reference import INT64_MAX, ReferencePool, to_slot_list
 
@@ -92,10 +91,8 @@ def pool_lists(pool: LogicalHostPool) -> tuple[list[int], list[int], list[int]]:
     makes it, not a later allocation that happens to reveal it.
     """
     s = pool._st
-    n = int(s[L.H_NPAGES])
-    head, nfree, nrel, npend = (int(s[h]) for h in (L.H_HEAD, L.H_NFREE, L.H_NREL, L.H_NPEND))
-    ring = ring_ids(s, n)
-    window = [int(ring[(head + i) % n]) for i in range(nfree + nrel + npend)]
+    nfree, nrel = int(s[L.H_NFREE]), int(s[L.H_NREL])
+    window = L.listed(s).tolist()
     return window[:nfree], window[nfree : nfree + nrel], window[nfree + nrel :]
 
 
