@@ -188,7 +188,8 @@ def run_pages(entries: NDArray[np.integer]) -> NDArray[np.int64]:
     nxt = np.append(e[1:], 0)[at]
     lengths = np.where(nxt < 0, -nxt, 1)
     offsets = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.repeat(e[at], lengths) + np.arange(int(lengths.sum())) - offsets
+    pages: NDArray[np.int64] = np.repeat(e[at], lengths) + np.arange(int(lengths.sum())) - offsets
+    return pages
 
 
 def new_state(num_pages: int, page_size: int, sorted_order: bool = False, track: bool = False) -> NDArray[np.int64]:

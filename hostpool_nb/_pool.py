@@ -22,7 +22,7 @@ from ._hooks import DataPlaneHooks
 from ._invariants import pool_problems
 from ._jit import Entries, entry_point
 from ._protocol import ArrayStatePool
-from ._snapshot import PoolState, checked_words
+from ._snapshot import PoolState, checked_words, upgraded_words
 from ._stats import PoolStats
 from ._tracking import HISTORY_MARK, Outstanding, SiteKey, Tracker, leak_report
 
@@ -619,6 +619,10 @@ class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
             "state": self._st.copy(),
             "sites": None if tracker is None else tracker.table(),
         }
+
+    def _upgraded(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """A format-3 pickle: its state words with one run per page."""
+        return {**saved, "state": upgraded_words(saved["state"])} if "state" in saved else saved
 
     def _unpickled(self, saved: dict[str, Any], what: str) -> None:
         missing = sorted({"size", "page_size", "layout", "merge", "state"} - set(saved))

@@ -119,8 +119,13 @@ class ArrayStatePool:
         what = f"the pickled {type(self).__name__}"
         if not isinstance(saved, dict):
             raise HostPoolError(f"{what} holds a {type(saved).__name__}, not a pool's state")
-        check_format(saved.get("format"), self._format, type(self).__name__)
+        if check_format(saved.get("format"), self._format, type(self).__name__):
+            saved = self._upgraded(saved)
         self._unpickled(saved, what)
+
+    def _upgraded(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """A pickle's fields in the older format ``_snapshot.CONVERTS`` names, converted (kinds that have one)."""
+        return saved
 
     def _corrupt(self, op: str, status: int) -> RuntimeError:
         """The error for a kernel that failed where the state allows no failure: a bug in the pool."""

@@ -22,16 +22,22 @@ from ._invariants import host_problems, pool_problems, rank_problems
 from ._tracking import site_id_problems, table_problem
 
 # The layout each kind of state is in. A pickle in another format was made by
-# a hostpool_nb whose kernels read the arrays differently (the core's format
-# 2 had int64 ring entries, 3 has int32).
+# a hostpool_nb whose kernels read the arrays differently: the core's format 2
+# had int64 ring entries, 3 int32 page ids one per entry, 4 runs
+# (``_layout.py``); the paged allocators' 1 was the core's 3, 2 its 4.
 FORMATS = {
-    "LogicalHostPool": 3,
-    "PoolState": 3,
-    "PagedAllocator": 1,  # a paged or token allocator's pickle
-    "PagedState": 1,
+    "LogicalHostPool": 4,
+    "PoolState": 4,
+    "PagedAllocator": 2,  # a paged or token allocator's pickle
+    "PagedState": 2,
     "HostPagePool": 1,
     "HostPageState": 1,
 }
+# Formats this version still loads, converted (:func:`upgraded_words`): a
+# list of one page per entry is a list of runs of one page each.
+CONVERTS = {"LogicalHostPool": 3, "PoolState": 3, "PagedAllocator": 1, "PagedState": 1}
+# What wrote a format this version refuses.
+_WRITTEN_BY = {2: "hostpool_nb before its ring held int32 page ids"}
 FORMAT = FORMATS["LogicalHostPool"]
 
 
@@ -92,23 +98,52 @@ def frozen_words(words: Any, what: str) -> NDArray[np.int64]:
 
 def _load_state(version: int, fields: tuple[Any, ...]) -> PoolState:
     """Unpickle a ``PoolState``, refusing another format."""
-    check_format(version, "PoolState")
+    old = check_format(version, "PoolState")
     size, page_size, merge, words, sites = fields
-    return PoolState(size, page_size, merge, words, sites)
+    return PoolState(size, page_size, merge, upgraded_words(words) if old else words, sites)
 
 
-def check_format(version: Any, kind: str, what: str | None = None) -> None:
-    """Refuse a pickle of ``kind`` (a key of :data:`FORMATS`) in another format than this version reads.
+def check_format(version: Any, kind: str, what: str | None = None) -> bool:
+    """Refuse a pickle of ``kind`` (a key of :data:`FORMATS`) in a format this version neither reads nor converts.
 
-    ``what`` names it in the message (a subclass's name), ``kind`` by default.
+    Returns whether it is in the older format of :data:`CONVERTS`, whose
+    state words :func:`upgraded_words` converts. ``what`` names it in the
+    message (a subclass's name), ``kind`` by default.
     """
     expected = FORMATS[kind]
     what = what or kind
-    if version != expected:
-        raise HostPoolError(
-            f"this {what} was pickled in state format {version!r}; this hostpool_nb reads format {expected} "
-            "(pickle it again with the same hostpool_nb version that loads it)"
-        )
+    if version == expected:
+        return False
+    if type(version) is int and version == CONVERTS.get(kind):
+        return True
+    if type(version) is int and version > expected:
+        by = "a newer hostpool_nb"
+    else:
+        by = _WRITTEN_BY.get(version, "no hostpool_nb this one knows") if type(version) is int else "no hostpool_nb"
+    raise HostPoolError(
+        f"this {what} was pickled in state format {version!r}, written by {by}; this hostpool_nb reads format "
+        f"{expected}{_also(kind)} (pickle it again with the same hostpool_nb version that loads it)"
+    )
+
+
+def _also(kind: str) -> str:
+    return f" and converts format {CONVERTS[kind]}" if kind in CONVERTS else ""
+
+
+def upgraded_words(words: Any) -> Any:
+    """A core state in the format before runs (one page id per ring entry), in today's; anything else as it is.
+
+    Each entry becomes a run of one page: the entry counts are the page
+    counts, in header words that were spare (zero) then. The checks that
+    follow refuse whatever is not a valid state.
+    """
+    if not isinstance(words, np.ndarray) or words.ndim != 1 or words.dtype.kind not in "iu":
+        return words
+    if words.shape[0] < _layout.HEADER:
+        return words
+    new = np.array(words, dtype=np.int64, copy=True)
+    new[[_layout.H_EFREE, _layout.H_EREL, _layout.H_EPEND]] = new[[_layout.H_NFREE, _layout.H_NREL, _layout.H_NPEND]]
+    return new
 
 
 def checked_words(
@@ -184,8 +219,10 @@ class PagedState:
 
 def _load_paged(version: int, fields: tuple[Any, ...]) -> PagedState:
     """Unpickle a ``PagedState``, refusing another format."""
-    check_format(version, "PagedState")
+    old = check_format(version, "PagedState")
     kind, size, page_size, dp_size, ranks = fields
+    if old and isinstance(ranks, (tuple, list)):
+        ranks = [upgraded_words(words) for words in ranks]
     return PagedState(kind, size, page_size, dp_size, tuple(ranks))
 
 

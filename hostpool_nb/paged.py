@@ -62,7 +62,7 @@ from ._host import HostKVPoolMixin, HostPagePool
 from ._invariants import group_problems, rank_problems
 from ._jit import entry_point
 from ._protocol import ArrayStatePool
-from ._snapshot import PagedState, checked_ranks
+from ._snapshot import PagedState, checked_ranks, upgraded_words
 
 _merge = entry_point(_kernels.merge)
 _load_state = entry_point(_kernels.load_state)
@@ -242,6 +242,13 @@ class _RankedAllocator(ArrayStatePool):
             "group_frees": [[f.copy() for f in frees] for frees in self._group_frees],
             "in_group": self._in_group,
         }
+
+    def _upgraded(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """A format-1 pickle: each rank's words with one run per page."""
+        ranks = saved.get("ranks")
+        if not isinstance(ranks, (tuple, list)):
+            return saved
+        return {**saved, "ranks": tuple(upgraded_words(words) for words in ranks)}
 
     def _unpickled(self, saved: dict[str, Any], what: str) -> None:
         missing = sorted({"args", "kvcache", "ranks", "groups", "group_frees", "in_group"} - set(saved))

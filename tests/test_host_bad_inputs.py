@@ -415,7 +415,8 @@ def test_bad_restore_state(pool: HostPagePool, make_state: Any, error: type, mes
         pytest.param(None, "the pickled HostPagePool holds a NoneType, not a pool's state", id="none"),
         pytest.param(
             {"format": 2, "pool_size": N},
-            "this HostPagePool was pickled in state format 2; this hostpool_nb reads format 1 "
+            "this HostPagePool was pickled in state format 2, written by a newer hostpool_nb; "
+            "this hostpool_nb reads format 1 "
             "(pickle it again with the same hostpool_nb version that loads it)",
             id="format",
         ),

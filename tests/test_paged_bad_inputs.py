@@ -1142,7 +1142,7 @@ def test_extend_one_page_beyond_the_rank_is_refused_not_corrupt() -> None:
     alloc.check_invariants()
 
 
-@pytest.mark.parametrize("version", [0, 1, 2, 99, "1"])
+@pytest.mark.parametrize("version", [0, 2, 3, 99, "1"])
 def test_a_paged_state_pickle_of_another_format_is_refused(version: Any) -> None:
     import pickle
 
@@ -1152,7 +1152,7 @@ def test_a_paged_state_pickle_of_another_format_is_refused(version: Any) -> None
     if version == fmt:
         return
     with pytest.raises(
-        HostPoolError, match=rf"pickled in state format {version!r}; this hostpool_nb reads format {fmt}"
+        HostPoolError, match=rf"pickled in state format {version!r}, written by .*; this hostpool_nb reads format {fmt}"
     ):
         load(version, fields)
 

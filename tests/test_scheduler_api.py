@@ -826,9 +826,14 @@ def _words_with(index: int, value: int) -> np.ndarray:
 
 
 def _format_text(version: Any, what: str = "LogicalHostPool") -> str:
+    by = {2: "hostpool_nb before its ring held int32 page ids"}.get(version, "no hostpool_nb this one knows")
+    if type(version) is int and version > FORMAT:
+        by = "a newer hostpool_nb"
+    elif type(version) is not int:
+        by = "no hostpool_nb"
     return (
-        f"this {what} was pickled in state format {version!r}; this hostpool_nb reads format {FORMAT} "
-        "(pickle it again with the same hostpool_nb version that loads it)"
+        f"this {what} was pickled in state format {version!r}, written by {by}; this hostpool_nb reads format "
+        f"{FORMAT} and converts format 3 (pickle it again with the same hostpool_nb version that loads it)"
     )
 
 

@@ -1,0 +1,99 @@
+"""States and pickles written before the lists were runs still load, converted, and behave as they did.
+
+``tests/data/format3.pickle`` was written by hostpool_nb at 8ab7b25 (core
+format 3, paged format 1: one page id per ring entry) by
+``tests/data/make_format3.py``, with what the next calls returned there.
+Loading converts each entry into a run of one page.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hostpool_nb import HostPoolError, LogicalHostPool
+from hostpool_nb import _layout as L
+from hostpool_nb._snapshot import CONVERTS, FORMATS
+from hostpool_nb.paged import PagedTokenToKVPoolAllocator
+
+_DATA = pickle.loads((Path(__file__).parent / "data" / "format3.pickle").read_bytes())
+BLOBS: dict[str, bytes] = _DATA["blobs"]
+EXPECTED: dict[str, Any] = _DATA["expected"]
+
+
+def _calls(pool: LogicalHostPool) -> list[Any]:
+    out = []
+    for n in (3, 5, 2):
+        a = pool.alloc(n * pool.page_size)
+        out.append(None if a is None else a.tolist())
+    return out
+
+
+def test_the_fixture_is_in_the_formats_this_version_converts() -> None:
+    assert CONVERTS == {"LogicalHostPool": 3, "PoolState": 3, "PagedAllocator": 1, "PagedState": 1}
+    assert FORMATS["LogicalHostPool"] == 4
+    assert FORMATS["PagedAllocator"] == 2
+
+
+def test_a_format_3_pool_pickle_loads_converted_and_allocates_as_it_did() -> None:
+    pool = pickle.loads(BLOBS["pool"])
+    pool.check_invariants()
+    st = pool._st
+    # Converted: one entry per page, the lists and pending group as they were.
+    assert [int(st[h]) for h in (L.H_EFREE, L.H_EREL, L.H_EPEND)] == [
+        int(st[h]) for h in (L.H_NFREE, L.H_NREL, L.H_NPEND)
+    ]
+    assert int(st[L.H_NPEND]) == 1
+    assert _calls(pool) == EXPECTED["pool"]
+    pool.free_group_end()
+    pool.check_invariants()
+
+
+def test_a_format_3_pool_state_restores_converted() -> None:
+    state = pickle.loads(BLOBS["state"])
+    pool = LogicalHostPool(12 * 4, 4)
+    pool.restore_state(state)
+    pool.check_invariants()
+    assert _calls(pool) == EXPECTED["pool"]
+    again = pickle.loads(pickle.dumps(pool.backup_state()))  # and pickles in today's format
+    assert again.__reduce__()[1][0] == FORMATS["PoolState"]
+
+
+@pytest.mark.parametrize("blob", ["paged", "paged_state"])
+def test_a_format_1_paged_pickle_loads_converted_and_allocates_as_it_did(blob: str) -> None:
+    loaded = pickle.loads(BLOBS[blob])
+    if blob == "paged":
+        alloc = loaded
+    else:
+        alloc = PagedTokenToKVPoolAllocator(16 * 4, 4, None)
+        alloc.restore_state(loaded)
+    alloc.check_invariants()
+    first = alloc.alloc(12).tolist()
+    assert alloc.alloc(0) is not None
+    assert [first, alloc.alloc(40).tolist()] == EXPECTED["paged"]
+    alloc.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("version", "by"),
+    [
+        (2, "hostpool_nb before its ring held int32 page ids"),
+        (5, "a newer hostpool_nb"),
+        (0, "no hostpool_nb this one knows"),
+        ("3", "no hostpool_nb"),
+    ],
+)
+def test_a_pool_pickle_of_a_format_neither_read_nor_converted_says_what_wrote_it(version: Any, by: str) -> None:
+    pool = LogicalHostPool(16, 4)
+    saved = pool.__getstate__()
+    saved["format"] = version
+    fresh = LogicalHostPool.__new__(LogicalHostPool)
+    with pytest.raises(HostPoolError) as info:
+        fresh.__setstate__(saved)
+    assert str(info.value) == (
+        f"this LogicalHostPool was pickled in state format {version!r}, written by {by}; this hostpool_nb reads "
+        "format 4 and converts format 3 (pickle it again with the same hostpool_nb version that loads it)"
+    )
