@@ -170,11 +170,14 @@ def roundtrip(ctx: Context) -> list[Row]:
         rows.append(row.at_least(TORCH, 0.5) if k == BIG_K else row)
         ctx.tick(share)
     rows.append(memory_floor(big, ctx.repeats()))
+    rows.append(checked_floor(big, ctx.size(MIB_SLOTS, 4096), ctx.repeats()))
     ctx.notes.append(
         "round trip: free(alloc(k)) in loops of whole pool cycles, so the originals' deferred merges are paid "
         "inside; shuffled: a 1M-slot pool's free list in random page order (no runs of consecutive pages). "
         "memory floor: "
-        f"np.copyto of {BIG_K:,} int64, the memory traffic a {BIG_K:,}-slot round trip cannot avoid"
+        f"np.copyto of {BIG_K:,} int64, the memory traffic a {BIG_K:,}-slot round trip cannot avoid; "
+        "checked floor: a kernel that only tests and sets an owner byte per id and copies the ids, out of a "
+        "shuffled ring of a 1M-slot pool and back: what a shuffled round trip cannot go below"
     )
     return rows
 
@@ -193,6 +196,59 @@ def memory_floor(k: int, repeats: int) -> Row:
         n *= 4
     value = median([timed(loop, n) / n for _ in range(repeats)])
     return Row("memory floor", f"k={k} np.copyto", "s", {HOSTPOOL: value}, columns=(HOSTPOOL,))
+
+
+@functools.cache
+def _checked_copy() -> Callable[..., int]:
+    """The checked floor: copy ids out of a ring and back, testing and setting a flag per id (compiled on first use)."""
+    from numba import njit
+
+    @njit("i8(i4[::1], i8[::1], u1[::1], u1, u1)", nogil=True, cache=False)
+    def take(src, dst, flags, want, flag):  # type: ignore[no-untyped-def]
+        for i in range(src.shape[0]):
+            p = src[i]
+            if flags[p] != want:
+                return i
+            flags[p] = flag
+            dst[i] = p
+        return src.shape[0]
+
+    @njit("i8(i8[::1], i4[::1], u1[::1], u1, u1)", nogil=True, cache=False)
+    def give(src, dst, flags, want, flag):  # type: ignore[no-untyped-def]
+        for i in range(src.shape[0]):
+            p = src[i]
+            if p < 0 or p >= flags.shape[0] or flags[p] != want:
+                return i
+            flags[p] = flag
+            dst[i] = p
+        return src.shape[0]
+
+    def round_trip(ring: Any, out: Any, flags: Any, at: int) -> int:
+        window = ring[at : at + out.shape[0]]
+        return int(take(window, out, flags, 0, 1)) + int(give(out, window, flags, 1, 0))
+
+    return round_trip
+
+
+def checked_floor(k: int, size: int, repeats: int) -> Row:
+    """A ``k``-slot round trip through a shuffled ring that does nothing but the per-id checks and copies."""
+    ring = np.random.default_rng(0).permutation(size).astype(np.int32)
+    flags = np.zeros(size, dtype=np.uint8)
+    out = np.empty(k, dtype=np.int64)
+    trip = _checked_copy()
+    if trip(ring, out, flags, 0) != 2 * k:
+        raise AssertionError("the checked floor's kernel stopped early")
+    windows = size // k  # each round trip reads the next part of the ring, as a pool's does
+
+    def loop(n: int) -> None:
+        for i in range(n):
+            trip(ring, out, flags, (i % windows) * k)
+
+    n = 16
+    while timed(loop, n) < 0.01 and n < 1 << 20:
+        n *= 4
+    value = median([timed(loop, n) / n for _ in range(repeats)])
+    return Row("checked floor", f"k={k} shuffled", "s", {HOSTPOOL: value}, columns=(HOSTPOOL,))
 
 
 # -- a batch of requests --------------------------------------------------------------------

@@ -269,7 +269,43 @@ def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArra
             bad = True
             break
         p: int = ring[pos]
-        length = run_at(ring, pos, avail - used)
+        nxt = pos + 1 if pos + 1 < n else 0
+        if avail - used == 1 or ring[nxt] >= 0:  # a page alone: no views, no block loops
+            # Page size 1: a stretch of lone pages in one tight loop, through
+            # views indexed from 0; the entry after each tells whether it
+            # starts a run, so the view ends one entry early, inside the list.
+            m = min(need - got, avail - used - 1, n - pos - 1) if page_size == 1 else 0
+            if m > 0:
+                ids = ring[pos : pos + m + 1]
+                dst = out[got : got + m]
+                k = 0
+                while k < m:
+                    p = ids[k]
+                    if ids[k + 1] < 0 or p < 0 or p >= n or owner[p] != OWNER_FREE:
+                        break
+                    owner[p] = OWNER_ALLOCATED
+                    dst[k] = p
+                    k += 1
+                if k > 0:
+                    got += k
+                    pos += k
+                    used += k
+                    length = take = 1
+                    continue
+            if p < 0 or p >= n or owner[p] != OWNER_FREE:
+                bad = True
+                break
+            owner[p] = OWNER_ALLOCATED
+            if page_size == 1:
+                out[got] = p
+            else:
+                _fill_run(out, got * page_size, page_size, p * page_size)
+            got += 1
+            pos = nxt
+            used += 1
+            length = take = 1
+            continue
+        length = -ring[nxt]
         take = min(length, need - got)
         if p < 0 or length > n - p or not _flags_are(st, owner, p, take, OWNER_FREE):
             bad = True
@@ -527,7 +563,20 @@ def alloc_short(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
             break
         p: int = ring[pos]
         nxt = pos + 1 if pos + 1 < n else 0
-        length = -ring[nxt] if avail - used > 1 and ring[nxt] < 0 else 1
+        if avail - used == 1 or ring[nxt] >= 0:  # a page alone: no views
+            if p < 0 or p >= n or owner[p] != OWNER_FREE:
+                bad = True
+                break
+            owner[p] = OWNER_ALLOCATED
+            first = p * page_size
+            for j in range(page_size):
+                out[got * page_size + j] = first + j
+            got += 1
+            pos = nxt
+            used += 1
+            length = take = 1
+            continue
+        length = -ring[nxt]
         take = min(length, need - got)
         if p < 0 or length > n - p:
             bad = True
@@ -829,6 +878,53 @@ def _stage(
 
 
 @_callee()
+def _stage_ids(
+    src: NDArray[np.int64],
+    into: NDArray[np.int32],
+    owner: NDArray[np.uint8],
+    mark: int,
+    last: int,
+    length: int,
+    pos: int,
+    mark_at: int,
+    ring: NDArray[np.int32],
+) -> tuple[int, int, int, int, int, int]:
+    """Flag the allocated pages ``src`` ``mark`` and stage them ``into`` the ring as runs, until one is not.
+
+    Page size 1's loop, a function of its own: views indexed from 0 and few
+    live values, so the flags' base stays in a register. ``last``,
+    ``length`` and ``mark_at`` are the run being staged (its last id, its
+    length, where its length entry is), carried from call to call; ``pos``
+    is the ring position of ``into[0]``. Returns the ids staged, the
+    entries written, the run's new ``last``, ``length``, ``mark_at``, and
+    the value that stopped it as read (the one read of it).
+    """
+    k = 0
+    w = 0
+    p = 0
+    while k < src.shape[0]:
+        p = src[k]  # the only read of this element
+        if p < 0 or p >= owner.shape[0] or owner[p] != OWNER_ALLOCATED:
+            break
+        owner[p] = mark
+        if p != last + 1:
+            into[w] = p
+            w += 1
+            length = 1
+        elif length == 1:
+            into[w] = -2
+            mark_at = pos + w
+            w += 1
+            length = 2
+        else:
+            length += 1
+            ring[mark_at] = -length
+        last = p
+        k += 1
+    return k, w, last, length, mark_at, p
+
+
+@_callee()
 def _staged_twice(ring: NDArray[np.int32], tail: int, entries: int, page: int, position: int) -> int:
     """The failure for a ``page`` that ``free`` found not allocated.
 
@@ -1016,8 +1112,11 @@ def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     tail = ring_tail(st)
     pos = tail
     entries = 0
-    first = -2
+    # The run being staged is written as it grows: its first id, then, from
+    # its second page on, its length at ring position ``mark_at``.
+    last = -2  # the last id staged
     length = 0
+    mark_at = 0
     status = 0
     c = 0  # input slots staged
     skip = 0  # a run that failed its flag test is not measured twice
@@ -1030,32 +1129,45 @@ def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
                 run = _run_length(slots, c, min(count - c, n - p), p)
                 if _flags_are(st, owner, p, run, OWNER_ALLOCATED):
                     _set_flags(st, owner, p, run, mark)
-                    pos, entries, first, length = _stage(ring, pos, entries, first, length, p, run)
+                    if p == last + 1 and length > 1:
+                        ring[mark_at] = -(length + run)
+                    elif p == last + 1:
+                        ring[pos] = -(1 + run)
+                        mark_at = pos
+                        pos = pos + 1 if pos + 1 < n else 0
+                        entries += 1
+                    else:
+                        ring[pos] = p
+                        pos = pos + 1 if pos + 1 < n else 0
+                        entries += 1
+                        if run > 1:
+                            ring[pos] = -run
+                            mark_at = pos
+                            pos = pos + 1 if pos + 1 < n else 0
+                            entries += 1
+                        length = 0
+                    length += run
+                    last = p + run - 1
                     c += run
                     continue
                 skip = c + run  # slot by slot, to the exact position of the fault
-        block = slots[c : min(count, c + long)]  # a view indexed from 0: no negative-index test per slot
-        k = 0
-        while k < block.shape[0]:
-            p = block[k]  # the only read of this element
-            if p < 0 or p >= n or owner[p] != OWNER_ALLOCATED:
-                break
-            owner[p] = mark
-            if p == first + length:
-                length += 1
-            else:
-                pos, entries, first, length = _stage(ring, pos, entries, first, length, p, 1)
-            k += 1
+        # A block ends before the ring does: its entries go to one view of the
+        # ring (a run takes no more entries than ids), indexed from 0.
+        end = min(count, c + long, c + n - pos)
+        k, w, last, length, mark_at, p = _stage_ids(
+            slots[c:end], ring[pos : pos + end - c], owner, mark, last, length, pos, mark_at, ring
+        )
         c += k
-        if k < block.shape[0]:  # the fault, from the value read
+        entries += w
+        pos += w
+        if pos == n:
+            pos = 0
+        if c < end:  # the fault, from the value read
             if p < 0 or p >= n:
                 status = fail(E_RANGE, c)
             else:
                 missing = p
             break
-    if length > 0:
-        put_run(ring, pos, first, length)
-        entries += run_width(length)
     if missing >= 0:
         status = _staged_twice(ring, tail, entries, missing, c)
     return _free_end(st, tail, c, entries, status if status != 0 else count)

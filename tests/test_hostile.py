@@ -919,15 +919,14 @@ _RING_END = textwrap.dedent(
     args = json.loads(sys.argv[1])
     ps, n, h = args["page_size"], args["pages"], args["head"]
     pool = LogicalHostPool(n * ps, ps)
-    pool.free(pool.alloc(h * ps))           # the window starts at ring position h
-    held = pool.alloc(n * ps)               # every page: pages h..n-1, then 0..h-1
-    assert int(pool._st[L.H_HEAD]) == h
+    held = pool.alloc(n * ps)               # every page: the lists are empty
+    pool._st[L.H_HEAD] = h                  # so the window may start anywhere: here, near the ring's end
+    pool.check_invariants()
     pages = held.reshape(n, ps)
-    # One call that stages pages h..n-1 from ring position h up to the ring's very end
-    # (as one run, or page by page when they are too few for one), then more pages
-    # from position 0: in order, or in reverse (page by page again).
-    rest = pages[n - h :] if args["in_order"] else pages[n - h :][::-1]
-    freed = np.concatenate([pages[: n - h], rest]).reshape(-1)
+    # One call that stages from ring position h: a run (in order; its length entry
+    # past the ring's end when h = n - 1), or lone pages (reversed) across the end.
+    order = pages if args["in_order"] else pages[::-1]
+    freed = np.concatenate([order[: n // 2], order[n // 2 :]]).reshape(-1)
     assert pool.free(freed) == n * ps
     pool.check_invariants()
     again = pool.alloc(n * ps)              # the next call reads what that one staged
@@ -938,17 +937,14 @@ _RING_END = textwrap.dedent(
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize(
-    ("to_the_end", "in_order"), [("one run", True), ("page by page", False)], ids=["a-run", "page-by-page"]
-)
+@pytest.mark.parametrize("in_order", [True, False], ids=["a-run", "lone-pages"])
+@pytest.mark.parametrize("back", [1, 2])
 @pytest.mark.slow
-def test_pages_freed_up_to_the_rings_end_then_more_in_the_same_call(
-    page_size: int, to_the_end: str, in_order: bool
-) -> None:
+def test_pages_freed_across_the_rings_end_come_back_in_order(page_size: int, in_order: bool, back: int) -> None:
+    """A run whose length entry wraps to ring position 0, or lone pages across the end: FIFO, and sound."""
     long = int(callable_from_python(K.long_run)(page_size))
-    pages = 8 * long
-    head = long // 2 if to_the_end == "one run" else pages - long // 2
+    pages = 4 * long
     got = run_child(
-        _RING_END, {"page_size": page_size, "pages": pages, "head": head, "in_order": in_order}, timeout=120
+        _RING_END, {"page_size": page_size, "pages": pages, "head": pages - back, "in_order": in_order}, timeout=120
     )
     assert got["again"] == got["expected"]  # FIFO: the pages come back in the order they were freed

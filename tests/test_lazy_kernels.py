@@ -70,11 +70,11 @@ FIRST_CALLS = {
     "page size 1": ("p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(64))", _SHORT),
     "a call that keeps the GIL": (
         "p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(2048))",
-        _SHORT | {"_kernels.alloc_p1_gil", "_kernels.free_p1_gil"},
+        _SHORT | {"_kernels.alloc_pages_gil", "_kernels.free_p1_gil"},
     ),
     "long calls": (
         "p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(8192))",
-        _SHORT | {"_kernels.alloc_p1", "_kernels.free_p1"},
+        _SHORT | {"_kernels.alloc_pages", "_kernels.free_p1"},
     ),
     "tracked": (
         "p = hostpool_nb.LogicalHostPool(1 << 14, 16, track=True); p.free(p.alloc(64))",
@@ -253,7 +253,7 @@ def test_constant_and_narrow_arguments_share_one_compile_of_a_callee() -> None:
     from numba import njit
     from numba.core import types
 
-    for name in ("free_pn", "alloc_p1"):
+    for name in ("free_pn", "alloc_pages"):
         py = getattr(K, name).py_func
         copy = pytypes.FunctionType(py.__code__, py.__globals__, f"{name}_copy")
         njit("i8(i8[::1], i8[::1])", cache=False, _nrt=False)(copy)

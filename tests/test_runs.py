@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import event, given, settings
+from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st_
 
 from hostpool_nb import DoubleFreeError, LogicalHostPool, SlotRangeError
@@ -167,65 +167,111 @@ def test_free_decides_as_the_page_by_page_pass(case: tuple[LogicalHostPool, np.n
             pool._st[:] = original
 
 
-@st_.composite
-def ring_to_claim(draw: Any) -> tuple[np.ndarray, int, int]:
-    """A state whose free list, from some ring position on, mixes runs, lone ids and maybe a bad one.
+def _entries(runs: list[tuple[int, int]]) -> list[int]:
+    """The ring entries of ``runs`` (first page, length), as ``_layout.py`` encodes them."""
+    return [e for p, n in runs for e in ((p,) if n == 1 else (p, -n))]
 
-    The owner flags say free, allocated or pending at random; the free
-    list names free pages in chunks (runs), shuffled, and maybe one id that
-    is not a page or not free (a corrupted ring, which the kernel refuses).
-    It may wrap the ring's end. Returns the state, the pages to allocate
-    and the page size.
+
+@st_.composite
+def lists_to_claim(draw: Any) -> tuple[np.ndarray, int, list[tuple[int, int]]]:
+    """A state whose free and release lists are runs of any split, at any ring position, maybe with a fault.
+
+    The owner flags say free, allocated or pending at random; the lists
+    name free pages in shuffled chunks, each cut into runs anywhere (runs
+    need not be the longest). A fault is a page id that is not a page, a
+    run that goes past the last page, or a page inside a run that is not
+    free: a corrupted list, which the kernels refuse. The window may wrap
+    the ring's end, a run's length entry included. Returns the state, the
+    pages to allocate and the runs of both lists, in order.
     """
     n = draw(st_.integers(1, 200))
     ps = draw(st_.sampled_from([1, 2, 16]))
     owner = np.array(draw(st_.lists(st_.sampled_from([0, 0, 0, 1, 2]), min_size=n, max_size=n)), dtype=np.uint8)
     free = [p for p in range(n) if owner[p] == 0]
-    chunks: list[list[int]] = []
-    i = 0
-    while i < len(free) and len(chunks) < 12:
-        k = draw(st_.integers(1, 70))
-        chunks.append(free[i : i + k])
-        i += k
-    ids = [p for c in draw(st_.permutations(chunks)) for p in c]
-    if ids and draw(st_.booleans()):
-        at = draw(st_.integers(0, len(ids) - 1 if len(ids) == n else len(ids)))
-        bad = draw(st_.sampled_from([-1, n, n + 5, 0, n - 1, ids[0]]))
-        ids.insert(at, bad)
-        ids = ids[:n]
+    pages = [p for chunk in draw(st_.permutations(_chunks(draw, free, 70))) for p in chunk]
+    runs: list[tuple[int, int]] = []
+    for p in pages:  # a page that continues the last run joins it, unless the draw cuts the run there
+        if runs and p == runs[-1][0] + runs[-1][1] and draw(st_.integers(0, 9)) > 0:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((p, 1))
+    fault = draw(st_.sampled_from(["none", "none", "id", "past-the-end", "held-inside"]))
+    if fault != "none":
+        at = draw(st_.integers(0, len(runs)))
+        if fault == "id":
+            runs.insert(at, (draw(st_.sampled_from([n, n + 5, 2**31 - 1])), 1))
+        elif fault == "past-the-end" and runs:
+            p, _ = runs[min(at, len(runs) - 1)]
+            runs[min(at, len(runs) - 1)] = (p, n - p + draw(st_.integers(1, 3)))
+        elif fault == "held-inside":
+            long_ones = [i for i, (_, k) in enumerate(runs) if k > 1]
+            if long_ones:
+                i = draw(st_.sampled_from(long_ones))
+                owner[runs[i][0] + draw(st_.integers(0, runs[i][1] - 1))] = L.OWNER_ALLOCATED
+    while len(_entries(runs)) > n:  # a fault's extra run may not fit the ring
+        runs.pop()
+    cut = draw(st_.integers(0, len(runs)))  # the free list, then the release list
+    lists = (runs[:cut], runs[cut:])
     st = L.new_state(n, ps)
-    ring, flags = L.ring_ids(st, n), L.owner_flags(st, n)
-    flags[:] = owner
+    L.owner_flags(st, n)[:] = owner
+    ring = L.ring_ids(st, n)
+    entries = _entries(runs)
     head = draw(st_.integers(0, n - 1))
-    for k, p in enumerate(ids):
-        ring[(head + k) % n] = p
-    st[L.H_HEAD], st[L.H_NFREE], st[L.H_NREL] = head, len(ids), 0
-    return st, len(ids), ps
+    ring[(head + np.arange(len(entries))) % n] = entries
+    st[L.H_HEAD] = head
+    st[L.H_NFREE], st[L.H_NREL] = (sum(k for _, k in part) for part in lists)
+    st[L.H_EFREE], st[L.H_EREL] = (len(_entries(part)) for part in lists)
+    total = int(st[L.H_NFREE] + st[L.H_NREL])
+    assume(total > 0)  # an allocation the lists cannot serve never reads them
+    need = draw(st_.integers(1, total))
+    return st, need, runs
+
+
+def _claimed(st: np.ndarray, need: int, runs: list[tuple[int, int]]) -> tuple[int, list[int], list[tuple[int, int]]]:
+    """What an allocation of ``need`` pages from ``runs`` returns, run by run: status, pages, the runs left."""
+    n = int(st[L.H_NPAGES])
+    owner = L.owner_flags(st, n)
+    got: list[int] = []
+    for i, (p, k) in enumerate(runs):
+        take = min(k, need - len(got))
+        if p < 0 or k > n - p or bool(np.any(owner[p : p + take] != L.OWNER_FREE)):
+            return L.status_for(L.E_CORRUPT, len(got)), got, runs
+        got += range(p, p + take)
+        if len(got) == need:
+            rest = [(p + take, k - take)] if take < k else []
+            return need * int(st[L.H_PAGE_SIZE]), got, rest + runs[i + 1 :]
+    raise AssertionError("the lists hold fewer pages than asked for")
 
 
 @pytest.mark.slow
-@settings(max_examples=400, deadline=None)
-@given(ring_to_claim(), st_.sampled_from([2, 8]))
-def test_alloc_by_runs_equals_alloc_page_by_page(case: tuple[np.ndarray, int, int], long: int) -> None:
-    st, need, ps = case
-    name = "alloc_p1" if ps == 1 else "alloc_pn"
-    st_a, st_b = st.copy(), st.copy()
-    out_a = np.full(need * ps, -7, dtype=np.int64)
-    out_b = out_a.copy()
-    got = int(with_long(name, long)(st_a, out_a))
-    want = int(with_long(name, NO_RUNS)(st_b, out_b))
-    event("claimed" if want >= 0 else "bad id")
-    assert got == want  # need * ps, or E_CORRUPT at the first bad id's position
-    assert np.array_equal(st_a, st_b)
+@settings(max_examples=600, deadline=None)
+@given(lists_to_claim(), st_.sampled_from(["alloc_pages", "alloc_short"]))
+def test_alloc_takes_the_runs_in_order_splitting_the_last(
+    case: tuple[np.ndarray, int, list[tuple[int, int]]], name: str
+) -> None:
+    """Both alloc kernels against a run-by-run model: the pages, the runs left, the counts; refusals unchanged."""
+    st, need, runs = case
+    ps = int(st[L.H_PAGE_SIZE])
+    if need * ps > K.SHORT_SLOTS and name == "alloc_short":
+        name = "alloc_pages"  # the pool never calls the short kernel so long; it would serve it the same
+    want, pages, rest = _claimed(st, need, runs)
+    out = np.full(need * ps, -7, dtype=np.int64)
+    before = st.copy()
+    got = int(getattr(K, name)(st, out))
+    event("claimed" if want >= 0 else "corrupt")
+    assert got == want, (L.decode_status(got) if got < 0 else got, L.decode_status(want) if want < 0 else want)
     n = int(st[L.H_NPAGES])
-    if want >= 0:
-        head = int(st[L.H_HEAD])
-        ids = [int(L.ring_ids(st, n)[(head + k) % n]) for k in range(need)]
-        assert out_a.tolist() == [p * ps + j for p in ids for j in range(ps)]
-        assert np.array_equal(out_a, out_b)
-    else:
-        assert L.decode_status(want)[0] == L.E_CORRUPT
-        assert np.array_equal(st_a, st)  # every flag put back, nothing counted
+    if want < 0:
+        assert np.array_equal(st, before)  # every flag put back, nothing counted
+        return
+    assert out.tolist() == [p * ps + j for p in pages for j in range(ps)]
+    assert bool(np.all(L.owner_flags(st, n)[pages] == L.OWNER_ALLOCATED))
+    free, released, _ = L.window_entries(st)
+    assert np.concatenate([free, released]).tolist() == _entries(rest)  # the split run's rest, then as they were
+    assert int(st[L.H_NFREE] + st[L.H_NREL]) == int(before[L.H_NFREE] + before[L.H_NREL]) - need
+    merged = need > int(before[L.H_NFREE])  # reading on into the release list is a FIFO merge
+    assert int(st[L.H_MERGES]) == int(merged)
+    assert int(st[L.H_NREL]) == (0 if merged else int(before[L.H_NREL]))
 
 
 @pytest.mark.parametrize("ps", [1, 16])
