@@ -152,6 +152,9 @@ _HIGH_BITS = 0x8080808080808080
 # Runs shorter than this are tested and flagged a byte at a time: for them
 # the word loop and the two edge loops cost more than they save.
 _WORDS_FROM = 64
+# Runs shorter than this are taken by loops written out in the kernel, on
+# views; longer ones through the word loops of the callees below.
+_VIEWS_UP_TO = 256
 
 
 @_callee()
@@ -239,6 +242,25 @@ def _fill_run(out: NDArray[np.int64] | NDArray[np.int32], start: int, length: in
 
 
 @_callee()
+def _claim_lone(ids: NDArray[np.int32], dst: NDArray[np.int64] | NDArray[np.int32], owner: NDArray[np.uint8]) -> int:
+    """Flag the lone free pages ``ids[:-1]`` allocated and write them to ``dst``, until one is not: how many.
+
+    An entry followed by a length entry starts a run, which the caller
+    takes. Page size 1's loop, a function of its own: views indexed from 0,
+    and few live values, so the flags' base stays in a register.
+    """
+    n = owner.shape[0]
+    for k in range(dst.shape[0]):
+        p = ids[k]
+        if ids[k + 1] < 0 or p < 0 or p >= n or owner[p] != OWNER_FREE:
+            return k
+        owner[p] = OWNER_ALLOCATED
+        dst[k] = p
+    count: int = dst.shape[0]
+    return count
+
+
+@_callee()
 def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArray[np.int32], page_size: int) -> int:
     """Hand out the first ``need`` pages of the lists, run by run; their slots to ``out`` (``page_size`` each).
 
@@ -276,16 +298,7 @@ def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArra
             # starts a run, so the view ends one entry early, inside the list.
             m = min(need - got, avail - used - 1, n - pos - 1) if page_size == 1 else 0
             if m > 0:
-                ids = ring[pos : pos + m + 1]
-                dst = out[got : got + m]
-                k = 0
-                while k < m:
-                    p = ids[k]
-                    if ids[k + 1] < 0 or p < 0 or p >= n or owner[p] != OWNER_FREE:
-                        break
-                    owner[p] = OWNER_ALLOCATED
-                    dst[k] = p
-                    k += 1
+                k = _claim_lone(ring[pos : pos + m + 1], out[got : got + m], owner)
                 if k > 0:
                     got += k
                     pos += k
@@ -307,11 +320,30 @@ def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArra
             continue
         length = -ring[nxt]
         take = min(length, need - got)
-        if p < 0 or length > n - p or not _flags_are(st, owner, p, take, OWNER_FREE):
+        if p < 0 or length > n - p:
             bad = True
             break
-        _set_flags(st, owner, p, take, OWNER_ALLOCATED)
-        _fill_run(out, got * page_size, take * page_size, p * page_size)
+        if take < _VIEWS_UP_TO:
+            # Written out on views: a call per run cost more than the loops (docs/architecture.md).
+            flags = owner[p : p + take]
+            wrong = 0
+            for q in range(take):
+                wrong |= flags[q]  # OWNER_FREE is 0
+            if wrong != 0:
+                bad = True
+                break
+            for q in range(take):
+                flags[q] = OWNER_ALLOCATED
+            dst = out[got * page_size : (got + take) * page_size]
+            first = p * page_size
+            for j in range(take * page_size):
+                dst[j] = first + j
+        else:
+            if not _flags_are(st, owner, p, take, OWNER_FREE):
+                bad = True
+                break
+            _set_flags(st, owner, p, take, OWNER_ALLOCATED)
+            _fill_run(out, got * page_size, take * page_size, p * page_size)
         got += take
         if take < length:
             break
@@ -464,6 +496,7 @@ def refuse(st: NDArray[np.int64]) -> int:
 # vectorises (64 is as fast as one plain pass; larger blocks gain nothing).
 _RUN_PROBE = 8
 _RUN_BLOCK = 64
+_RUN_STEP = 16
 
 # A stretch of at least ``_LONG_SLOTS`` slots (and two pages) is taken as a
 # run; anything shorter goes a page at a time. Taking a run costs calls,
@@ -503,6 +536,14 @@ def _run_length(ids: NDArray[np.int64], start: int, limit: int, first: int) -> i
         if acc != 0:
             break
         k += _RUN_BLOCK
+    while k + _RUN_STEP <= limit:  # the rest of a short run, or of the block that broke, 16 at a time
+        block = ids[start + k : start + k + _RUN_STEP]
+        acc = 0
+        for t in range(_RUN_STEP):
+            acc |= block[t] ^ (first + k + t)
+        if acc != 0:
+            break
+        k += _RUN_STEP
     while k < limit and ids[start + k] == first + k:
         k += 1
     return k
@@ -584,7 +625,7 @@ def alloc_short(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
         flags = owner[p : p + take]
         wrong = 0
         for q in range(take):
-            wrong |= flags[q] ^ OWNER_FREE
+            wrong |= flags[q]  # OWNER_FREE is 0
         if wrong != 0:
             bad = True
             break
@@ -677,32 +718,60 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     entries = 0  # entries staged, but for the open run
     first = -2  # the open run, not written yet
     length = 0
-    if page_size == 1:  # page ids are slot ids: the tightest loop
-        p = 0
+    if page_size == 1:  # page ids are slot ids; runs as in free_p1, written out
+        reach = _RUN_PROBE - 1
+        run_end = -1  # the page after the run staged last, while it is the last thing staged
+        run_length = 0
+        mark_at = 0
+        skip = 0
         while c < count:
-            p = slots[c]  # the only read of this element
-            if p < 0 or p >= n or owner[p] != OWNER_ALLOCATED:
-                break
-            owner[p] = mark
-            if p == first + length:
-                length += 1
-            else:
-                if length > 0:
-                    ring[pos] = first
-                    pos = pos + 1 if pos + 1 < n else 0
-                    entries += 1
-                    if length > 1:
-                        ring[pos] = -length
-                        pos = pos + 1 if pos + 1 < n else 0
-                        entries += 1
-                first = p
-                length = 1
-            c += 1
-        if c < count:  # the fault, from the value read
+            p = slots[c]  # the only read of this element (a run's ids all derive from it)
             if p < 0 or p >= n:
                 status = fail(E_RANGE, c)
-            else:
+                break
+            if c >= skip and c + reach < count and slots[c + reach] == p + reach:
+                run = 1
+                limit = min(count - c, n - p)
+                while run + _RUN_STEP <= limit:
+                    block = slots[c + run : c + run + _RUN_STEP]
+                    acc = 0
+                    for t in range(_RUN_STEP):
+                        acc |= block[t] ^ (p + run + t)
+                    if acc != 0:
+                        break
+                    run += _RUN_STEP
+                while run < limit and slots[c + run] == p + run:
+                    run += 1
+                flags = owner[p : p + run]
+                wrong = 0
+                for q in range(run):
+                    wrong |= flags[q] ^ OWNER_ALLOCATED
+                if wrong == 0 and run > 1:
+                    for q in range(run):
+                        flags[q] = mark
+                    if p == run_end:
+                        run_length += run
+                        ring[mark_at] = -run_length
+                    else:
+                        ring[pos] = p
+                        mark_at = pos + 1 if pos + 1 < n else 0
+                        ring[mark_at] = -run
+                        pos = mark_at + 1 if mark_at + 1 < n else 0
+                        entries += 2
+                        run_length = run
+                    run_end = p + run
+                    c += run
+                    continue
+                skip = c + run  # slot by slot, to the exact position of the fault
+            if owner[p] != OWNER_ALLOCATED:
                 missing = p
+                break
+            owner[p] = mark
+            ring[pos] = p
+            pos = pos + 1 if pos + 1 < n else 0
+            entries += 1
+            run_end = -1
+            c += 1
     while page_size > 1 and c < count:
         b = c * page_size
         head_slot = slots[b]  # the page's id derives from this one read
@@ -878,53 +947,6 @@ def _stage(
 
 
 @_callee()
-def _stage_ids(
-    src: NDArray[np.int64],
-    into: NDArray[np.int32],
-    owner: NDArray[np.uint8],
-    mark: int,
-    last: int,
-    length: int,
-    pos: int,
-    mark_at: int,
-    ring: NDArray[np.int32],
-) -> tuple[int, int, int, int, int, int]:
-    """Flag the allocated pages ``src`` ``mark`` and stage them ``into`` the ring as runs, until one is not.
-
-    Page size 1's loop, a function of its own: views indexed from 0 and few
-    live values, so the flags' base stays in a register. ``last``,
-    ``length`` and ``mark_at`` are the run being staged (its last id, its
-    length, where its length entry is), carried from call to call; ``pos``
-    is the ring position of ``into[0]``. Returns the ids staged, the
-    entries written, the run's new ``last``, ``length``, ``mark_at``, and
-    the value that stopped it as read (the one read of it).
-    """
-    k = 0
-    w = 0
-    p = 0
-    while k < src.shape[0]:
-        p = src[k]  # the only read of this element
-        if p < 0 or p >= owner.shape[0] or owner[p] != OWNER_ALLOCATED:
-            break
-        owner[p] = mark
-        if p != last + 1:
-            into[w] = p
-            w += 1
-            length = 1
-        elif length == 1:
-            into[w] = -2
-            mark_at = pos + w
-            w += 1
-            length = 2
-        else:
-            length += 1
-            ring[mark_at] = -length
-        last = p
-        k += 1
-    return k, w, last, length, mark_at, p
-
-
-@_callee()
 def _staged_twice(ring: NDArray[np.int32], tail: int, entries: int, page: int, position: int) -> int:
     """The failure for a ``page`` that ``free`` found not allocated.
 
@@ -1089,17 +1111,58 @@ def free_pn(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     return _free_end(st, tail, c, entries, status if status != 0 else count * page_size)
 
 
+_STOPPED_AT_A_RUN = 1  # why _stage_lone stopped (0: the end of its view)
+_STOPPED_AT_A_FAULT = 2
+
+
+@_callee()
+def _stage_lone(
+    src: NDArray[np.int64], into: NDArray[np.int32], owner: NDArray[np.uint8], mark: int, probe_from: int
+) -> tuple[int, int, int]:
+    """Flag the allocated pages ``src`` ``mark`` and stage each ``into`` the ring alone, until one is not.
+
+    Stops before a slot, from ``probe_from`` on, that starts a run (the slot
+    ``_RUN_PROBE - 1`` ahead continues it), for the caller to take whole.
+    Page size 1's loop, a function of its own: views indexed from 0 and few
+    live values, so the flags' base stays in a register. Returns the slots
+    staged, the value that stopped it as read (the one read of it), and
+    why: 0 the end of ``into``, ``_STOPPED_AT_A_RUN``, or ``_STOPPED_AT_A_FAULT`` (not an allocated page).
+    """
+    reach = _RUN_PROBE - 1
+    n = owner.shape[0]
+    m = into.shape[0]
+    probed = min(m, src.shape[0] - reach)  # slots with a slot ``reach`` ahead to probe
+    k = 0
+    p = 0
+    while k < probed:
+        p = src[k]
+        if p < 0 or p >= n or owner[p] != OWNER_ALLOCATED:
+            return k, p, _STOPPED_AT_A_FAULT
+        if src[k + reach] == p + reach and k >= probe_from:
+            return k, p, _STOPPED_AT_A_RUN
+        owner[p] = mark
+        into[k] = p
+        k += 1
+    while k < m:
+        p = src[k]
+        if p < 0 or p >= n or owner[p] != OWNER_ALLOCATED:
+            return k, p, _STOPPED_AT_A_FAULT
+        owner[p] = mark
+        into[k] = p
+        k += 1
+    return k, p, 0
+
+
 @_jit("i8(i8[::1], i8[::1])")
 def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     """:func:`free_pn` for ``page_size == 1``, where a page id is a slot id (every length is whole pages).
 
-    The input goes in blocks of ``long`` slots. A block whose last slot
-    continues its first starts a run: the run is measured (it may go on
-    past the block) and, when every slot of it is allocated, released
-    whole. Any other block goes through a plain loop that validates, flags
-    and stages one slot at a time, slots in a row as one run. Testing for
-    runs only at block starts keeps that loop as tight as a loop without
-    runs.
+    Where the slot ``_RUN_PROBE - 1`` ahead continues this one, the run is
+    measured (:func:`_run_length`) and, when every page of it is
+    allocated, taken whole: its flags tested and set on a view, one run
+    staged (joined to the run staged just before it, if it continues it).
+    Other slots are staged one entry each (:func:`_stage_lone`): a short
+    run costs less as lone pages than measured.
     """
     n = st[H_NPAGES]
     count: int = slots.shape[0]
@@ -1108,61 +1171,51 @@ def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     mark = OWNER_PENDING if st[H_GROUP_DEPTH] > 0 else OWNER_FREE
     if n == 0 and count > 0:  # no slot is in range, and no ring to stage into
         return fail(E_RANGE, 0)
-    long = long_run(1)
+    reach = _RUN_PROBE - 1
     tail = ring_tail(st)
     pos = tail
     entries = 0
-    # The run being staged is written as it grows: its first id, then, from
-    # its second page on, its length at ring position ``mark_at``.
-    last = -2  # the last id staged
-    length = 0
-    mark_at = 0
+    run_end = -1  # the page after the run staged last, while it is the last thing staged
+    run_length = 0
+    mark_at = 0  # where that run's length entry is
     status = 0
     c = 0  # input slots staged
     skip = 0  # a run that failed its flag test is not measured twice
     missing = -1  # a page found not allocated: freed earlier in this call, or not held
-    p = 0
     while c < count:
-        if c >= skip and c + long <= count:
-            p = slots[c]  # the run's ids all derive from this one read
-            if 0 <= p < n and slots[c + long - 1] == p + long - 1:
-                run = _run_length(slots, c, min(count - c, n - p), p)
-                if _flags_are(st, owner, p, run, OWNER_ALLOCATED):
-                    _set_flags(st, owner, p, run, mark)
-                    if p == last + 1 and length > 1:
-                        ring[mark_at] = -(length + run)
-                    elif p == last + 1:
-                        ring[pos] = -(1 + run)
-                        mark_at = pos
-                        pos = pos + 1 if pos + 1 < n else 0
-                        entries += 1
-                    else:
-                        ring[pos] = p
-                        pos = pos + 1 if pos + 1 < n else 0
-                        entries += 1
-                        if run > 1:
-                            ring[pos] = -run
-                            mark_at = pos
-                            pos = pos + 1 if pos + 1 < n else 0
-                            entries += 1
-                        length = 0
-                    length += run
-                    last = p + run - 1
-                    c += run
-                    continue
-                skip = c + run  # slot by slot, to the exact position of the fault
-        # A block ends before the ring does: its entries go to one view of the
-        # ring (a run takes no more entries than ids), indexed from 0.
-        end = min(count, c + long, c + n - pos)
-        k, w, last, length, mark_at, p = _stage_ids(
-            slots[c:end], ring[pos : pos + end - c], owner, mark, last, length, pos, mark_at, ring
-        )
-        c += k
-        entries += w
-        pos += w
+        p = slots[c]  # the only read of this element (a run's ids all derive from it)
+        if c >= skip and 0 <= p < n and c + reach < count and slots[c + reach] == p + reach:
+            run = _run_length(slots, c, min(count - c, n - p), p)
+            flags = owner[p : p + run]
+            wrong = 0
+            for q in range(run):
+                wrong |= flags[q] ^ OWNER_ALLOCATED
+            if wrong == 0 and run > 1:
+                for q in range(run):
+                    flags[q] = mark
+                if p == run_end:
+                    run_length += run
+                    ring[mark_at] = -run_length
+                else:
+                    ring[pos] = p
+                    mark_at = pos + 1 if pos + 1 < n else 0
+                    ring[mark_at] = -run
+                    pos = mark_at + 1 if mark_at + 1 < n else 0
+                    entries += 2
+                    run_length = run
+                run_end = p + run
+                c += run
+                continue
+            skip = c + run  # slot by slot, to the exact position of the fault
+        staged, p, why = _stage_lone(slots[c:], ring[pos : pos + min(count - c, n - pos)], owner, mark, skip - c)
+        if staged > 0:
+            run_end = -1
+        c += staged
+        entries += staged
+        pos += staged
         if pos == n:
             pos = 0
-        if c < end:  # the fault, from the value read
+        if why == _STOPPED_AT_A_FAULT:  # the fault, from the value read
             if p < 0 or p >= n:
                 status = fail(E_RANGE, c)
             else:
