@@ -384,6 +384,10 @@ def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArra
     return 0
 
 
+# A sorted merge writes the longest runs when they average at least this many pages.
+_RUNS_IN_A_MERGE = 4
+
+
 @_callee()
 def merge_lists(st: NDArray[np.int64]) -> int:
     """Fold the release list into the free list.
@@ -398,10 +402,13 @@ def merge_lists(st: NDArray[np.int64]) -> int:
     skipping eight flags at a time inside and between runs: O(pages), no
     comparison sort. The longest runs take no more entries than the lists
     held, so they are written to end where the pending list starts, which
-    stays where it is. Nothing happens, and nothing is counted, without
-    released pages. Returns the number of pages merged, or ``E_CORRUPT``
-    with the state unchanged if the flags do not count as many free pages
-    as the lists hold.
+    stays where it is. When the runs are short (more than one entry per
+    ``_RUNS_IN_A_MERGE`` pages), every page is written as an entry of its
+    own instead, without a branch per page: the ring holds every page once.
+    Nothing happens, and nothing is counted, without released pages.
+    Returns the number of pages merged, or ``E_CORRUPT`` with the state
+    unchanged if the flags do not count as many free pages as the lists
+    hold.
     """
     moved: int = st[H_NREL]
     if moved == 0:
@@ -429,6 +436,30 @@ def merge_lists(st: NDArray[np.int64]) -> int:
         ring = ring_view(st)
         base = HEADER + (n + 1) // 2  # the owner flags' first word (_layout.py)
         end: int = st[H_HEAD] + old  # where the pending list starts
+        if entries * _RUNS_IN_A_MERGE > live:
+            # Short runs: every free page as an entry of its own, without a
+            # branch per page (a branch per run boundary cost more than the
+            # runs save). They fit: the ring holds every page once.
+            start = end - live
+            start = start - n if start >= n else start
+            start = start + n if start < 0 else start
+            first = min(live, n - start)  # ring[start:start + first], then ring[:live - first]
+            p = 0
+            for segment in range(2):
+                into = ring[start : start + first] if segment == 0 else ring[: live - first]
+                m = into.shape[0]
+                q = 0
+                while q < m and p < n:  # every write stays in ``into``: the free pages were counted
+                    into[q] = p
+                    q += owner[p] == OWNER_FREE
+                    p += 1
+            st[H_HEAD] = start
+            st[H_NFREE] = live
+            st[H_EFREE] = live
+            st[H_NREL] = 0
+            st[H_EREL] = 0
+            st[H_MERGES] += 1
+            return moved
         pos = end - entries
         pos = pos - n if pos >= n else pos
         p = 0
