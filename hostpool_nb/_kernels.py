@@ -640,9 +640,13 @@ def alloc_short(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
                 bad = True
                 break
             owner[p] = OWNER_ALLOCATED
-            first = p * page_size
-            for j in range(page_size):
-                out[got * page_size + j] = first + j
+            if page_size == 1:
+                out[got] = p
+            else:
+                dst = out[got * page_size : (got + 1) * page_size]  # a view: LLVM vectorises the fill
+                first = p * page_size
+                for j in range(page_size):
+                    dst[j] = first + j
             got += 1
             pos = nxt
             used += 1
