@@ -384,7 +384,7 @@ def _window_intrinsic(np_dtype: np.dtype[Any], where: Callable[..., tuple[int, i
     return cast("Callable[..., Any]", intrinsic(typer))
 
 
-def twin(func: _F, signature: str, *, name: str, nogil: bool) -> _F:
+def twin(func: _F, signature: str, *, name: str, nogil: bool, constants: dict[str, Any] | None = None) -> _F:
     """Compile a kernel's Python function a second time, as ``name``, with other options.
 
     For a kernel wanted both with and without ``nogil``. A twin is compiled
@@ -393,10 +393,13 @@ def twin(func: _F, signature: str, *, name: str, nogil: bool) -> _F:
     one-page alloc's work. numba names a kernel's cache files after its
     qualified name, so the twin gets its own (the index key, the
     bytecode's hash, cannot tell the two apart). ``func`` is a kernel, or
-    the plain function under ``NUMBA_DISABLE_JIT=1``.
+    the plain function under ``NUMBA_DISABLE_JIT=1``. ``constants``
+    replaces module globals the copy reads (numba compiles a global in as
+    a constant, so a branch on it is dropped).
     """
     py_func: Callable[..., Any] = getattr(func, "py_func", func)
-    copy = types.FunctionType(py_func.__code__, py_func.__globals__, name, py_func.__defaults__, py_func.__closure__)
+    scope = py_func.__globals__ if not constants else {**py_func.__globals__, **constants}
+    copy = types.FunctionType(py_func.__code__, scope, name, py_func.__defaults__, py_func.__closure__)
     copy.__qualname__ = name
     copy.__module__ = py_func.__module__
     copy.__doc__ = py_func.__doc__

@@ -591,6 +591,12 @@ def _run_length(ids: NDArray[np.int64], start: int, limit: int, first: int) -> i
 # short call's work. They read and write runs as ``run_at`` and ``put_run``
 # do, written out.
 SHORT_SLOTS = 1023
+# Which page-size class a short kernel serves, fixed when it compiles: -1
+# both, 0 pages of more than one slot, 1 page size 1. Each class's pool
+# runs a copy compiled with its class (``free_p1_short`` and
+# ``free_pn_short``, below), in which numba and LLVM drop the other's loop:
+# a new process's first free compiles half the code.
+_SHORT_CLASS = -1
 
 
 @_jit("i8(i8[::1], i8[::1])", nogil=False)
@@ -653,7 +659,7 @@ def alloc_short(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
             length = take = 1
             continue
         length = -ring[nxt]
-        take = min(length, need - got)
+        take = length if length < need - got else need - got  # not min(): its overload is a compile of its own
         if p < 0 or length > n - p:
             bad = True
             break
@@ -683,8 +689,10 @@ def alloc_short(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
         while done < got:
             nxt = q + 1 if q + 1 < n else 0
             length = -ring[nxt] if left > 1 and ring[nxt] < 0 else 1
-            part = min(length, got - done)
-            owner[ring[q] : ring[q] + part] = OWNER_FREE
+            part = length if length < got - done else got - done
+            back = owner[ring[q] : ring[q] + part]
+            for j in range(part):  # a loop, not a slice assignment: that compiles numpy's setitem
+                back[j] = OWNER_FREE
             done += part
             w = 1 if length == 1 else 2
             q = q + w if q + w < n else q + w - n
@@ -722,8 +730,9 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     runs of ``page_size``; each must be one page's slots in ascending
     order, of a page currently allocated and not named earlier in the
     call. Pages may come in any order; they join the release list in the
-    order given (the pending list inside a free group), pages in a row as
-    one run. Each page's id derives from one read of its first slot, its
+    order given (the pending list inside a free group): at page size 1,
+    runs of ``_RUN_PROBE`` slots or more as runs, else each page an entry
+    of its own. Each page's id derives from one read of its first slot, its
     other slots are compared against that read, and it is staged on the
     ring's spare part before anything else (see ``free_pn``). Returns the
     number of slots freed, or ``E_LENGTH``, ``E_RANGE``, ``E_MISALIGNED``,
@@ -750,10 +759,8 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     status = 0
     missing = -1  # a page found not allocated: freed earlier in this call, or not held
     c = 0  # pages staged
-    entries = 0  # entries staged, but for the open run
-    first = -2  # the open run, not written yet
-    length = 0
-    if page_size == 1:  # page ids are slot ids; runs as in free_p1, written out
+    entries = 0  # entries staged
+    if page_size == 1 and _SHORT_CLASS != 0:  # page ids are slot ids; runs as in free_p1, written out
         reach = _RUN_PROBE - 1
         run_end = -1  # the page after the run staged last, while it is the last thing staged
         run_length = 0
@@ -766,7 +773,7 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
                 break
             if c >= skip and c + reach < count and slots[c + reach] == p + reach:
                 run = 1
-                limit = min(count - c, n - p)
+                limit = count - c if count - c < n - p else n - p  # not min(): its overload is a compile of its own
                 while run + _RUN_STEP <= limit:
                     block = slots[c + run : c + run + _RUN_STEP]
                     acc = 0
@@ -807,7 +814,7 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
             entries += 1
             run_end = -1
             c += 1
-    while page_size > 1 and c < count:
+    while page_size > 1 and _SHORT_CLASS != 1 and c < count:
         b = c * page_size
         head_slot = slots[b]  # the page's id derives from this one read
         if head_slot < 0 or head_slot >= size:
@@ -834,28 +841,19 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
             missing = p
             break
         owner[p] = mark
-        if p == first + length:
-            length += 1
-        else:
-            if length > 0:
-                ring[pos] = first
-                pos = pos + 1 if pos + 1 < n else 0
-                entries += 1
-                if length > 1:
-                    ring[pos] = -length
-                    pos = pos + 1 if pos + 1 < n else 0
-                    entries += 1
-            first = p
-            length = 1
-        c += 1
-    if length > 0:  # the open run
-        ring[pos] = first
+        ring[pos] = p  # a page of its own: a short call's pages are few, its runs short
         pos = pos + 1 if pos + 1 < n else 0
         entries += 1
-        if length > 1:
-            ring[pos] = -length
-            entries += 1
-    if missing >= 0:  # E_DUPLICATE if this call staged it already; the staged runs, not the input
+        c += 1
+    if missing >= 0 and _SHORT_CLASS == 0:  # lone pages only: E_DUPLICATE if this call staged it already
+        status = fail(E_NOT_ALLOCATED, c * page_size)
+        q = tail
+        for _ in range(entries):
+            if ring[q] == missing:
+                status = fail(E_DUPLICATE, c * page_size)
+                break
+            q = q + 1 if q + 1 < n else 0
+    elif missing >= 0:  # E_DUPLICATE if this call staged it already; the staged runs, not the input
         status = fail(E_NOT_ALLOCATED, c * page_size)
         q = tail
         left = entries
@@ -868,13 +866,21 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
             w = 1 if run == 1 else 2
             q = q + w if q + w < n else q + w - n
             left -= w
-    if status < 0:  # roll back: the staged pages are allocated again
+    if status < 0 and _SHORT_CLASS == 0:  # roll back: the staged pages are allocated again
+        q = tail
+        for _ in range(entries):
+            owner[ring[q]] = OWNER_ALLOCATED
+            q = q + 1 if q + 1 < n else 0
+        return status
+    if status < 0:
         q = tail
         left = entries
         while left > 0:
             nxt = q + 1 if q + 1 < n else 0
             run = -ring[nxt] if left > 1 and ring[nxt] < 0 else 1
-            owner[ring[q] : ring[q] + run] = OWNER_ALLOCATED
+            back = owner[ring[q] : ring[q] + run]
+            for j in range(run):  # a loop, not a slice assignment: that compiles numpy's setitem
+                back[j] = OWNER_ALLOCATED
             w = 1 if run == 1 else 2
             q = q + w if q + w < n else q + w - n
             left -= w
@@ -1270,6 +1276,8 @@ _TWO = "i8(i8[::1], i8[::1])"
 alloc_pages_gil = _twin(alloc_pages, _TWO, name="alloc_pages_gil", nogil=False)
 free_pn_gil = _twin(free_pn, _TWO, name="free_pn_gil", nogil=False)
 free_p1_gil = _twin(free_p1, _TWO, name="free_p1_gil", nogil=False)
+free_pn_short = _twin(free_short, _TWO, name="free_pn_short", nogil=False, constants={"_SHORT_CLASS": 0})
+free_p1_short = _twin(free_short, _TWO, name="free_p1_short", nogil=False, constants={"_SHORT_CLASS": 1})
 
 
 # -- tracking -----------------------------------------------------------------
@@ -1374,7 +1382,7 @@ class PageSizeKernels(NamedTuple):
     """The alloc and free kernels of one page-size class: ``KERNELS[page_size == 1]``.
 
     Calls of at most :data:`SHORT_SLOTS` slots run the flat ``*_short``
-    kernels (one pair for every class), calls of up to :data:`GIL_SLOTS`
+    kernels (one alloc for every class, a free compiled for each), calls of up to :data:`GIL_SLOTS`
     the run kernels' ``*_gil`` twins, longer ones the run kernels, which
     release the GIL. A tracking pool's calls run ``*_tracked_short`` up to
     :data:`SHORT_SLOTS`, ``*_tracked`` beyond.
@@ -1399,7 +1407,7 @@ KERNELS = (
         alloc_short,
         free_pn,
         free_pn_gil,
-        free_short,
+        free_pn_short,
         alloc_tracked,
         alloc_tracked_short,
         free_pn_tracked,
@@ -1411,7 +1419,7 @@ KERNELS = (
         alloc_short,
         free_p1,
         free_p1_gil,
-        free_short,
+        free_p1_short,
         alloc_tracked,
         alloc_tracked_short,
         free_p1_tracked,
