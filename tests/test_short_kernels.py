@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from hostpool_nb import HostPoolError, LogicalHostPool
 from hostpool_nb import _kernels as K
+from hostpool_nb import _layout as L
 from hostpool_nb import _paged_kernels as P
 from tests.conftest import JIT_DISABLED
 
@@ -180,6 +181,24 @@ def _probe_inputs(page_size: int, held: list[np.ndarray], seed: int) -> list[np.
     return probes
 
 
+def _assert_same_pool(st_a: np.ndarray, st_b: np.ndarray) -> None:
+    """The same pool: header (but for the lists' entry counts), pages listed in order, flags and tracking words.
+
+    The kernels may split the same lists into runs differently (a short
+    free stages pages of more than one slot one entry each, the run kernels
+    join pages in a row), and the ring's scratch is not state.
+    """
+    entries = [L.H_EFREE, L.H_EREL, L.H_EPEND]
+    np.testing.assert_array_equal(np.delete(st_a[: L.HEADER], entries), np.delete(st_b[: L.HEADER], entries))
+    for a, b in zip(L.window_entries(st_a), L.window_entries(st_b), strict=True):
+        np.testing.assert_array_equal(L.run_pages(a), L.run_pages(b))
+    n = int(st_a[L.H_NPAGES])
+    np.testing.assert_array_equal(L.owner_flags(st_a, n), L.owner_flags(st_b, n))
+    track = int(st_a[L.H_TRACK])
+    if track:
+        np.testing.assert_array_equal(st_a[track:], st_b[track:])
+
+
 @given(
     page_size=st.sampled_from([1, 3, 16]),
     ops=st.lists(st.integers(-1, 9), max_size=30),
@@ -206,6 +225,6 @@ def test_short_kernels_and_twins_do_what_the_run_kernels_do(
         arg_a, arg_b = arg.copy(), arg.copy()
         status = original(st_a, arg_a, *site)
         assert twin(st_b, arg_b, *site) == status, (original, arg)
-        np.testing.assert_array_equal(st_a, st_b)
+        _assert_same_pool(st_a, st_b)
         if status >= 0:
             np.testing.assert_array_equal(arg_a, arg_b)  # an alloc's slots
