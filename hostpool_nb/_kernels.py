@@ -762,9 +762,6 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     entries = 0  # entries staged
     if page_size == 1 and _SHORT_CLASS != 0:  # page ids are slot ids; runs as in free_p1, written out
         reach = _RUN_PROBE - 1
-        run_end = -1  # the page after the run staged last, while it is the last thing staged
-        run_length = 0
-        mark_at = 0
         skip = 0
         while c < count:
             p = slots[c]  # the only read of this element (a run's ids all derive from it)
@@ -791,17 +788,13 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
                 if wrong == 0 and run > 1:
                     for q in range(run):
                         flags[q] = mark
-                    if p == run_end:
-                        run_length += run
-                        ring[mark_at] = -run_length
-                    else:
-                        ring[pos] = p
-                        mark_at = pos + 1 if pos + 1 < n else 0
-                        ring[mark_at] = -run
-                        pos = mark_at + 1 if mark_at + 1 < n else 0
-                        entries += 2
-                        run_length = run
-                    run_end = p + run
+                    # A run is measured to its end (or the pool's), so the next
+                    # slot never continues it: nothing to join.
+                    ring[pos] = p
+                    pos = pos + 1 if pos + 1 < n else 0
+                    ring[pos] = -run
+                    pos = pos + 1 if pos + 1 < n else 0
+                    entries += 2
                     c += run
                     continue
                 skip = c + run  # slot by slot, to the exact position of the fault
@@ -812,7 +805,6 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
             ring[pos] = p
             pos = pos + 1 if pos + 1 < n else 0
             entries += 1
-            run_end = -1
             c += 1
     while page_size > 1 and _SHORT_CLASS != 1 and c < count:
         b = c * page_size
@@ -1201,7 +1193,7 @@ def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     Where the slot ``_RUN_PROBE - 1`` ahead continues this one, the run is
     measured (:func:`_run_length`) and, when every page of it is
     allocated, taken whole: its flags tested and set on a view, one run
-    staged (joined to the run staged just before it, if it continues it).
+    staged.
     Other slots are staged one entry each (:func:`_stage_lone`): a short
     run costs less as lone pages than measured.
     """
@@ -1216,9 +1208,6 @@ def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     tail = ring_tail(st)
     pos = tail
     entries = 0
-    run_end = -1  # the page after the run staged last, while it is the last thing staged
-    run_length = 0
-    mark_at = 0  # where that run's length entry is
     status = 0
     c = 0  # input slots staged
     skip = 0  # a run that failed its flag test is not measured twice
@@ -1234,23 +1223,16 @@ def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
             if wrong == 0 and run > 1:
                 for q in range(run):
                     flags[q] = mark
-                if p == run_end:
-                    run_length += run
-                    ring[mark_at] = -run_length
-                else:
-                    ring[pos] = p
-                    mark_at = pos + 1 if pos + 1 < n else 0
-                    ring[mark_at] = -run
-                    pos = mark_at + 1 if mark_at + 1 < n else 0
-                    entries += 2
-                    run_length = run
-                run_end = p + run
+                # Measured to its end (or the pool's): the next slot never continues it.
+                ring[pos] = p
+                pos = pos + 1 if pos + 1 < n else 0
+                ring[pos] = -run
+                pos = pos + 1 if pos + 1 < n else 0
+                entries += 2
                 c += run
                 continue
             skip = c + run  # slot by slot, to the exact position of the fault
         staged, p, why = _stage_lone(slots[c:], ring[pos : pos + min(count - c, n - pos)], owner, mark, skip - c)
-        if staged > 0:
-            run_end = -1
         c += staged
         entries += staged
         pos += staged

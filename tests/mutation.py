@@ -400,6 +400,72 @@ def report(sessions: list[Path], show_diff: bool) -> int:
     return 0
 
 
+# Bugs planted by hand in the run bookkeeping of the lists (docs/mutation.md):
+# (name, module, the text replaced, its replacement). Each must be killed.
+PLANTED = [
+    (
+        "a run split off by one (the rest at the front one page too long)",
+        "hostpool_nb/_kernels.py",
+        "        rest = length - take\n        first = ring[pos] + take\n",
+        "        rest = length - take + 1\n        first = ring[pos] + take\n",
+    ),
+    (
+        "a run split off by one (the short kernel's rest starts a page early)",
+        "hostpool_nb/_kernels.py",
+        "            ring[pos] += take\n",
+        "            ring[pos] += take - 1\n",
+    ),
+    (
+        "two pages in a row staged as one run though they are not (free of pages above one slot)",
+        "hostpool_nb/_kernels.py",
+        "    if p == first + length:\n        return pos, entries, first, length + more\n",
+        "    if p == first + length or p == first + length + 1:\n        return pos, entries, first, length + more\n",
+    ),
+    (
+        "two runs in a row not joined by a sorted merge (a page's run cut at each word)",
+        "hostpool_nb/_kernels.py",
+        "                p += 8 if p & 7 == 0 and p + 8 <= n and st[base + (p >> 3)] == 0 else 1\n",
+        "                p += 8 if p & 7 == 0 and p + 8 <= n and st[base + (p >> 3)] == 0 else 1\n"
+        "                if p & 7 == 0:\n                    break\n",
+    ),
+    (
+        "a run that crosses the ring's end: its length entry written past it",
+        "hostpool_nb/_kernels.py",
+        "    ring[pos] = first\n    pos = pos + 1 if pos + 1 < n else 0\n    if length > 1:\n",
+        "    ring[pos] = first\n    pos = pos + 1\n    if length > 1:\n",
+    ),
+    (
+        "a run that crosses the ring's end: its length read from past it",
+        "hostpool_nb/_kernels.py",
+        "        nxt = pos + 1 if pos + 1 < ring.shape[0] else 0\n        e: int = ring[nxt]\n",
+        "        nxt = pos + 1 if pos + 1 < ring.shape[0] else pos\n        e: int = ring[nxt]\n",
+    ),
+]
+
+
+def run_planted() -> int:
+    """Plant each of :data:`PLANTED` in a copy of the tree and run the core group's tests on it."""
+    group = next(g for g in load_config()["groups"] if g["name"] == "core")
+    cmd = shlex.split(group["test-command"].replace("{python}", sys.executable))
+    survived = 0
+    for name, module, old, new in PLANTED:
+        with tempfile.TemporaryDirectory(prefix="planted-") as tmp:
+            tree = Path(tmp) / "tree"
+            shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", ".mutation", "__pycache__", "*.egg-info"))
+            path = tree / module
+            text = path.read_text()
+            if text.count(old) != 1:
+                raise SystemExit(f"python -m tests.mutation: error: planted bug {name!r} no longer matches {module}")
+            path.write_text(text.replace(old, new))
+            env = {**worker_env(False), "PYTHONPATH": str(tree)}
+            done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=1800, check=False)
+        killed = done.returncode != 0
+        survived += not killed
+        print(f"{'killed  ' if killed else 'SURVIVED'}  {name}", flush=True)
+    print(f"{len(PLANTED) - survived} of {len(PLANTED)} planted bugs killed")
+    return 1 if survived else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     # A terminated run still stops its workers and removes their copies.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -419,7 +485,10 @@ def main(argv: list[str] | None = None) -> int:
         help="with a fresh session: run a random N of each group's mutants (the report gives the score's interval)",
     )
     ap.add_argument("--seed", type=int, default=0, help="seed of --sample (default: 0)")
+    ap.add_argument("--planted", action="store_true", help="run only the bugs planted by hand in the run bookkeeping")
     args = ap.parse_args(argv)
+    if args.planted:
+        return run_planted()
     if args.sample is not None and args.sample < 1:
         ap.error(f"--sample: {args.sample} is not a positive number")
     return run(args)
