@@ -255,7 +255,7 @@ def filled_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # A page size 16 pool that does not track, with calls of at most
     # K.SHORT_SLOTS slots, used only the flat short kernels: nothing else
     # compiled.
-    assert set(res["used"]) == {"alloc_short", "free_short"}, res
+    assert set(res["used"]) == {"alloc_short", "free_pn_short"}, res
     assert len(res["kernels"]) > 10, res
     # Each kernel used wrote its cache index; the callees, compiled into
     # their callers, wrote none.

@@ -64,17 +64,18 @@ def _child(code: str, cache: Path, *args: str) -> dict[str, Any]:
     return result
 
 
-_SHORT = {"_kernels.alloc_short", "_kernels.free_short"}  # the flat pair every page size starts with
+_SHORT = {"_kernels.alloc_short", "_kernels.free_pn_short"}  # the flat pair a page size above 1 starts with
+_SHORT_1 = {"_kernels.alloc_short", "_kernels.free_p1_short"}  # and page size 1
 FIRST_CALLS = {
     "page size 64": ("p = hostpool_nb.LogicalHostPool(1 << 14, 64); p.free(p.alloc(64))", _SHORT),
-    "page size 1": ("p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(64))", _SHORT),
+    "page size 1": ("p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(64))", _SHORT_1),
     "a call that keeps the GIL": (
         "p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(2048))",
-        _SHORT | {"_kernels.alloc_pages_gil", "_kernels.free_p1_gil"},
+        _SHORT_1 | {"_kernels.alloc_pages_gil", "_kernels.free_p1_gil"},
     ),
     "long calls": (
         "p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(8192))",
-        _SHORT | {"_kernels.alloc_pages", "_kernels.free_p1"},
+        _SHORT_1 | {"_kernels.alloc_pages", "_kernels.free_p1"},
     ),
     "tracked": (
         "p = hostpool_nb.LogicalHostPool(1 << 14, 16, track=True); p.free(p.alloc(64))",
