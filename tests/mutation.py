@@ -443,27 +443,33 @@ PLANTED = [
 ]
 
 
-def run_planted() -> int:
+def _run_planted_one(cmd: list[str], name: str, module: str, old: str, new: str) -> bool:
+    """Whether the tests kill the bug ``old`` -> ``new`` planted in ``module`` of a copy of the tree."""
+    with tempfile.TemporaryDirectory(prefix="planted-") as tmp:
+        tree = Path(tmp) / "tree"
+        shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", ".mutation", "__pycache__", "*.egg-info"))
+        path = tree / module
+        text = path.read_text()
+        if text.count(old) != 1:
+            raise SystemExit(f"python -m tests.mutation: error: planted bug {name!r} no longer matches {module}")
+        path.write_text(text.replace(old, new))
+        env = {**worker_env(False), "PYTHONPATH": str(tree)}
+        done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=3600, check=False)
+    return done.returncode != 0
+
+
+def run_planted(workers: int) -> int:
     """Plant each of :data:`PLANTED` in a copy of the tree and run the core group's tests on it."""
+    from concurrent.futures import ThreadPoolExecutor
+
     group = next(g for g in load_config()["groups"] if g["name"] == "core")
     cmd = shlex.split(group["test-command"].replace("{python}", sys.executable))
-    survived = 0
-    for name, module, old, new in PLANTED:
-        with tempfile.TemporaryDirectory(prefix="planted-") as tmp:
-            tree = Path(tmp) / "tree"
-            shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", ".mutation", "__pycache__", "*.egg-info"))
-            path = tree / module
-            text = path.read_text()
-            if text.count(old) != 1:
-                raise SystemExit(f"python -m tests.mutation: error: planted bug {name!r} no longer matches {module}")
-            path.write_text(text.replace(old, new))
-            env = {**worker_env(False), "PYTHONPATH": str(tree)}
-            done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=1800, check=False)
-        killed = done.returncode != 0
-        survived += not killed
-        print(f"{'killed  ' if killed else 'SURVIVED'}  {name}", flush=True)
-    print(f"{len(PLANTED) - survived} of {len(PLANTED)} planted bugs killed")
-    return 1 if survived else 0
+    with ThreadPoolExecutor(max(workers, 1)) as pool:
+        killed = list(pool.map(lambda bug: _run_planted_one(cmd, *bug), PLANTED))
+    for (name, *_), dead in zip(PLANTED, killed, strict=True):
+        print(f"{'killed  ' if dead else 'SURVIVED'}  {name}")
+    print(f"{sum(killed)} of {len(PLANTED)} planted bugs killed")
+    return 0 if all(killed) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -488,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--planted", action="store_true", help="run only the bugs planted by hand in the run bookkeeping")
     args = ap.parse_args(argv)
     if args.planted:
-        return run_planted()
+        return run_planted(args.workers)
     if args.sample is not None and args.sample < 1:
         ap.error(f"--sample: {args.sample} is not a positive number")
     return run(args)
