@@ -148,7 +148,7 @@ def run_width(length: int) -> int:
 
 # Eight owner flags in one word of the state: a flag value repeated in every byte.
 _EVERY_BYTE = 0x0101010101010101
-_HIGH_BITS = 0x8080808080808080
+_HIGH_BITS = 0x8080808080808080 - (1 << 64)  # the high bit of every byte, as an int64: no uint64 mixed in
 # Runs shorter than this are tested and flagged a byte at a time: for them
 # the word loop and the two edge loops cost more than they save.
 _WORDS_FROM = 64
