@@ -9,15 +9,21 @@ Loading converts each entry into a run of one page.
 from __future__ import annotations
 
 import pickle
+import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from hostpool_nb import HostPoolError, LogicalHostPool
 from hostpool_nb import _layout as L
 from hostpool_nb._snapshot import CONVERTS, FORMATS
 from hostpool_nb.paged import PagedTokenToKVPoolAllocator
+
+if not hasattr(np, "_core"):  # numpy 1 reads numpy 2's pickles (which name numpy._core) through numpy.core
+    sys.modules.setdefault("numpy._core", np.core)
+    sys.modules.setdefault("numpy._core.multiarray", np.core.multiarray)
 
 _DATA = pickle.loads((Path(__file__).parent / "data" / "format3.pickle").read_bytes())
 BLOBS: dict[str, bytes] = _DATA["blobs"]
