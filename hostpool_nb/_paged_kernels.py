@@ -32,7 +32,6 @@ from ._layout import (
     E_SEQ_BELOW_PREFIX,
     E_SHORT,
     E_TOTAL,
-    GP_CAP,
     GP_COUNT,
     GP_FAULT,
     GP_HEADER,
@@ -131,12 +130,16 @@ def _take_front(st: NDArray[np.int64], k: int, out: NDArray[np.int64] | NDArray[
 
 
 @_callee()
-def _scratch(gp: NDArray[np.int64], k: int) -> int:
-    """Where ``k`` page ids fit in the group buffer's spare words, or -1 (then more than are free)."""
-    if gp[GP_COUNT] + k > gp[GP_CAP]:
-        return -1
-    start: int = GP_HEADER + gp[GP_COUNT]
-    return start
+def _take_ids(st: NDArray[np.int64], k: int, out: NDArray[np.int32]) -> int:
+    """Take ``k`` pages (:func:`_take_front`), their ids into the last ``k`` words of ``out``; 0 or the failure.
+
+    Every new page owns at least one of ``out``'s slots after those written
+    before it, so filling ``out`` from the front never overwrites an id not
+    yet read.
+    """
+    if k == 0:
+        return 0
+    return _take_front(st, k, out[out.shape[0] - k :], 1)
 
 
 @_jit("i8(i8[::1], i8[::1], i8)")
@@ -174,10 +177,9 @@ def alloc_tokens(st: NDArray[np.int64], out: NDArray[np.int32]) -> int:
     return k
 
 
-@_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8, i8, i8)")
+@_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8, i8, i8)")
 def alloc_extend(
     st: NDArray[np.int64],
-    gp: NDArray[np.int64],
     prefix: NDArray[np.int64],
     seq: NDArray[np.int64],
     last: NDArray[np.int64],
@@ -203,7 +205,7 @@ def alloc_extend(
     the pages cannot fit the rank (the caller spares itself a huge
     allocation): the checks then run as ever and the call ends in
     ``E_SHORT`` (after the merge the original makes), never writing.
-    The new pages' ids are staged in the spare words of ``gp``.
+    The new pages' ids are staged at the end of ``out`` (:func:`_take_ids`).
     """
     n = seq.shape[0]
     limit = tokens
@@ -228,16 +230,12 @@ def alloc_extend(
         if pages > st[H_NPAGES] - 1:
             # More pages than the rank lists (page 0 never is): _take_front merges
             # as the original would, then refuses, without writing anything.
-            return _take_front(st, pages, out[:0], page_size)
+            return _take_front(st, pages, out[:0], 1)
         return fail(E_CORRUPT, 0)  # the caller's bound is wrong: never write past ``out``
-    at = _scratch(gp, pages)
-    if at < 0:
-        return _take_front(st, pages, out[:0], page_size)  # more pages than are free: refused
-    ids = gp[at : at + pages]
-    if pages > 0:
-        status = _take_front(st, pages, ids, 1)
-        if status < 0:
-            return status
+    status = _take_ids(st, pages, out[:limit])
+    if status < 0:
+        return status
+    ids = out[limit - pages : limit]
     w = 0
     page = 0
     for i in range(n):
@@ -265,10 +263,9 @@ def alloc_extend(
     return w
 
 
-@_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8, i8)")
+@_jit("i8(i8[::1], i8[::1], i8[::1], i4[::1], i8, i8)")
 def alloc_decode(
     st: NDArray[np.int64],
-    gp: NDArray[np.int64],
     seq: NDArray[np.int64],
     last: NDArray[np.int64],
     out: NDArray[np.int32],
@@ -282,8 +279,8 @@ def alloc_decode(
     (``seq`` counts the new token), with ``debug`` ``E_LAST_LOC`` when
     ``(last + 2) % page_size != seq % page_size``. The new pages come from
     the front of the free list in request order (merging first if short;
-    ``E_SHORT`` if still short). The new pages' ids are staged in the
-    spare words of ``gp``.
+    ``E_SHORT`` if still short). The new pages' ids are staged at the
+    end of ``out`` (:func:`_take_ids`).
     """
     n: int = seq.shape[0]
     pages = 0
@@ -295,14 +292,10 @@ def alloc_decode(
             return fail(E_LAST_LOC, i)
         if (s - 1) % page_size == 0:
             pages += 1
-    at = _scratch(gp, pages)
-    if at < 0:
-        return _take_front(st, pages, out[:0], page_size)  # more pages than are free: refused
-    ids = gp[at : at + pages]
-    if pages > 0:
-        status = _take_front(st, pages, ids, 1)
-        if status < 0:
-            return status
+    status = _take_ids(st, pages, out)
+    if status < 0:
+        return status
+    ids = out[n - pages :]
     page = 0
     for i in range(n):
         if (seq[i] - 1) % page_size == 0:

@@ -581,7 +581,7 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             # A total beyond int64 is passed as the int64 maximum: unequal to
             # any sum the kernel can reach, so still E_TOTAL, in its turn.
             tokens = min(total, _INT64_MAX)
-            status = _alloc_extend(self._st[r], self._gp[r], prefix, seq, last, out, tokens, ps, int(self.debug_mode))
+            status = _alloc_extend(self._st[r], prefix, seq, last, out, tokens, ps, int(self.debug_mode))
         if status >= 0:
             return out
         if status == _STATUS_SHORT:
@@ -623,7 +623,7 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             )
         out = np.empty(seq.shape[0], dtype=np.int32)
         with self.lock:
-            status = _alloc_decode(self._st[r], self._gp[r], seq, last, out, self.page_size, int(self.debug_mode))
+            status = _alloc_decode(self._st[r], seq, last, out, self.page_size, int(self.debug_mode))
         if status >= 0:
             return out
         if status == _STATUS_SHORT:

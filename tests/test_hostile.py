@@ -31,6 +31,7 @@ from hostpool_nb import replay as R
 from hostpool_nb import trace as T
 from hostpool_nb._jit import callable_from_python
 from hostpool_nb._tracking import Site
+from hostpool_nb.originals import paged as original_paged
 from hostpool_nb.paged import PagedState, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from tests.conftest import JIT_DISABLED, run_child
 from tests.paged_model import assert_unchanged as paged_unchanged
@@ -421,6 +422,45 @@ def test_a_paged_pending_page_0_fails_check_invariants() -> None:
     with pytest.raises(RuntimeError) as info:
         a.check_invariants()
     assert str(info.value) == "PagedTokenToKVPoolAllocator rank 0 is corrupted: a pending page id is out of range"
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+@pytest.mark.parametrize("call", ["extend", "decode"])
+def test_pages_left_pending_by_another_ranks_clear_and_freed_again_leave_room_to_allocate(
+    page_size: int, call: str
+) -> None:
+    # Found by the paged state machine under NUMBA_BOUNDSCHECK: a page can be
+    # pending in a group that clear() of another rank ended and free as well
+    # (a non-strict free outside the group frees it, as the original does), so
+    # pending + free pages can outnumber the rank's pages; the ids taken for
+    # an allocation were once staged after the pending ones and overflowed.
+    made = [
+        cls(8 * page_size, page_size, None, dp_size=2)
+        for cls in (PagedTokenToKVPoolAllocator, original_paged.PagedTokenToKVPoolAllocator)
+    ]
+    for a in made:
+        held = a.alloc(4 * page_size, dp_rank=1)
+        a.free_group_begin()
+        a.free(held, dp_rank=1)  # pending in the group
+        a.clear(dp_rank=0)  # ends the group; rank 1's pages stay pending
+        a.free(held, dp_rank=1)  # outside any group now: freed
+    lib, ora = made
+    lib.check_invariants()
+    for a in made:
+        a.free_group_begin()  # a group again: the pending pages are freed at its end
+    if call == "extend":
+        args = ([0, 0], [page_size + 1, 2 * page_size], [-1, -1], 3 * page_size + 1)
+        got, want = (a.alloc_extend(*args[:3], args[3], dp_rank=1) for a in made)
+    else:
+        seq, last = [1, page_size + 1, 1], [-1, page_size - 1, -1]
+        got, want = (a.alloc_decode(seq, last, dp_rank=1) for a in made)
+    assert want is not None and got is not None
+    assert got.tolist() == want.tolist()
+    lib.check_invariants()
+    for a in made:
+        a.free_group_end()
+    assert lib.available_size(dp_rank=1) == ora.available_size(dp_rank=1)
+    lib.check_invariants()
 
 
 @pytest.mark.parametrize("kind", ["paged", "token"])
