@@ -436,13 +436,15 @@ def merge_lists(st: NDArray[np.int64]) -> int:
         ring = ring_view(st)
         base = HEADER + (n + 1) // 2  # the owner flags' first word (_layout.py)
         end: int = st[H_HEAD] + old  # where the pending list starts
-        if entries * _RUNS_IN_A_MERGE > live:
-            # Short runs: every free page as an entry of its own, without a
-            # branch per page (a branch per run boundary cost more than the
-            # runs save). They fit: the ring holds every page once.
-            start = end - live
-            start = start - n if start >= n else start
-            start = start + n if start < 0 else start
+        # Short runs: every free page as an entry of its own, without a branch
+        # per page (a branch per run boundary cost more than the runs save).
+        # They fit: the ring holds every page once.
+        lone = entries * _RUNS_IN_A_MERGE > live
+        written = live if lone else entries
+        start = end - written
+        start = start - n if start >= n else start
+        start = start + n if start < 0 else start
+        if lone:
             first = min(live, n - start)  # ring[start:start + first], then ring[:live - first]
             p = 0
             for segment in range(2):
@@ -453,30 +455,23 @@ def merge_lists(st: NDArray[np.int64]) -> int:
                     into[q] = p
                     q += owner[p] == OWNER_FREE
                     p += 1
-            st[H_HEAD] = start
-            st[H_NFREE] = live
-            st[H_EFREE] = live
-            st[H_NREL] = 0
-            st[H_EREL] = 0
-            st[H_MERGES] += 1
-            return moved
-        pos = end - entries
-        pos = pos - n if pos >= n else pos
-        p = 0
-        while p < n:
-            while p < n and owner[p] != OWNER_FREE:
-                w: int = st[base + (p >> 3)] if p & 7 == 0 and p + 8 <= n else 0
-                # No zero byte in the word: eight pages in a row that are not free.
-                p += 8 if w != 0 and ((w - _EVERY_BYTE) & ~w & _HIGH_BITS) == 0 else 1
-            if p >= n:
-                break
-            first = p
-            while p < n and owner[p] == OWNER_FREE:
-                p += 8 if p & 7 == 0 and p + 8 <= n and st[base + (p >> 3)] == 0 else 1
-            pos = put_run(ring, pos, first, p - first)
-        st[H_HEAD] = end - entries if end - entries < n else end - entries - n
+        else:
+            pos = start
+            p = 0
+            while p < n:
+                while p < n and owner[p] != OWNER_FREE:
+                    w: int = st[base + (p >> 3)] if p & 7 == 0 and p + 8 <= n else 0
+                    # No zero byte in the word: eight pages in a row that are not free.
+                    p += 8 if w != 0 and ((w - _EVERY_BYTE) & ~w & _HIGH_BITS) == 0 else 1
+                if p >= n:
+                    break
+                first = p
+                while p < n and owner[p] == OWNER_FREE:
+                    p += 8 if p & 7 == 0 and p + 8 <= n and st[base + (p >> 3)] == 0 else 1
+                pos = put_run(ring, pos, first, p - first)
+        st[H_HEAD] = start
         st[H_NFREE] = live
-        st[H_EFREE] = entries
+        st[H_EFREE] = written
     else:
         st[H_NFREE] += moved
         st[H_EFREE] += st[H_EREL]
