@@ -1219,10 +1219,7 @@ def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
                 for q in range(run):
                     flags[q] = mark
                 # Measured to its end (or the pool's): the next slot never continues it.
-                ring[pos] = p
-                pos = pos + 1 if pos + 1 < n else 0
-                ring[pos] = -run
-                pos = pos + 1 if pos + 1 < n else 0
+                pos = put_run(ring, pos, p, run)
                 entries += 2
                 c += run
                 continue
