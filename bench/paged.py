@@ -8,7 +8,10 @@ from a state set up outside the timed region (an ``alloc`` of the request
 before each ``free``, ``restore_state`` of a snapshot before the others)
 and is timed alone; a sample is the median call of its iterations. Before
 timing, one call on each side must give the same result and leave the
-same lists.
+same lists. The tracked rows time ``alloc_extend`` and ``alloc_decode``
+(lists) on ``track=True`` allocators, without tags and with a tag per
+request, beside the untracked one: their target bounds the paired tracked
+/ untracked ratio.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from .pool import Divergence
 from .timing import gc_paused, interleaved, median
 
 PAGE_SIZE = 16
+TRACKED, TAGGED = "tracked", "tagged"
 
 
 def implementations() -> dict[str, Callable[[int, int], Any]]:
@@ -153,6 +157,7 @@ def paged(ctx: Context) -> list[Row]:
         row = _row(f"decode {lens.shape[0]} seqs, {form}", measure(subjects, "alloc_decode", ctx))
         rows.append(row.at_least(NUMPY, 4) if form == "lists" else row)
         ctx.tick(0.2)
+    rows += _tracked_rows(ctx, pool_pages, prefix, seq, lens)
     ctx.label("paged merge_and_sort_free")
     released, held, free = ctx.size(100_000, 512), ctx.size(37_500, 128), ctx.size(62_500, 256)
     order = np.random.default_rng(2).permutation(np.arange(1, released + held + 1))[:released]
@@ -173,6 +178,56 @@ def paged(ctx: Context) -> list[Row]:
         "request as int32, with N pages free; extend/decode batches as lists and as int64 arrays; merge of 100k "
         "released pages among 200k"
     )
+    return rows
+
+
+def _tracked_rows(ctx: Context, pool_pages: int, prefix: np.ndarray, seq: np.ndarray, lens: np.ndarray) -> list[Row]:
+    """``alloc_extend`` and ``alloc_decode`` of the same batches (lists) on tracking allocators.
+
+    ``tracked`` as ``HOSTPOOL_NB_TRACK=1`` gives it to an engine that passes
+    no tags; ``tagged`` with a request id per request. Each side first makes
+    the call once and frees what it took, then is timed from that state: the
+    tags are the table's already, as a scheduler's running requests are.
+    """
+    from hostpool_nb.paged import PagedTokenToKVPoolAllocator
+
+    impls = {
+        **implementations(),
+        TRACKED: lambda size, ps: PagedTokenToKVPoolAllocator(size, ps, None, track=True),
+        TAGGED: lambda size, ps: PagedTokenToKVPoolAllocator(size, ps, None, track=True),
+    }
+    rows = []
+    for call, held in (("alloc_extend", prefix), ("alloc_decode", lens)):
+        tags = list(range(held.shape[0]))  # request ids, as a scheduler would pass them
+        subjects = {}
+        for name, (a, last) in _requests(impls, pool_pages, held).items():
+            if call == "alloc_extend":
+                args: tuple[Any, ...] = (prefix.tolist(), seq.tolist(), last.tolist(), int(np.sum(seq - prefix)))
+            else:
+                args = ((lens + 1).tolist(), last.tolist())
+            method = getattr(a, call)
+            fn = (lambda *x, m=method, t=tags: m(*x, tags=t)) if name == TAGGED else method
+            a.free(fn(*args))  # the call once: its sites and tags in the table before the backup
+            subjects[name] = _restoring(a, args, fn)
+        if not (subjects[TRACKED][0].track and subjects[TAGGED][0].track) or subjects[HOSTPOOL][0].track:
+            raise Divergence("the tracked allocators do not track, or the untracked one does")
+        ctx.label(f"paged {call}, tracked")
+        s = measure(subjects, f"{call}, tracked", ctx)
+        what = f"extend {prefix.shape[0]} reqs" if call == "alloc_extend" else f"decode {lens.shape[0]} seqs"
+        for name in (TRACKED, TAGGED):
+            row = Row(
+                "paged allocator",
+                f"{what}, lists, {name}",
+                "s",
+                {HOSTPOOL: median(s[name]), NUMPY: median(s[NUMPY])},
+                samples={HOSTPOOL: s[name], NUMPY: s[NUMPY]},
+                columns=(HOSTPOOL, NUMPY),
+            )
+            over = median([t / u for t, u in zip(s[name], s[HOSTPOOL], strict=True)])
+            row.target, row.met = "<=2x untracked", over <= 2
+            row.extra["tracked_over_untracked"] = over
+            rows.append(row)
+        ctx.tick(0.1)
     return rows
 
 

@@ -1267,7 +1267,7 @@ _free_p1 = _as_callee(free_p1)
 
 
 @_callee()
-def _track_alloc(st: NDArray[np.int64], out: NDArray[np.int64], site: int, status: int) -> int:
+def track_alloc(st: NDArray[np.int64], out: NDArray[np.int64] | NDArray[np.int32], site: int, status: int) -> int:
     """After a successful allocation into ``out`` (``status > 0``), each of its pages records it.
 
     The allocation gets the next number (``H_SEQ``); each of its pages
@@ -1289,7 +1289,7 @@ def _track_alloc(st: NDArray[np.int64], out: NDArray[np.int64], site: int, statu
 
 
 @_callee()
-def _track_free(st: NDArray[np.int64], tail: int, site: int, status: int) -> int:
+def track_free(st: NDArray[np.int64], tail: int, site: int, status: int) -> int:
     """After a successful free (``status > 0``), each page freed records ``site`` as the site that freed it.
 
     The pages are read back from the runs the free staged on the ring
@@ -1321,35 +1321,35 @@ _TRACKED = "i8(i8[::1], i8[::1], i8)"
 
 @_jit(_TRACKED)
 def alloc_tracked(st: NDArray[np.int64], out: NDArray[np.int64], site: int) -> int:
-    """:func:`alloc_pages`, then each page handed out records this allocation (:func:`_track_alloc`)."""
-    return _track_alloc(st, out, site, _alloc_pages(st, out))
+    """:func:`alloc_pages`, then each page handed out records this allocation (:func:`track_alloc`)."""
+    return track_alloc(st, out, site, _alloc_pages(st, out))
 
 
 @_jit(_TRACKED)
 def free_pn_tracked(st: NDArray[np.int64], slots: NDArray[np.int64], site: int) -> int:
-    """:func:`free_pn`, then each page freed records ``site`` (:func:`_track_free`)."""
+    """:func:`free_pn`, then each page freed records ``site`` (:func:`track_free`)."""
     tail = ring_tail(st)
-    return _track_free(st, tail, site, _free_pn(st, slots))
+    return track_free(st, tail, site, _free_pn(st, slots))
 
 
 @_jit(_TRACKED)
 def free_p1_tracked(st: NDArray[np.int64], slots: NDArray[np.int64], site: int) -> int:
-    """:func:`free_p1`, then each page freed records ``site`` (:func:`_track_free`)."""
+    """:func:`free_p1`, then each page freed records ``site`` (:func:`track_free`)."""
     tail = ring_tail(st)
-    return _track_free(st, tail, site, _free_p1(st, slots))
+    return track_free(st, tail, site, _free_p1(st, slots))
 
 
 @_jit(_TRACKED, nogil=False)
 def alloc_tracked_short(st: NDArray[np.int64], out: NDArray[np.int64], site: int) -> int:
-    """:func:`alloc_short`, then each page handed out records this allocation (:func:`_track_alloc`)."""
-    return _track_alloc(st, out, site, _alloc_short(st, out))
+    """:func:`alloc_short`, then each page handed out records this allocation (:func:`track_alloc`)."""
+    return track_alloc(st, out, site, _alloc_short(st, out))
 
 
 @_jit(_TRACKED, nogil=False)
 def free_tracked_short(st: NDArray[np.int64], slots: NDArray[np.int64], site: int) -> int:
-    """:func:`free_short`, then each page freed records ``site`` (:func:`_track_free`)."""
+    """:func:`free_short`, then each page freed records ``site`` (:func:`track_free`)."""
     tail = ring_tail(st)
-    return _track_free(st, tail, site, _free_short(st, slots))
+    return track_free(st, tail, site, _free_short(st, slots))
 
 
 class PageSizeKernels(NamedTuple):

@@ -17,9 +17,20 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from ._jit import as_callee as _as_callee
 from ._jit import callee as _callee
 from ._jit import kernel as _jit
-from ._kernels import count_alloc, merge_lists, put_run, run_width, set_runs, take_front
+from ._kernels import (
+    _LOW32,
+    count_alloc,
+    merge_lists,
+    put_run,
+    run_width,
+    set_runs,
+    take_front,
+    track_alloc,
+    track_free,
+)
 from ._layout import (
     E_CORRUPT,
     E_DUPLICATE,
@@ -44,6 +55,8 @@ from ._layout import (
     H_NREL,
     H_PAGE_SHIFT,
     H_PEAK,
+    H_SEQ,
+    H_TRACK,
     MARK_NONE,
     MARK_PENDING,
     MARK_STAGED,
@@ -55,6 +68,7 @@ from ._layout import (
     owner_view,
     ring_view,
 )
+from ._tracking import CLEARED
 
 # free_slots modes.
 FREE_PAGED = 0  # a page already free is ignored (the original's meaning)
@@ -88,6 +102,11 @@ def reset_rank(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
     cap: int = st[H_NPAGES]
     owner = owner_view(st)
     ring = ring_view(st)
+    t: int = st[H_TRACK]
+    if t != 0:
+        for p in range(1, cap):
+            if owner[p] == OWNER_ALLOCATED:
+                st[t + cap + p] = (st[t + cap + p] & ~_LOW32) | CLEARED
     for p in range(1, cap):
         owner[p] = OWNER_FREE
     entries = 0
@@ -469,3 +488,126 @@ def end_group(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
     st[H_NREL] += released
     st[H_EREL] += entries
     return released
+
+
+# -- tracking (``track=True``): the kernels above, then each page records who took or freed it ------
+
+_alloc_slots = _as_callee(alloc_slots)
+_alloc_tokens = _as_callee(alloc_tokens)
+_alloc_extend = _as_callee(alloc_extend)
+_alloc_decode = _as_callee(alloc_decode)
+_free_slots = _as_callee(free_slots)
+
+
+@_callee()
+def _track_page(st: NDArray[np.int64], page: int, number: int, site: int) -> None:
+    """``page`` was handed out by allocation ``number`` from ``site`` (the free site's id is kept)."""
+    t: int = st[H_TRACK]
+    n: int = st[H_NPAGES]
+    st[t + page] = number
+    st[t + n + page] = (site << 32) | (st[t + n + page] & _LOW32)
+
+
+@_jit("i8(i8[::1], i8[::1], i8, i8)")
+def alloc_slots_tracked(st: NDArray[np.int64], out: NDArray[np.int64], page_size: int, site: int) -> int:
+    """:func:`alloc_slots`, then its pages record one allocation from ``site`` (``_kernels.track_alloc``)."""
+    return track_alloc(st, out, site, _alloc_slots(st, out, page_size))
+
+
+@_jit("i8(i8[::1], i4[::1], i8)")
+def alloc_tokens_tracked(st: NDArray[np.int64], out: NDArray[np.int32], site: int) -> int:
+    """:func:`alloc_tokens`, then its slots record one allocation from ``site``."""
+    return track_alloc(st, out, site, _alloc_tokens(st, out))
+
+
+@_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8, i8, i8, i8[::1])")
+def alloc_extend_tracked(
+    st: NDArray[np.int64],
+    prefix: NDArray[np.int64],
+    seq: NDArray[np.int64],
+    last: NDArray[np.int64],
+    out: NDArray[np.int32],
+    tokens: int,
+    page_size: int,
+    debug: int,
+    sites: NDArray[np.int64],
+) -> int:
+    """:func:`alloc_extend`; then each request that took new pages is one allocation, from ``sites[i]``.
+
+    ``sites`` holds a site id per request, or one for all. The new pages
+    are read back from ``out``, request by request, as the kernel wrote them.
+    """
+    status = _alloc_extend(st, prefix, seq, last, out, tokens, page_size, debug)
+    if status < 0:
+        return status
+    one = sites.shape[0] == 1
+    w = 0
+    for i in range(seq.shape[0]):
+        p = prefix[i]
+        left = seq[i] - p
+        if left <= 0:
+            continue
+        used = p % page_size
+        rest = min(page_size - used if used != 0 else 0, left)
+        w += rest
+        left -= rest
+        if left <= 0:
+            continue
+        number: int = st[H_SEQ]
+        st[H_SEQ] = number + 1
+        site = sites[0] if one else sites[i]
+        while left > 0:
+            _track_page(st, out[w] // page_size, number, site)
+            take = min(page_size, left)
+            w += take
+            left -= take
+    return status
+
+
+@_jit("i8(i8[::1], i8[::1], i8[::1], i4[::1], i8, i8, i8[::1])")
+def alloc_decode_tracked(
+    st: NDArray[np.int64],
+    seq: NDArray[np.int64],
+    last: NDArray[np.int64],
+    out: NDArray[np.int32],
+    page_size: int,
+    debug: int,
+    sites: NDArray[np.int64],
+) -> int:
+    """:func:`alloc_decode`; then each request given a new page is one allocation, from ``sites[i]``."""
+    status = _alloc_decode(st, seq, last, out, page_size, debug)
+    if status < 0:
+        return status
+    one = sites.shape[0] == 1
+    for i in range(seq.shape[0]):
+        if (seq[i] - 1) % page_size == 0:
+            number: int = st[H_SEQ]
+            st[H_SEQ] = number + 1
+            _track_page(st, out[i] // page_size, number, sites[0] if one else sites[i])
+    return status
+
+
+@_jit("i8(i8[::1], i8[::1], i8[::1], i8, i8, i8, i8)")
+def free_slots_tracked(
+    st: NDArray[np.int64],
+    gp: NDArray[np.int64],
+    slots: NDArray[np.int64],
+    page_size: int,
+    mode: int,
+    in_group: int,
+    site: int,
+) -> int:
+    """:func:`free_slots`; then each page freed, or made pending in the group, records ``site`` as its freer."""
+    tail: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL]
+    n: int = st[H_NPAGES]
+    if tail >= n:
+        tail -= n
+    pend0: int = gp[GP_COUNT]
+    status = _free_slots(st, gp, slots, page_size, mode, in_group)
+    if status <= 0 or in_group == 0:
+        return track_free(st, tail, site, status)
+    t: int = st[H_TRACK]
+    for i in range(pend0, gp[GP_COUNT]):
+        p = gp[GP_HEADER + i]
+        st[t + n + p] = (st[t + n + p] & ~_LOW32) | site
+    return status

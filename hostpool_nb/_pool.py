@@ -24,7 +24,7 @@ from ._jit import Entries, entry_point
 from ._protocol import ArrayStatePool
 from ._snapshot import PoolState, checked_words, upgraded_words
 from ._stats import PoolStats
-from ._tracking import HISTORY_MARK, Outstanding, SiteKey, Tracker, leak_report
+from ._tracking import HISTORY_MARK, Outstanding, SiteKey, Tracker, excluded, leak_report, wanted
 
 _reset = entry_point(_kernels.reset)
 _merge = entry_point(_kernels.merge)
@@ -131,22 +131,24 @@ class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
         The order a merge gives the available pages: sglang's FIFO order
         (the default), or ascending page ids, as sglang-jax's
         ``merge_and_sort_free``.
-    track : bool, optional, keyword-only
+    track : bool or None, optional, keyword-only
         Record who holds each page: the call site (the first frame outside
         hostpool_nb) and the ``tag`` of the allocation that handed it out,
         and the site that last freed it, for :meth:`outstanding`,
         :meth:`leak_report` and double-free messages. Costs 16 bytes of
         state per page and about three times as long a single-page round
-        trip; an untracked pool pays nothing.
+        trip; an untracked pool pays nothing. ``None`` (the default):
+        tracking if the environment variable ``HOSTPOOL_NB_TRACK`` is ``1``.
 
     Raises
     ------
     TypeError
         If ``size`` or ``page_size`` is not an integer, or ``track`` is not
-        a bool.
+        a bool or ``None``.
     HostPoolError
         If ``page_size < 1``, ``size < 0``, the pool has more than
-        2**31 - 1 pages or is too large to address, or ``merge`` is not ``"fifo"`` or ``"sorted"``;
+        2**31 - 1 pages or is too large to address, ``merge`` is not ``"fifo"`` or ``"sorted"``,
+        or ``HOSTPOOL_NB_TRACK`` holds what is neither on nor off;
         :class:`AlignmentError` (with sglang's message) if ``size`` is not a
         multiple of ``page_size``.
 
@@ -171,7 +173,13 @@ class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
     _state_class = PoolState
 
     def __init__(
-        self, size: int, page_size: int, layout: str = "layer_first", *, merge: str = "fifo", track: bool = False
+        self,
+        size: int,
+        page_size: int,
+        layout: str = "layer_first",
+        *,
+        merge: str = "fifo",
+        track: bool | None = None,
     ) -> None:
         size, page_size = pool_shape(size, page_size)
         for name, value in (("size", size), ("page_size", page_size)):
@@ -181,8 +189,7 @@ class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
             raise AlignmentError(f"LogicalHostPool size must be page-aligned, got size={size}, page_size={page_size}")
         if merge not in MERGE_ORDERS:
             raise HostPoolError(f"merge must be 'fifo' or 'sorted', got merge={merge!r}")
-        if type(track) is not bool:
-            raise TypeError(f"track must be True or False, got {type(track).__name__} {track!r}")
+        track = wanted(track)
         num_pages = size // page_size
         st = _new_state(size, page_size, num_pages, merge == "sorted", track)
         self._setup(size, page_size, layout, merge, st, Tracker() if track else None)
@@ -358,10 +365,14 @@ class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
                     status = self._merged_then(kernel, out)
                 return status
             # A tracked call's site id is looked up under the lock, where a sweep cannot drop it.
-            site = self._tracker.intern(where, tag, st)  # type: ignore[union-attr]  # tracked: where is set
+            tracker = self._tracker
+            tracker.begin()  # type: ignore[union-attr]  # tracked: where is set
+            site = tracker.intern(where, tag, st)  # type: ignore[union-attr]
             status = kernel(st, out, site)
             if status == _STATUS_MERGE_FIRST:
                 status = self._merged_then(kernel, out, site)
+            if status < 0:  # refused or failed: the site table as it was
+                tracker.rollback()  # type: ignore[union-attr]
             return status
         finally:
             lock.release()
@@ -524,8 +535,10 @@ class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
         lock = self.lock
         lock.acquire()  # not ``with``, which costs more, on the path a tracked round trip takes twice
         try:
+            tracker.begin()
             status: int = kernel(self._st, slots, tracker.intern(where, None, self._st))
             if status < 0:  # the error's history is read under the same hold as the failed free
+                tracker.rollback()
                 raise self._free_error(status, slots)
         finally:
             lock.release()
@@ -648,7 +661,7 @@ class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
 
     # -- diagnostics ----------------------------------------------------------
 
-    def outstanding(self) -> list[Outstanding]:
+    def outstanding(self, *, exclude: Any = None) -> list[Outstanding]:
         """The pages allocated now, grouped by the call site and tag that allocated them.
 
         Largest groups first (then oldest). Each record has ``site``
@@ -656,10 +669,17 @@ class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
         hostpool_nb), ``tag``, ``pages``, ``slots``, ``allocations`` and
         ``oldest`` (the number of the group's oldest allocation). O(pages).
 
+        Parameters
+        ----------
+        exclude : array_like of int, optional, keyword-only
+            Slots known to be held legitimately (a cache's, say): their
+            pages are left out, so what remains is what nobody accounts for.
+
         Raises
         ------
         HostPoolError
-            If the pool was not constructed with ``track=True``.
+            If the pool was not constructed with ``track=True``;
+            :class:`SlotRangeError` for an ``exclude`` slot outside the pool.
         """
         tracker = self._tracker
         if tracker is None:
@@ -667,8 +687,9 @@ class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
                 "outstanding() needs a tracking pool: construct it with track=True "
                 "(leak_report() still says how much is allocated)"
             )
+        skip = excluded(exclude, self.size // self.page_size, self.page_size, "the pool")
         with self.lock:
-            return tracker.outstanding(self._st, self._owner, self.page_size)
+            return tracker.outstanding(self._st, self._owner, self.page_size, skip)
 
     def recording(self, path: Any) -> AbstractContextManager[None]:
         """``with pool.recording(path): ...``: write every call made in the block to ``path``.
@@ -690,7 +711,7 @@ class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
 
         return recording(self, path)
 
-    def leak_report(self, limit: int = 20) -> str:
+    def leak_report(self, limit: int = 20, *, exclude: Any = None) -> str:
         """A readable table of what is allocated now and where, for logs and test failures.
 
         Groups by call site and tag, largest first, at most ``limit`` rows;
@@ -701,15 +722,22 @@ class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
         ----------
         limit : int, optional
             The most rows to show (20 by default).
+        exclude : array_like of int, optional, keyword-only
+            Slots known to be held legitimately: left out of the report and
+            its totals (:meth:`outstanding`).
         """
         limit = as_count(limit, "limit")
         if limit < 0:
             raise HostPoolError(f"limit must be non-negative, got limit={limit}")
+        n = self.size // self.page_size
+        skip = excluded(exclude, n, self.page_size, "the pool")
         with self.lock:  # the totals and the records as of one moment
-            s = self.stats()
-            records = self.outstanding() if self._tracker is not None else None
-        name = f"{type(self).__name__}(size={s.size}, page_size={s.page_size})"
-        return leak_report(name, records, s.allocated_pages, s.page_size, limit)
+            held = self._owner == _layout.OWNER_ALLOCATED
+            pages = int(np.count_nonzero(held if skip is None else held & ~skip))
+            tracker = self._tracker
+            records = None if tracker is None else tracker.outstanding(self._st, self._owner, self.page_size, skip)
+        name = f"{type(self).__name__}(size={self.size}, page_size={self.page_size})"
+        return leak_report(name, records, pages, self.page_size, limit)
 
     # -- checks ----------------------------------------------------------
 

@@ -24,18 +24,23 @@ from ._tracking import site_id_problems, table_problem
 # The layout each kind of state is in. A pickle in another format was made by
 # a hostpool_nb whose kernels read the arrays differently: the core's format 2
 # had int64 ring entries, 3 int32 page ids one per entry, 4 runs
-# (``_layout.py``); the paged allocators' 1 was the core's 3, 2 its 4.
+# (``_layout.py``); the paged allocators' 1 was the core's 3, 2 its 4, 3 adds
+# the site tables of tracking allocators (``track=True``).
 FORMATS = {
     "LogicalHostPool": 4,
     "PoolState": 4,
-    "PagedAllocator": 2,  # a paged or token allocator's pickle
-    "PagedState": 2,
+    "PagedAllocator": 3,  # a paged or token allocator's pickle
+    "PagedState": 3,
     "HostPagePool": 1,
     "HostPageState": 1,
 }
 # Formats this version still loads, converted (:func:`upgraded_words`): a
 # list of one page per entry is a list of runs of one page each.
 CONVERTS = {"LogicalHostPool": 3, "PoolState": 3, "PagedAllocator": 1, "PagedState": 1}
+# Older formats this version reads as they are: their words are today's; they
+# only lack what came later (a format-2 paged pickle is of an allocator that
+# could not track).
+READS = {"PagedAllocator": 2, "PagedState": 2}
 # What wrote a format this version refuses.
 _WRITTEN_BY = {2: "hostpool_nb before its ring held int32 page ids"}
 FORMAT = FORMATS["LogicalHostPool"]
@@ -112,7 +117,7 @@ def check_format(version: Any, kind: str, what: str | None = None) -> bool:
     """
     expected = FORMATS[kind]
     what = what or kind
-    if version == expected:
+    if version == expected or (type(version) is int and version == READS.get(kind)):
         return False
     if type(version) is int and version == CONVERTS.get(kind):
         return True
@@ -127,7 +132,8 @@ def check_format(version: Any, kind: str, what: str | None = None) -> bool:
 
 
 def _also(kind: str) -> str:
-    return f" and converts format {CONVERTS[kind]}" if kind in CONVERTS else ""
+    also = f" and {READS[kind]}" if kind in READS else ""
+    return also + (f" and converts format {CONVERTS[kind]}" if kind in CONVERTS else "")
 
 
 def upgraded_words(words: Any) -> Any:
@@ -198,7 +204,8 @@ class PagedState:
 
     Like the original's, it holds every rank's free and release lists and
     not the free group: restoring it leaves an open group, and the frees
-    pending in it, as they are.
+    pending in it, as they are. A tracking allocator's state holds each
+    rank's site table too (``sites``), which its pages' words index.
     """
 
     kind: str
@@ -206,6 +213,7 @@ class PagedState:
     page_size: int
     dp_size: int
     _ranks: tuple[NDArray[np.int64], ...] = field(repr=False)
+    sites: tuple[tuple[Any, ...], ...] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self._ranks, (tuple, list)):
@@ -214,16 +222,20 @@ class PagedState:
         object.__setattr__(self, "_ranks", ranks)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_load_paged, (FORMATS["PagedState"], (self.kind, self.size, self.page_size, self.dp_size, self._ranks)))
+        fields = (self.kind, self.size, self.page_size, self.dp_size, self._ranks, self.sites)
+        return (_load_paged, (FORMATS["PagedState"], fields))
 
 
-def _load_paged(version: int, fields: tuple[Any, ...]) -> PagedState:
-    """Unpickle a ``PagedState``, refusing another format."""
+def _load_paged(version: int, fields: Any) -> PagedState:
+    """Unpickle a ``PagedState``, refusing another format (formats before 3 have no site tables)."""
     old = check_format(version, "PagedState")
-    kind, size, page_size, dp_size, ranks = fields
+    expected = 6 if version == FORMATS["PagedState"] else 5
+    if not isinstance(fields, tuple) or len(fields) != expected:
+        raise HostPoolError(f"the PagedState pickle of format {version} does not hold its {expected} fields")
+    kind, size, page_size, dp_size, ranks, *sites = fields
     if old and isinstance(ranks, (tuple, list)):
         ranks = [upgraded_words(words) for words in ranks]
-    return PagedState(kind, size, page_size, dp_size, tuple(ranks))
+    return PagedState(kind, size, page_size, dp_size, tuple(ranks), sites[0] if sites else None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -263,8 +275,8 @@ def checked_host_words(words: Any, n: int, what: str) -> NDArray[np.int64]:
     return np.array(arr, dtype=np.int64, copy=True)
 
 
-def checked_ranks(
-    ranks: tuple[NDArray[np.int64], ...], dp_size: int, pages: int, page_size: int, sorted_order: bool
+def checked_ranks(  # noqa: PLR0913, PLR0917 - the allocator's shape, spelled out
+    ranks: tuple[NDArray[np.int64], ...], dp_size: int, pages: int, page_size: int, sorted_order: bool, track: bool
 ) -> list[NDArray[np.int64]]:
     """A ``PagedState``'s rank words as fresh arrays for an allocator of that shape; ``HostPoolError`` if not."""
     if len(ranks) != dp_size:
@@ -277,5 +289,28 @@ def checked_ranks(
         found = rank_problems(arr, pages, page_size, sorted_order, loading=True)
         if found:
             raise HostPoolError(f"the state of rank {r} fails the invariants: " + "; ".join(found))
+        if bool(arr[_layout.H_TRACK]) != track:
+            raise HostPoolError(
+                f"the state of rank {r} is from an allocator with track={bool(arr[_layout.H_TRACK])}; "
+                f"this one has track={track}"
+            )
         out.append(np.array(arr, dtype=np.int64, copy=True))
     return out
+
+
+def checked_sites(ranks: list[NDArray[np.int64]], sites: Any, track: bool, what: str) -> None:
+    """``HostPoolError`` unless ``sites`` holds a site table per rank that its words index (``None``: untracked)."""
+    if not track:
+        if sites is not None:
+            raise HostPoolError(f"{what} has site tables, but this allocator does not track")
+        return
+    if not isinstance(sites, tuple) or len(sites) != len(ranks):
+        have = f"{len(sites)} site tables" if isinstance(sites, tuple) else f"a {type(sites).__name__}"
+        raise HostPoolError(f"{what} holds {have}; this tracking allocator needs one per rank ({len(ranks)})")
+    for r, (words, table) in enumerate(zip(ranks, sites, strict=True)):
+        problem = table_problem(table)
+        if problem is not None:
+            raise HostPoolError(f"{what} has a damaged site table for rank {r}: {problem}")
+        found = site_id_problems(words, table)
+        if found:
+            raise HostPoolError(f"the state of rank {r} fails the invariants: " + "; ".join(found))

@@ -13,6 +13,7 @@ life of the pool and of its snapshots.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _layout
+from ._convert import as_slots
+from ._errors import HostPoolError, SlotRangeError
 
 UNKNOWN, CLEARED = 0, 1
 # What starts the history a tracking pool appends to a DoubleFreeError; a
@@ -34,6 +37,51 @@ _PACKAGE = __name__.rsplit(".", 1)[0]
 _SUBMODULE = _PACKAGE + "."
 _getframe = sys._getframe
 _LOW32 = (1 << 32) - 1
+ENV = "HOSTPOOL_NB_TRACK"  # tracking for every pool and allocator built without track=
+_ENV_ON = ("1", "true", "yes", "on")
+_ENV_OFF = ("", "0", "false", "no", "off")
+
+
+def wanted(track: Any) -> bool:
+    """``track`` as a pool's constructor was given it; ``None`` (not given): what :data:`ENV` says.
+
+    Engines build their allocators themselves, so the environment is how a
+    user turns tracking on in production without editing the engine. A
+    value the variable cannot mean is an error, not a silent default.
+    """
+    if track is None:
+        value = os.environ.get(ENV, "")
+        if value.strip().lower() in _ENV_ON:
+            return True
+        if value.strip().lower() in _ENV_OFF:
+            return False
+        raise HostPoolError(f"{ENV} must be 1 or 0 (or true/false, yes/no, on/off), got {ENV}={value!r}")
+    if type(track) is not bool:
+        raise TypeError(f"track must be True, False or None, got {type(track).__name__} {track!r}")
+    return track
+
+
+def excluded(exclude: Any, num_pages: int, page_size: int, where: str) -> NDArray[np.bool_] | None:
+    """The pages of the slots ``exclude`` (held legitimately), as a mask; ``None`` for none.
+
+    ``SlotRangeError`` for a slot outside ``0 .. num_pages * page_size - 1``
+    (``where`` says whose), ``TypeError`` for what is not slot ids.
+    """
+    if exclude is None:
+        return None
+    slots = as_slots(exclude, "exclude")
+    mask = np.zeros(num_pages, dtype=np.bool_)
+    if slots.shape[0] == 0:
+        return mask
+    bad = (slots < 0) | (slots >= num_pages * page_size)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise SlotRangeError(
+            f"exclude got slot {int(slots[i])} at exclude[{i}] (flattened), outside {where} "
+            f"(slots 0..{num_pages * page_size - 1})"
+        )
+    mask[slots // page_size] = True
+    return mask
 
 
 @dataclass(frozen=True)
@@ -69,7 +117,11 @@ class Site:
 # a call per tracked call: (file, line, function, tag).
 SiteKey = tuple[Any, ...]
 _PLAIN_TAGS = (int, str, type(None))
+_PLAIN_TYPES = frozenset(_PLAIN_TAGS)
 _FULL_KEY = 5  # the length of a key with the tag's hash and repr
+# A batch's tags as Tracker.keys gives them to Tracker.ids: the place (file, line,
+# function), the tags, and their keys (None: every tag plain, looked up by place).
+Batch = tuple[tuple[str, int, str], list[Any], list[SiteKey] | None]
 
 _FIXED = (Site("<unknown>", 0, "?"), Site("<clear()>", 0, "clear"))
 
@@ -164,6 +216,13 @@ def _safe_repr(value: Any) -> str:
         return f"<{type(value).__name__} object>"
 
 
+def _made(key: SiteKey, tag: Hashable) -> Site:
+    """The Site of a table entry kept as its key and tag."""
+    file, line, function = key[:3]
+    tag_hash, tag_repr = key[3:] if len(key) == _FULL_KEY else (hash(tag), repr(tag))  # plain tags: cheap
+    return Site(file, line, function, tag, tag_hash, tag_repr)
+
+
 class Tracker:
     """The site table of one pool: ``Site`` by id, and id by :data:`SiteKey`.
 
@@ -182,16 +241,44 @@ class Tracker:
     """
 
     def __init__(self, sites: Sequence[Site | None] | None = None) -> None:
-        self._sites: list[Site | None] = []
+        # An entry is a Site, or (key, tag) until something asks for it as one:
+        # a Site costs a microsecond to make, and most entries are never reported.
+        self._sites: list[Site | tuple[SiteKey, Hashable] | None] = []
         self._ids: dict[SiteKey, int] = {}
+        # The ids of the plain-tagged keys again, by place then tag: a batch's
+        # request ids are found with a dict lookup each, without a key made.
+        self._plain: dict[tuple[str, int, str], dict[Hashable, int]] = {}
         self._free_ids: list[int] = []
         self._live_after_sweep = 0
+        self._added: list[tuple[SiteKey, bool]] = []  # since :meth:`begin`: (key, appended), for :meth:`rollback`
         self.load(sites)
+
+    def begin(self) -> None:
+        """Start a call (every call that interns does): :meth:`rollback` takes back what it adds from now on."""
+        self._added = []
+
+    def rollback(self) -> None:
+        """The call failed: forget the entries it added (no page refers to them), so the table is as it was."""
+        for key, appended in reversed(self._added):
+            sid = self._forget(key)
+            if appended:
+                self._sites.pop()
+            else:
+                self._sites[sid] = None
+                self._free_ids.append(sid)  # back where intern popped it from
+        self._added = []
+
+    def _forget(self, key: SiteKey) -> int:
+        sid = self._ids.pop(key)
+        if len(key) != _FULL_KEY:
+            del self._plain[key[:3]][key[3]]
+        return sid
 
     def load(self, sites: Sequence[Site | None] | None) -> None:
         """Make this the table ``sites`` (a checked one: :func:`table_problem`); ``None`` for a new table."""
         self._sites = list(sites) if sites else list(_FIXED)
         self._ids = {}
+        self._plain = {}
         self._free_ids = []
         for i, s in enumerate(self._sites):
             if i < len(_FIXED):
@@ -199,8 +286,13 @@ class Tracker:
             if s is None:
                 self._free_ids.append(i)
             else:
-                self._ids[s.key()] = i
+                self._remember(s.key(), i)  # type: ignore[union-attr]  # loaded entries are Sites
         self._live_after_sweep = len(self._ids)
+
+    def _remember(self, key: SiteKey, sid: int) -> None:
+        self._ids[key] = sid
+        if len(key) != _FULL_KEY:
+            self._plain.setdefault(key[:3], {})[key[3]] = sid
 
     def where(self, tag: Hashable, depth: int = 0) -> SiteKey:
         """The key of the caller's site with ``tag``; ``TypeError`` for an unusable tag (before any change).
@@ -215,6 +307,44 @@ class Tracker:
         tag_hash, tag_repr = tag_identity(tag)
         return file, line, function, tag_hash, tag_repr
 
+    def keys(
+        self, tags: Any, count: int, depth: int = 0
+    ) -> tuple[tuple[str, int, str], list[Any], list[SiteKey] | None]:
+        """What :meth:`ids` needs for ``tags``, one per request of a batch of ``count``, from one call site.
+
+        The place, the tags as a list, and their keys (``None`` when every
+        tag is plain: :meth:`ids` then looks them up by place and tag).
+        ``HostPoolError`` unless ``tags`` has ``count`` entries, ``TypeError``
+        for a tag that cannot be one (before any change).
+        """
+        if isinstance(tags, (str, bytes)) or not hasattr(tags, "__len__"):
+            raise TypeError(f"tags must be a sequence of one tag per request, got {type(tags).__name__}")
+        if len(tags) != count:
+            raise HostPoolError(f"tags must have one entry per request ({count}), got {len(tags)}")
+        place = caller(depth + 2)
+        listed = list(tags)
+        if set(map(type, listed)) <= _PLAIN_TYPES:
+            return place, listed, None
+        found: list[SiteKey] = []
+        for tag in listed:
+            cls = type(tag)
+            found.append((*place, tag) if cls in _PLAIN_TYPES else (*place, *tag_identity(tag)))
+        return place, listed, found
+
+    def ids(self, batch: Batch, st: NDArray[np.int64]) -> NDArray[np.int64]:
+        """The id of each tag of ``batch`` (from :meth:`keys`), added on first use, as a kernel's site array.
+
+        Under the lock.
+        """
+        place, tags, keys = batch
+        if keys is None:  # plain tags: a dict lookup each (one pass when all are known), new ones interned
+            known = self._plain.get(place, {})
+            try:
+                return np.fromiter(map(known.__getitem__, tags), dtype=np.int64, count=len(tags))
+            except KeyError:
+                return np.array([self.intern((*place, t), t, st) for t in tags], dtype=np.int64)
+        return np.array([self.intern(k, tag, st) for k, tag in zip(keys, tags, strict=True)], dtype=np.int64)
+
     def intern(self, key: SiteKey, tag: Hashable, st: NDArray[np.int64]) -> int:
         """The id of ``key`` (from :meth:`where`, for ``tag``), added on first use. Call under the pool's lock."""
         sid = self._ids.get(key)
@@ -222,18 +352,17 @@ class Tracker:
             return sid
         if len(self._ids) >= max(2 * self._live_after_sweep, _SWEEP_AT):
             self.sweep(st)
-        file, line, function = key[:3]
-        tag_hash, tag_repr = key[3:] if len(key) == _FULL_KEY else (hash(tag), repr(tag))  # plain tags: cheap
-        site = Site(file, line, function, tag, tag_hash, tag_repr)
-        if self._free_ids:
+        appended = not self._free_ids
+        if not appended:
             sid = self._free_ids.pop()
-            self._sites[sid] = site
+            self._sites[sid] = (key, tag)
         else:
             sid = len(self._sites)
             if sid > MAX_SITE_ID:
                 return UNKNOWN
-            self._sites.append(site)
-        self._ids[key] = sid
+            self._sites.append((key, tag))
+        self._remember(key, sid)
+        self._added.append((key, appended))
         return sid
 
     def sweep(self, st: NDArray[np.int64]) -> int:
@@ -243,10 +372,12 @@ class Tracker:
         used[alloc_ids] = True
         used[free_ids] = True
         used[: len(_FIXED)] = True
+        for key, _ in self._added:  # this call's entries: ids it handed out may not be recorded yet
+            used[self._ids[key]] = True
         dropped = 0
         for key, sid in list(self._ids.items()):
             if not used[sid]:
-                del self._ids[key]
+                self._forget(key)
                 self._sites[sid] = None
                 self._free_ids.append(sid)
                 dropped += 1
@@ -256,11 +387,16 @@ class Tracker:
     def site(self, sid: int) -> Site:
         sites = self._sites
         found = sites[sid] if 0 <= sid < len(sites) else None
-        return found if found is not None else _FIXED[UNKNOWN]
+        if found is None:
+            return _FIXED[UNKNOWN]
+        if type(found) is tuple:
+            found = _made(*found)
+            sites[sid] = found
+        return found  # type: ignore[return-value]  # a Site now
 
     def table(self) -> tuple[Site | None, ...]:
         """The table (``None`` for a reusable id): what a snapshot or a pickle keeps. Under the pool's lock."""
-        return tuple(self._sites)
+        return tuple(None if s is None else self.site(i) for i, s in enumerate(self._sites))
 
     def history(self, st: NDArray[np.int64], page: int) -> str:
         """Where ``page`` was last allocated and last freed, for an error message."""
@@ -279,11 +415,18 @@ class Tracker:
             return f"{text}, then freed at {freed}"
         return text
 
-    def outstanding(self, st: NDArray[np.int64], owner: NDArray[np.uint8], page_size: int) -> list[Outstanding]:
-        """The allocated pages grouped by (site, tag), largest first, then oldest first."""
+    def outstanding(
+        self,
+        st: NDArray[np.int64],
+        owner: NDArray[np.uint8],
+        page_size: int,
+        skip: NDArray[np.bool_] | None = None,
+    ) -> list[Outstanding]:
+        """The allocated pages but those ``skip`` marks, grouped by (site, tag), largest first, then oldest first."""
         n = int(st[_layout.H_NPAGES])
         t = int(st[_layout.H_TRACK])
-        held = np.flatnonzero(owner == _layout.OWNER_ALLOCATED)
+        allocated = owner == _layout.OWNER_ALLOCATED
+        held = np.flatnonzero(allocated if skip is None else allocated & ~skip)
         if held.size == 0:
             return []
         ids = st[t + n + held] >> 32

@@ -50,6 +50,7 @@ Where docs/behaviour.md (section 3) leaves a choice, this module takes the one b
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
@@ -62,7 +63,8 @@ from ._host import HostKVPoolMixin, HostPagePool
 from ._invariants import group_problems, rank_problems
 from ._jit import entry_point
 from ._protocol import ArrayStatePool
-from ._snapshot import PagedState, checked_ranks, upgraded_words
+from ._snapshot import PagedState, checked_ranks, checked_sites, upgraded_words
+from ._tracking import HISTORY_MARK, Outstanding, Tracker, excluded, leak_report, site_id_problems, wanted
 
 _merge = entry_point(_kernels.merge)
 _load_state = entry_point(_kernels.load_state)
@@ -73,6 +75,11 @@ _alloc_slots = entry_point(_paged_kernels.alloc_slots)
 _alloc_tokens = entry_point(_paged_kernels.alloc_tokens)
 _alloc_extend = entry_point(_paged_kernels.alloc_extend)
 _alloc_decode = entry_point(_paged_kernels.alloc_decode)
+_alloc_slots_tracked = entry_point(_paged_kernels.alloc_slots_tracked)
+_alloc_tokens_tracked = entry_point(_paged_kernels.alloc_tokens_tracked)
+_alloc_extend_tracked = entry_point(_paged_kernels.alloc_extend_tracked)
+_alloc_decode_tracked = entry_point(_paged_kernels.alloc_decode_tracked)
+_free_slots_tracked = entry_point(_paged_kernels.free_slots_tracked)
 _STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
 _INT32_MAX = 2**31 - 1
 
@@ -90,13 +97,19 @@ class _RankedAllocator(ArrayStatePool):
     _format = "PagedAllocator"
     _state_class = PagedState
 
-    def __init__(self, shape: tuple[int, int, int], pages_per_rank: int, kvcache: Any, strict: bool) -> None:
+    def __init__(
+        self, shape: tuple[int, int, int], pages_per_rank: int, kvcache: Any, strict: bool, track: Any
+    ) -> None:
+        track = wanted(track)
         size, page_size, dp_size = shape
         self.size = size
         self.page_size = page_size
         self.dp_size = dp_size
         self.size_per_rank = size // dp_size
         self.strict = bool(strict)
+        self.track = track
+        # Per rank, the call sites and tags its tracking words index (track=True), else None.
+        self._trackers: list[Tracker] | None = [Tracker() for _ in range(dp_size)] if track else None
         self._kvcache = kvcache
         self._pages = pages_per_rank
         self._make_lock()
@@ -106,7 +119,7 @@ class _RankedAllocator(ArrayStatePool):
         self._st: list[NDArray[np.int64]] = []
         self._gp: list[NDArray[np.int64]] = []
         for _ in range(dp_size):
-            self._st.append(_layout.new_state(pages_per_rank + 1, page_size, self._sorted))
+            self._st.append(_layout.new_state(pages_per_rank + 1, page_size, self._sorted, track))
             gp = np.zeros(_layout.group_length(pages_per_rank), dtype=np.int64)
             gp[_layout.GP_CAP] = pages_per_rank + 1
             self._gp.append(gp)
@@ -200,28 +213,152 @@ class _RankedAllocator(ArrayStatePool):
         with self.lock:
             return int(st[_layout.H_NFREE] + st[_layout.H_NREL]) * self.page_size
 
+    # -- who holds each page (track=True) ---------------------------------------
+
+    def _site_of(self, r: int, where: Any, tag: Hashable) -> int:
+        """The id of ``where`` (a key from ``Tracker.where``) in rank ``r``'s table. Under the lock.
+
+        Begins a call of the tracker's: a tracked call that fails then calls
+        :meth:`_failed`, so that it leaves the table as it was.
+        """
+        tracker = self._trackers[r]  # type: ignore[index]  # a tracking allocator
+        tracker.begin()
+        return tracker.intern(where, tag, self._st[r])
+
+    def _failed(self, r: int) -> None:
+        """A tracked call on rank ``r`` refused or failed: the sites it added go. Under the lock."""
+        if self._trackers is not None:
+            self._trackers[r].rollback()
+
+    def _keys(self, r: int, tags: Any, count: int) -> Any:
+        """Before the lock: the caller's site key, or one per request with ``tags``; errors for bad tags."""
+        tracker = self._trackers[r]  # type: ignore[index]  # a tracking allocator
+        return tracker.where(None, 2) if tags is None else tracker.keys(tags, count, 2)
+
+    def _request_sites(self, r: int, keys: Any, tags: Any) -> NDArray[np.int64]:
+        """A kernel's site array: one id per request (``tags`` given) or one for all. Under the lock."""
+        tracker = self._trackers[r]  # type: ignore[index]  # a tracking allocator
+        tracker.begin()
+        if tags is None:
+            return np.array([tracker.intern(keys, None, self._st[r])], dtype=np.int64)
+        return tracker.ids(keys, self._st[r])
+
+    def _unaccounted(self, r: int, exclude: Any) -> NDArray[np.bool_]:
+        """Pages of rank ``r`` not to report: the padding page, those pending in a group, ``exclude``'s."""
+        skip = excluded(exclude, self._pages + 1, self.page_size, f"rank {r}")
+        mask: NDArray[np.bool_] = _layout.group_marks(self._gp[r]) == _layout.MARK_PENDING
+        if skip is not None:
+            mask |= skip
+        mask[0] = True
+        return mask
+
+    def outstanding(self, dp_rank: Any = 0, *, exclude: Any = None) -> list[Outstanding]:
+        """The rank's pages allocated now, grouped by the call site and tag that allocated them.
+
+        As ``LogicalHostPool.outstanding``: largest groups first (then
+        oldest), each record with ``site``, ``tag``, ``pages``, ``slots``,
+        ``allocations`` (a request of ``alloc_extend`` / ``alloc_decode``
+        that took pages is one) and ``oldest``. Pages pending in a free
+        group are freed already and are not listed. O(pages).
+
+        Parameters
+        ----------
+        dp_rank : int, optional
+            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+        exclude : array_like of int, optional, keyword-only
+            Slots known to be held legitimately (the radix cache's, the
+            running requests'): their pages are left out, so what remains
+            is what nobody accounts for.
+
+        Raises
+        ------
+        HostPoolError
+            If the allocator does not track (``track=True``, or
+            ``HOSTPOOL_NB_TRACK=1`` when it was built);
+            :class:`SlotRangeError` for an ``exclude`` slot beyond the rank.
+        """
+        r = self._rank(dp_rank)
+        trackers = self._trackers
+        if trackers is None:
+            raise HostPoolError(
+                f"outstanding() needs a tracking allocator: construct {type(self).__name__} with track=True "
+                "or set HOSTPOOL_NB_TRACK=1 before the engine builds it (leak_report() still says how much is held)"
+            )
+        with self.lock:
+            st = self._st[r]
+            owner = _layout.owner_flags(st, self._pages + 1)
+            return trackers[r].outstanding(st, owner, self.page_size, self._unaccounted(r, exclude))
+
+    def leak_report(self, dp_rank: Any = 0, *, exclude: Any = None, limit: int = 20) -> str:
+        """A readable table of the rank's allocated pages and who allocated them, for logs and leak checks.
+
+        Groups by call site and tag, largest first, at most ``limit`` rows,
+        leaving out the pages of ``exclude`` (slots held legitimately) and
+        those pending in a free group. Without tracking it gives the totals
+        and says how to see the sites.
+
+        Parameters
+        ----------
+        dp_rank : int, optional
+            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+        exclude : array_like of int, optional, keyword-only
+            As for :meth:`outstanding`.
+        limit : int, optional, keyword-only
+            The most rows to show (20 by default).
+        """
+        r = self._rank(dp_rank)
+        limit = as_count(limit, "limit")
+        if limit < 0:
+            raise HostPoolError(f"limit must be non-negative, got limit={limit}")
+        trackers = self._trackers
+        with self.lock:  # the totals and the records as of one moment
+            st = self._st[r]
+            owner = _layout.owner_flags(st, self._pages + 1)
+            skip = self._unaccounted(r, exclude)
+            pages = int(np.count_nonzero((owner == _layout.OWNER_ALLOCATED) & ~skip))
+            records = None if trackers is None else trackers[r].outstanding(st, owner, self.page_size, skip)
+        name = f"{type(self).__name__}(size={self.size}, page_size={self.page_size}) rank {r}"
+        return leak_report(name, records, pages, self.page_size, limit)
+
+    def _history(self, r: int, page: int) -> str:
+        """``"; it was allocated at ..., then freed at ..."`` for a tracking allocator, else nothing. Under the lock."""
+        trackers = self._trackers
+        if trackers is None or not 1 <= page <= self._pages:
+            return ""
+        return HISTORY_MARK + trackers[r].history(self._st[r], page)
+
     # -- snapshots --------------------------------------------------------------
 
     def _snapshot(self) -> PagedState:
         """Every rank's lists (not the free group, as the original's), as of one moment."""
         ranks = tuple(st.copy() for st in self._st)
-        return PagedState(self._snapshot_kind, self.size, self.page_size, self.dp_size, ranks)
+        sites = None if self._trackers is None else tuple(t.table() for t in self._trackers)
+        return PagedState(self._snapshot_kind, self.size, self.page_size, self.dp_size, ranks, sites)
 
-    def _checked(self, state: PagedState) -> list[NDArray[np.int64]]:
+    def _checked(self, state: PagedState) -> tuple[list[NDArray[np.int64]], tuple[Any, ...] | None]:
         mine = (self._snapshot_kind, self.size, self.page_size, self.dp_size)
         theirs = (state.kind, state.size, state.page_size, state.dp_size)
         if mine != theirs:
             raise HostPoolError(f"the state is from {theirs} (kind, size, page_size, dp_size); this is {mine}")
-        return checked_ranks(state._ranks, self.dp_size, self._pages, self.page_size, self._sorted)
+        ranks = checked_ranks(state._ranks, self.dp_size, self._pages, self.page_size, self._sorted, self.track)
+        checked_sites(ranks, state.sites, self.track, "the state")
+        return ranks, state.sites
 
-    def _load(self, checked: list[NDArray[np.int64]]) -> None:
-        for st, words in zip(self._st, checked, strict=True):
+    def _load(self, checked: tuple[list[NDArray[np.int64]], tuple[Any, ...] | None]) -> None:
+        ranks, sites = checked
+        for st, words in zip(self._st, ranks, strict=True):
             _load_state(st, words)
+        if self._trackers is not None and sites is not None:  # the ids restored index these tables
+            for tracker, table in zip(self._trackers, sites, strict=True):
+                tracker.load(table)
 
     def _corruption(self) -> str | None:
+        trackers = self._trackers
         for r, (st, gp) in enumerate(zip(self._st, self._gp, strict=True)):
             found = rank_problems(st, self._pages, self.page_size, self._sorted)
             found += group_problems(gp, st, self._pages)
+            if not found and trackers is not None:
+                found = site_id_problems(st, trackers[r].table())
             if found:
                 return f"{type(self).__name__} rank {r} is corrupted: " + "; ".join(found)
         return None
@@ -241,6 +378,7 @@ class _RankedAllocator(ArrayStatePool):
             "groups": tuple(gp.copy() for gp in self._gp),
             "group_frees": [[f.copy() for f in frees] for frees in self._group_frees],
             "in_group": self._in_group,
+            "sites": None if self._trackers is None else tuple(t.table() for t in self._trackers),
         }
 
     def _upgraded(self, saved: dict[str, Any]) -> dict[str, Any]:
@@ -257,6 +395,7 @@ class _RankedAllocator(ArrayStatePool):
         args = saved["args"]
         if not isinstance(args, dict):
             raise HostPoolError(f"{what} holds constructor arguments of type {type(args).__name__}")
+        args = {"track": False, **args}  # formats before 3 could not track: never HOSTPOOL_NB_TRACK's say
         try:
             type(self).__init__(self, kvcache=saved["kvcache"], **args)
         except (TypeError, HostPoolError) as exc:  # what the constructor refuses, said as a damaged pickle
@@ -264,7 +403,9 @@ class _RankedAllocator(ArrayStatePool):
         ranks_in, groups, frees = saved["ranks"], saved["groups"], saved["group_frees"]
         if not all(isinstance(x, (tuple, list)) for x in (ranks_in, groups, frees)):
             raise HostPoolError(f"{what} does not hold its ranks, groups and group frees as sequences")
-        ranks = checked_ranks(tuple(ranks_in), self.dp_size, self._pages, self.page_size, self._sorted)
+        ranks = checked_ranks(tuple(ranks_in), self.dp_size, self._pages, self.page_size, self._sorted, self.track)
+        sites = saved.get("sites")  # absent from the pickles of allocators that could not track
+        checked_sites(ranks, sites, self.track, what)
         if len(groups) != self.dp_size or len(frees) != self.dp_size or type(saved["in_group"]) is not bool:
             raise HostPoolError(f"{what} holds free groups for {len(groups)} ranks; it has dp_size={self.dp_size}")
         for r, (st, gp, kept) in enumerate(zip(ranks, groups, frees, strict=True)):
@@ -280,6 +421,9 @@ class _RankedAllocator(ArrayStatePool):
         self._gp = [np.array(gp, dtype=np.int64, copy=True) for gp in groups]
         self._group_frees = [[_read_only_copy(f) for f in kept] for kept in frees]
         self._in_group = saved["in_group"]
+        if self._trackers is not None:
+            for tracker, table in zip(self._trackers, sites, strict=True):  # type: ignore[arg-type]  # checked
+                tracker.load(table)
 
     # -- views and forwarding ------------------------------------------------------
 
@@ -310,11 +454,18 @@ class _RankedAllocator(ArrayStatePool):
             slots = as_slots(free_index, "free_index")
         if slots.shape[0] == 0:
             return 0
+        where = None if self._trackers is None else self._trackers[r].where(None, 2)
         with self.lock:
             in_group = self._in_group
             if in_group:  # free_group keeps the slots: the kernel reads this copy, so they are what it checked
                 slots = slots.copy()
-            status = _free_slots(self._st[r], self._gp[r], slots, self.page_size, mode, int(in_group))
+            if self._trackers is None:
+                status = _free_slots(self._st[r], self._gp[r], slots, self.page_size, mode, int(in_group))
+            else:
+                site = self._site_of(r, where, None)
+                status = _free_slots_tracked(self._st[r], self._gp[r], slots, self.page_size, mode, int(in_group), site)
+                if status < 0:  # refused or failed: the table as it was
+                    self._failed(r)
             if status < 0:  # built under the same hold, from the value the kernel checked
                 raise self._free_error(status, r)
             if in_group:
@@ -335,17 +486,22 @@ class _RankedAllocator(ArrayStatePool):
                 f"free got slot {slot} at {where}, outside rank {r}'s pages 1..{n} (slots {ps}..{(n + 1) * ps - 1})"
             )
         what = f"slot {slot}" if ps == 1 else f"page {slot // ps} (slots {slot // ps * ps}..{slot // ps * ps + ps - 1})"
+        history = self._history(r, slot // ps)
         if code == _layout.E_DUPLICATE:
             if self._in_group:
-                return DoubleFreeError(f"{what} of rank {r}, freed at {where}, was already freed in this free group")
-            return DoubleFreeError(f"{what} of rank {r} is freed twice in one call (again at {where})")
+                return DoubleFreeError(
+                    f"{what} of rank {r}, freed at {where}, was already freed in this free group{history}"
+                )
+            return DoubleFreeError(f"{what} of rank {r} is freed twice in one call (again at {where}){history}")
         if code == _layout.E_NOT_ALLOCATED:
             if _layout.group_marks(self._gp[r])[slot // ps] == _layout.MARK_PENDING:
                 return DoubleFreeError(
                     f"{what} of rank {r}, freed at {where}, was freed already in a free group that clear() "
-                    "ended; it is released at the next free_group_end()"
+                    f"ended; it is released at the next free_group_end(){history}"
                 )
-            return DoubleFreeError(f"{what} of rank {r}, freed at {where}, is not allocated: it was freed already")
+            return DoubleFreeError(
+                f"{what} of rank {r}, freed at {where}, is not allocated: it was freed already{history}"
+            )
         return RuntimeError(f"{type(self).__name__} rank {r} is corrupted: free kernel failed with code {code}")
 
 
@@ -396,6 +552,13 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         Make freeing an already-free page a ``DoubleFreeError`` (for
         debugging; callers free token ranges that share pages, which the
         default accepts).
+    track : bool or None, optional, keyword-only
+        Record who holds each page: the call site (the first frame outside
+        hostpool_nb) and tag of the allocation that handed it out, and the
+        site that last freed it, for :meth:`outstanding`,
+        :meth:`leak_report` and double-free messages (16 bytes of state per
+        page). ``None`` (the default): if ``HOSTPOOL_NB_TRACK=1`` is in the
+        environment, so tracking is turned on without editing the engine.
 
     Examples
     --------
@@ -422,6 +585,7 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         dp_size: int = 1,
         *,
         strict: bool = False,
+        track: bool | None = None,
     ) -> None:
         size, page_size, dp_size = self._shape(size, page_size, dp_size)
         self.num_pages = size // page_size
@@ -432,7 +596,7 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
                 "arrays alloc_extend and alloc_decode return"
             )
         self.debug_mode = bool(debug_mode)
-        super().__init__((size, page_size, dp_size), self.pages_per_rank, kvcache, strict)
+        super().__init__((size, page_size, dp_size), self.pages_per_rank, kvcache, strict, track)
 
     def _constructor_args(self) -> dict[str, Any]:
         return {
@@ -441,6 +605,7 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             "debug_mode": self.debug_mode,
             "dp_size": self.dp_size,
             "strict": self.strict,
+            "track": self.track,
         }
 
     @property
@@ -469,7 +634,7 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         if status < 0:
             raise self._corrupt("merge", status)
 
-    def alloc(self, need_size: Any, dp_rank: Any = 0) -> NDArray[np.int64] | None:
+    def alloc(self, need_size: Any, dp_rank: Any = 0, *, tag: Hashable = None) -> NDArray[np.int64] | None:
         """``need_size // page_size`` whole pages from the front of the free list, as int64 slots.
 
         Parameters
@@ -478,6 +643,9 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             Slots; a non-negative multiple of ``page_size``.
         dp_rank : int, optional
             The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+        tag : hashable, optional, keyword-only
+            A label for the allocation (a request id) that a tracking
+            allocator records with its pages; ignored otherwise.
 
         Returns
         -------
@@ -505,22 +673,31 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             # More pages than the rank has: refused like any short request
             # (after merging, as the original), without allocating the output.
             need_size = (self._pages + 1) * ps
+        trackers = self._trackers
+        where = None if trackers is None else trackers[r].where(tag, 1)  # an unusable tag raises here
         out = np.empty(need_size, dtype=np.int64)
         with self.lock:
-            status = _alloc_slots(self._st[r], out, ps)
+            if trackers is None:
+                status = _alloc_slots(self._st[r], out, ps)
+            else:
+                status = _alloc_slots_tracked(self._st[r], out, ps, self._site_of(r, where, tag))
+                if status < 0:  # refused or failed: the table as it was
+                    self._failed(r)
         if status >= 0:
             return out
         if status == _STATUS_SHORT:
             return None
         raise self._corrupt("alloc", status)
 
-    def alloc_extend(
+    def alloc_extend(  # noqa: PLR0913 - sglang-jax's arguments, and the tags
         self,
         prefix_lens: Any,
         seq_lens: Any,
         last_loc: Any,
         extend_num_tokens: Any,
         dp_rank: Any = 0,
+        *,
+        tags: Any = None,
     ) -> NDArray[np.int32] | None:
         """Extend a batch of requests; return their new slots, requests in order (int32).
 
@@ -541,6 +718,9 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             ``sum(seq_lens - prefix_lens)``: the length of the result.
         dp_rank : int, optional
             The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+        tags : sequence of hashable, optional, keyword-only
+            One label per request (its id) that a tracking allocator records
+            with the request's new pages; ignored otherwise.
 
         Returns
         -------
@@ -576,19 +756,30 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         # rather than after a huge (or impossible) np.empty.
         ps = self.page_size
         fits = total <= (self._pages + prefix.shape[0]) * ps
+        trackers = self._trackers
+        keys = None if trackers is None else self._keys(r, tags, prefix.shape[0])
         out = np.empty(total if fits else 0, dtype=np.int32)
+        debug = int(self.debug_mode)
         with self.lock:
             # A total beyond int64 is passed as the int64 maximum: unequal to
             # any sum the kernel can reach, so still E_TOTAL, in its turn.
             tokens = min(total, _INT64_MAX)
-            status = _alloc_extend(self._st[r], prefix, seq, last, out, tokens, ps, int(self.debug_mode))
+            if trackers is None:
+                status = _alloc_extend(self._st[r], prefix, seq, last, out, tokens, ps, debug)
+            else:
+                sites = self._request_sites(r, keys, tags)
+                status = _alloc_extend_tracked(self._st[r], prefix, seq, last, out, tokens, ps, debug, sites)
+                if status < 0:  # refused or failed: the table as it was
+                    self._failed(r)
         if status >= 0:
             return out
         if status == _STATUS_SHORT:
             return None
         raise self._batch_error(status, (prefix, seq, last), total, "alloc_extend")
 
-    def alloc_decode(self, seq_lens: Any, last_loc: Any, dp_rank: Any = 0) -> NDArray[np.int32] | None:
+    def alloc_decode(
+        self, seq_lens: Any, last_loc: Any, dp_rank: Any = 0, *, tags: Any = None
+    ) -> NDArray[np.int32] | None:
         """One new token per request: its slot, a new page's first or ``last_loc + 1`` (int32).
 
         ``seq_lens`` counts the new token. The new pages come from the front
@@ -601,6 +792,9 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             its last token before it.
         dp_rank : int, optional
             The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+        tags : sequence of hashable, optional, keyword-only
+            One label per request that a tracking allocator records with
+            the request's new page; ignored otherwise.
 
         Returns
         -------
@@ -621,9 +815,18 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             raise HostPoolError(
                 f"seq_lens and last_loc must have the same length, got {seq.shape[0]} and {last.shape[0]}"
             )
+        trackers = self._trackers
+        keys = None if trackers is None else self._keys(r, tags, seq.shape[0])
         out = np.empty(seq.shape[0], dtype=np.int32)
+        ps, debug = self.page_size, int(self.debug_mode)
         with self.lock:
-            status = _alloc_decode(self._st[r], seq, last, out, self.page_size, int(self.debug_mode))
+            if trackers is None:
+                status = _alloc_decode(self._st[r], seq, last, out, ps, debug)
+            else:
+                sites = self._request_sites(r, keys, tags)
+                status = _alloc_decode_tracked(self._st[r], seq, last, out, ps, debug, sites)
+                if status < 0:  # refused or failed: the table as it was
+                    self._failed(r)
         if status >= 0:
             return out
         if status == _STATUS_SHORT:
@@ -712,20 +915,29 @@ class TokenToKVPoolAllocator(_RankedAllocator):
     strict : bool, optional, keyword-only
         Accepted for symmetry with the paged allocator; a double free is
         always an error here.
+    track : bool or None, optional, keyword-only
+        Record who holds each page: the call site (the first frame outside
+        hostpool_nb) and tag of the allocation that handed it out, and the
+        site that last freed it, for :meth:`outstanding`,
+        :meth:`leak_report` and double-free messages (16 bytes of state per
+        page). ``None`` (the default): if ``HOSTPOOL_NB_TRACK=1`` is in the
+        environment, so tracking is turned on without editing the engine.
     """
 
     _kind = "TokenToKVPoolAllocator"
     _snapshot_kind = "token"
     _sorted = False
 
-    def __init__(self, size: int, kvcache: Any, dp_size: int = 1, *, strict: bool = False) -> None:
+    def __init__(
+        self, size: int, kvcache: Any, dp_size: int = 1, *, strict: bool = False, track: bool | None = None
+    ) -> None:
         size, _, dp_size = self._shape(size, 1, dp_size)
         if size // dp_size > _INT32_MAX:
             raise HostPoolError(f"{size // dp_size} slots per rank do not fit the int32 arrays alloc returns")
-        super().__init__((size, 1, dp_size), size // dp_size, kvcache, strict)
+        super().__init__((size, 1, dp_size), size // dp_size, kvcache, strict, track)
 
     def _constructor_args(self) -> dict[str, Any]:
-        return {"size": self.size, "dp_size": self.dp_size, "strict": self.strict}
+        return {"size": self.size, "dp_size": self.dp_size, "strict": self.strict, "track": self.track}
 
     @property
     def free_slots(self) -> list[NDArray[np.int32]]:
@@ -733,7 +945,7 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         with self.lock:
             return [self._window(r, 0, int(st[_layout.H_NFREE] + st[_layout.H_NREL])) for r, st in enumerate(self._st)]
 
-    def alloc(self, need_size: Any, dp_rank: Any = 0) -> NDArray[np.int32] | None:
+    def alloc(self, need_size: Any, dp_rank: Any = 0, *, tag: Hashable = None) -> NDArray[np.int32] | None:
         """The first ``need_size`` free slots of the rank (int32), or ``None`` if it has fewer.
 
         Parameters
@@ -742,6 +954,9 @@ class TokenToKVPoolAllocator(_RankedAllocator):
             Slots, at least 0.
         dp_rank : int, optional
             The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+        tag : hashable, optional, keyword-only
+            A label for the allocation that a tracking allocator records
+            with its slots; ignored otherwise.
         """
         if type(need_size) is not int:
             need_size = as_count(need_size, "need_size")
@@ -750,9 +965,16 @@ class TokenToKVPoolAllocator(_RankedAllocator):
             raise HostPoolError(f"need_size must be non-negative, got need_size={need_size}")
         if need_size > self.size_per_rank:
             return None
+        trackers = self._trackers
+        where = None if trackers is None else trackers[r].where(tag, 1)  # an unusable tag raises here
         out = np.empty(need_size, dtype=np.int32)
         with self.lock:
-            status = _alloc_tokens(self._st[r], out)
+            if trackers is None:
+                status = _alloc_tokens(self._st[r], out)
+            else:
+                status = _alloc_tokens_tracked(self._st[r], out, self._site_of(r, where, tag))
+                if status < 0:  # refused or failed: the table as it was
+                    self._failed(r)
         if status >= 0:
             return out
         if status == _STATUS_SHORT:

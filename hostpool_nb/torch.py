@@ -144,16 +144,17 @@ class LogicalHostPool(_CorePool):
     merge : {"fifo", "sorted"}, optional, keyword-only
         The order a merge gives the available pages: sglang's FIFO order
         (the default), or ascending page ids.
-    track : bool, optional, keyword-only
+    track : bool or None, optional, keyword-only
         Record who holds each page (call site and tag), for
         ``outstanding()`` and ``leak_report()``; costs 16 bytes of state per
         page and about three times as long a single-page round trip.
+        ``None`` (the default): if ``HOSTPOOL_NB_TRACK=1`` is in the environment.
 
     Raises
     ------
     TypeError
         If ``size`` or ``page_size`` is not an integer, or ``track`` is not
-        a bool.
+        a bool or ``None``.
     HostPoolError
         If ``page_size < 1``, ``size < 0`` or ``merge`` is not ``"fifo"`` or
         ``"sorted"``; :class:`AlignmentError` (with sglang's message) if

@@ -104,3 +104,14 @@ def test_every_module_is_checked() -> None:
     assert "hostpool_nb._pool" in MODULES
     assert "hostpool_nb.originals" in MODULES
     assert set(EXAMPLES) <= set(MODULES)
+
+
+def test_finding_a_leak_in_sglang_jax_prints_what_the_page_shows(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/jax-serving.md's double free and leak report are the code's own output."""
+    section = _section("docs/jax-serving.md", "## Finding a leak in sglang-jax")
+    code = FENCE.search(section)
+    shown = re.search(r"```text\n(.*?)```", section, flags=re.DOTALL)
+    assert code is not None
+    assert shown is not None
+    exec(compile(code.group(1), "/tmp/app/sched.py", "exec"), {"__name__": "__main__"})  # our own docs
+    assert capsys.readouterr().out == shown.group(1)

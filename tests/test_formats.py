@@ -18,8 +18,8 @@ import pytest
 
 from hostpool_nb import HostPoolError, LogicalHostPool
 from hostpool_nb import _layout as L
-from hostpool_nb._snapshot import CONVERTS, FORMATS
-from hostpool_nb.paged import PagedTokenToKVPoolAllocator
+from hostpool_nb._snapshot import CONVERTS, FORMATS, READS
+from hostpool_nb.paged import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 
 if not hasattr(np, "_core"):  # numpy 1 reads numpy 2's pickles (which name numpy._core) through numpy.core
     sys.modules.setdefault("numpy._core", np.core)
@@ -41,7 +41,8 @@ def _calls(pool: LogicalHostPool) -> list[Any]:
 def test_the_fixture_is_in_the_formats_this_version_converts() -> None:
     assert CONVERTS == {"LogicalHostPool": 3, "PoolState": 3, "PagedAllocator": 1, "PagedState": 1}
     assert FORMATS["LogicalHostPool"] == 4
-    assert FORMATS["PagedAllocator"] == 2
+    assert FORMATS["PagedAllocator"] == FORMATS["PagedState"] == 3
+    assert READS == {"PagedAllocator": 2, "PagedState": 2}  # today's words, without site tables
 
 
 def test_a_format_3_pool_pickle_loads_converted_and_allocates_as_it_did() -> None:
@@ -102,4 +103,40 @@ def test_a_pool_pickle_of_a_format_neither_read_nor_converted_says_what_wrote_it
     assert str(info.value) == (
         f"this LogicalHostPool was pickled in state format {version!r}, written by {by}; this hostpool_nb reads "
         "format 4 and converts format 3 (pickle it again with the same hostpool_nb version that loads it)"
+    )
+
+
+@pytest.mark.parametrize("kind", ["paged", "token"])
+def test_a_format_2_allocator_pickle_loads_untracked_and_goes_on_as_it_would_have(kind: str) -> None:
+    # Format 2 is what hostpool_nb wrote before allocators could track: the
+    # same fields without "sites", and no "track" among the arguments.
+    a = PagedTokenToKVPoolAllocator(16 * 4, 4, None) if kind == "paged" else TokenToKVPoolAllocator(16, None)
+    a.alloc(8)
+    a.free_group_begin()
+    a.free([4] if kind == "paged" else [1])
+    saved = a.__getstate__()
+    assert saved["format"] == 3
+    del saved["sites"]
+    del saved["args"]["track"]
+    saved["format"] = 2
+    fresh = type(a).__new__(type(a))
+    fresh.__setstate__(saved)
+    fresh.check_invariants()
+    assert not fresh.track
+    assert fresh.alloc(4).tolist() == a.alloc(4).tolist()
+    fresh.free_group_end()
+    a.free_group_end()
+    assert fresh.available_size() == a.available_size()
+
+
+def test_a_paged_pickle_of_a_newer_format_says_so() -> None:
+    saved = PagedTokenToKVPoolAllocator(16 * 4, 4, None).__getstate__()
+    saved["format"] = 4
+    fresh = PagedTokenToKVPoolAllocator.__new__(PagedTokenToKVPoolAllocator)
+    with pytest.raises(HostPoolError) as info:
+        fresh.__setstate__(saved)
+    assert str(info.value) == (
+        "this PagedTokenToKVPoolAllocator was pickled in state format 4, written by a newer hostpool_nb; this "
+        "hostpool_nb reads format 3 and 2 and converts format 1 (pickle it again with the same hostpool_nb version "
+        "that loads it)"
     )

@@ -454,7 +454,8 @@ def test_pages_left_pending_by_another_ranks_clear_and_freed_again_leave_room_to
     else:
         seq, last = [1, page_size + 1, 1], [-1, page_size - 1, -1]
         got, want = (a.alloc_decode(seq, last, dp_rank=1) for a in made)
-    assert want is not None and got is not None
+    assert want is not None
+    assert got is not None
     assert got.tolist() == want.tolist()
     lib.check_invariants()
     for a in made:

@@ -19,7 +19,13 @@ oracle's, ``check_invariants()`` must pass, the group buffer must hold the
 pages the caller freed in the open group, and the caller's model must be
 sound (the requests hold only allocated pages, none twice). The same
 machine runs with ``strict=True`` on paths that never free a free page.
-A second machine does the same for ``TokenToKVPoolAllocator``.
+A second machine does the same for ``TokenToKVPoolAllocator``. Half the
+runs build the allocator with ``track=True`` (passing ``tags=`` to some
+batches): its results must not change, and after every step
+``outstanding(r)`` must hold exactly the oracle's allocated pages but those
+pending in the group, from this file's call sites and the tags given, and
+``outstanding(r, exclude=<the model's requests' slots>)`` exactly the pages
+no request holds (a leak report's answer).
 
 Where the library and the oracle may differ (the paged.py docstring), the
 callers here stay on the side where both agree: inside a free group they
@@ -59,6 +65,7 @@ from hostpool_nb.paged import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocato
 from tests.paged_model import Requests, compare, oracle_allocated, pending_pages
 
 PAGE_SIZES = [1, 2, 16, 64]
+TAGS = [None, "req-1", 7, ("req", 2)]
 FORMS = ["list", "int64", "int32"]
 
 
@@ -336,6 +343,35 @@ class _Machine(RuleBasedStateMachine):
         self.model.check(self.ora)
         for r in range(self.dp):
             assert pending_pages(self.lib, r) == self.pending[r], f"rank {r} group buffer"
+        if self.lib.track:
+            self.tracking_agrees()
+
+    def tracking_agrees(self) -> None:
+        ps = self.ps
+        for r in range(self.dp):
+            held = oracle_allocated(self.ora, r) - self.pending[r]
+            records = self.lib.outstanding(dp_rank=r)
+            assert sum(o.pages for o in records) == len(held), f"rank {r}: outstanding() is not what is allocated"
+            assert sum(o.slots for o in records) == len(held) * ps
+            assert all(o.file == __file__ for o in records), [o.site for o in records]
+            assert {o.tag for o in records} <= set(TAGS)
+            claimed = [p * ps + ps - 1 for p in self.model.held(r)]  # any slot of a page names it
+            lost = held - self.model.held(r)
+            left = self.lib.outstanding(dp_rank=r, exclude=claimed)
+            assert sum(o.pages for o in left) == len(lost), f"rank {r}: exclude= left {left}, expected {lost}"
+            self.events.add("tracked pages nobody holds" if lost else "tracked")
+
+    def tag_for(self, data: st.DataObject) -> dict[str, Any]:
+        """``tag=`` for an ``alloc`` now and then, on a tracking allocator."""
+        if not self.lib.track or not data.draw(st.booleans(), label="tag"):
+            return {}
+        return {"tag": data.draw(st.sampled_from(TAGS), label="tag value")}
+
+    def tags_for(self, data: st.DataObject, n: int) -> dict[str, Any]:
+        """``tags=`` for a batch of ``n`` requests now and then, on a tracking allocator."""
+        if not self.lib.track or not data.draw(st.booleans(), label="tags"):
+            return {}
+        return {"tags": data.draw(st.lists(st.sampled_from(TAGS), min_size=n, max_size=n), label="tag list")}
 
     # Implemented by each machine: used by free_group_block.
     def free_some(self, data: st.DataObject, allow_empty: bool = True) -> int | None:
@@ -354,7 +390,8 @@ class PagedMachine(_Machine):
         num_pages = dp * pages + data.draw(st.integers(0, dp - 1), label="spare pages")
         size = num_pages * ps + data.draw(st.integers(0, ps - 1), label="spare slots")
         debug = data.draw(st.booleans(), label="debug_mode")
-        lib = PagedTokenToKVPoolAllocator(size, ps, None, debug_mode=debug, dp_size=dp, strict=self.strict)
+        track = data.draw(st.booleans(), label="track")
+        lib = PagedTokenToKVPoolAllocator(size, ps, None, debug_mode=debug, dp_size=dp, strict=self.strict, track=track)
         ora = oracle_mod.PagedTokenToKVPoolAllocator(size, ps, None, debug_mode=debug, dp_size=dp)
         assert (lib.pages_per_rank, ora.pages_per_rank) == (pages, pages)
         self.setup(lib, ora)
@@ -467,7 +504,7 @@ class PagedMachine(_Machine):
         form = data.draw(st.sampled_from(FORMS), label="form")
         args = [as_form(v, form) for v in (prefix, seq, last)]
         released = len(self.ora.release_pages[r])
-        got = self.lib.alloc_extend(*args, total, **kw)
+        got = self.lib.alloc_extend(*args, total, **kw, **self.tags_for(data, len(batch)))
         want = self.ora.alloc_extend(*args, total, **kw)
         check_array(got, want, np.int32)
         self.refused_or_merged("alloc_extend", r, want, released)
@@ -514,7 +551,7 @@ class PagedMachine(_Machine):
         last = [-1 if i is None else reqs[i][-1] for i in order]
         form = data.draw(st.sampled_from(FORMS), label="form")
         released = len(self.ora.release_pages[r])
-        got = self.lib.alloc_decode(as_form(seq, form), as_form(last, form), **kw)
+        got = self.lib.alloc_decode(as_form(seq, form), as_form(last, form), **kw, **self.tags_for(data, len(seq)))
         want = self.ora.alloc_decode(as_form(seq, form), as_form(last, form), **kw)
         check_array(got, want, np.int32)
         self.refused_or_merged("alloc_decode", r, want, released)
@@ -549,7 +586,7 @@ class PagedMachine(_Machine):
         if data.draw(st.booleans(), label="numpy need"):
             need = np.int64(need)
         released = len(self.ora.release_pages[r])
-        got = self.lib.alloc(need, **kw)
+        got = self.lib.alloc(need, **kw, **self.tag_for(data))
         want = self.ora.alloc(need, **kw)
         check_array(got, want, np.int64)
         self.refused_or_merged("alloc", r, want, released)
@@ -654,7 +691,7 @@ class TokenMachine(_Machine):
     def make(self, per_rank: int, data: st.DataObject) -> None:
         dp = self.dp
         size = dp * per_rank + data.draw(st.integers(0, dp - 1), label="spare slots")
-        lib = TokenToKVPoolAllocator(size, None, dp_size=dp)
+        lib = TokenToKVPoolAllocator(size, None, dp_size=dp, track=data.draw(st.booleans(), label="track"))
         ora = oracle_mod.TokenToKVPoolAllocator(size, None, dp_size=dp)
         assert (lib.size_per_rank, ora.size_per_rank) == (per_rank, per_rank)
         self.setup(lib, ora)
@@ -671,7 +708,7 @@ class TokenMachine(_Machine):
     def allocate_some(self, data: st.DataObject) -> None:
         r, kw = self.draw_rank(data)
         n = data.draw(st.integers(0, self.ora.size_per_rank + 1), label="need")
-        got = self.lib.alloc(n, **kw)
+        got = self.lib.alloc(n, **kw, **self.tag_for(data))
         want = self.ora.alloc(n, **kw)
         check_array(got, want, np.int32)
         if want is None:
@@ -757,6 +794,9 @@ PAGED_EVENTS = {
     "clear(r)",
     "clear(r) inside a group",
     "clear()",
+    # Tracking: every page held accounted for, and the pages nobody holds found.
+    "tracked",
+    "tracked pages nobody holds",
 }
 # Only with several ranks.
 MULTI_RANK_EVENTS = {"a free group spanning ranks", "clear(r) keeps other ranks' pending frees"}
@@ -795,6 +835,7 @@ def paged_events(page_size: int, strict: bool) -> set[str]:
 
 
 TOKEN_EVENTS = {
+    "tracked",
     "alloc",
     "alloc refused",
     "free empty",
