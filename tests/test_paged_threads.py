@@ -9,6 +9,8 @@ free in the table, so no page ever has two owners; it unmarks its pages
 just before freeing them. Every read of the lists meanwhile must be
 consistent (the free list ascending, sizes in range). Afterwards every page
 is free again and the allocator's bookkeeping agrees with the threads'.
+With ``track=True`` each thread tags its calls with its own id and checks,
+now and then, that ``outstanding()`` gives it exactly the pages it holds.
 
 The races: ``free`` hands a caller's int64 array to a kernel that runs
 without the GIL, so another thread of the caller may write the array
@@ -41,9 +43,10 @@ FREE = -1
 class Stress:
     """Shared state of one stress run: the allocator, the owner table, failures, counters."""
 
-    def __init__(self, page_size: int) -> None:
+    def __init__(self, page_size: int, track: bool = False) -> None:
         self.ps = page_size
-        self.alloc = PagedTokenToKVPoolAllocator(2 * PAGES * page_size, page_size, None, dp_size=2)
+        self.track = track
+        self.alloc = PagedTokenToKVPoolAllocator(2 * PAGES * page_size, page_size, None, dp_size=2, track=track)
         self.owner = np.full((2, PAGES + 1), FREE, dtype=np.int64)  # page 0 is never anybody's
         self.table = threading.Lock()
         self.barrier = threading.Barrier(THREADS)
@@ -77,6 +80,17 @@ def worker(s: Stress, tid: int) -> None:
     ps = s.ps
     reqs: list[list[list[int]]] = [[], []]  # per rank: each request's token slots in order
     a = s.alloc
+    tag: dict[str, Any] = {"tag": f"thread-{tid}"} if s.track else {}
+
+    def tags(n: int) -> dict[str, Any]:
+        return {"tags": [f"thread-{tid}"] * n} if s.track else {}
+
+    def mine_outstanding(r: int) -> None:
+        """The pages outstanding() says this thread's tag holds are the ones it holds."""
+        got = sum(o.pages for o in a.outstanding(r) if o.tag == f"thread-{tid}")
+        held = len(set().union(*(pages_of(q) for q in reqs[r])))
+        if got != held:
+            s.fail(f"thread {tid}: outstanding() gives it {got} pages of rank {r}, it holds {held}")
 
     def pages_of(slots: list[int]) -> set[int]:
         return {x // ps for x in slots}
@@ -90,7 +104,7 @@ def worker(s: Stress, tid: int) -> None:
         prefix = [0 if i is None else len(live[i]) for i, _ in batch]
         last = [-1 if i is None else live[i][-1] for i, _ in batch]
         seq = [p + e for p, (_, e) in zip(prefix, batch, strict=True)]
-        out = a.alloc_extend(prefix, seq, last, sum(e for _, e in batch), dp_rank=r)
+        out = a.alloc_extend(prefix, seq, last, sum(e for _, e in batch), dp_rank=r, **tags(len(batch)))
         if out is None:
             s.counts["refused"][tid] += 1
             return
@@ -113,7 +127,7 @@ def worker(s: Stress, tid: int) -> None:
         order: list[int | None] = [*picked, *[None] * rng.randint(0, 1)]
         seq = [1 if i is None else len(live[i]) + 1 for i in order]
         last = [-1 if i is None else live[i][-1] for i in order]
-        out = a.alloc_decode(np.array(seq, dtype=np.int64), np.array(last, dtype=np.int64), dp_rank=r)
+        out = a.alloc_decode(np.array(seq, dtype=np.int64), np.array(last, dtype=np.int64), dp_rank=r, **tags(len(seq)))
         if out is None:
             s.counts["refused"][tid] += 1
             return
@@ -130,7 +144,7 @@ def worker(s: Stress, tid: int) -> None:
         s.claim(tid, r, new_pages)
 
     def alloc_pages(r: int) -> None:
-        out = a.alloc(rng.randint(1, 4) * ps, dp_rank=r)
+        out = a.alloc(rng.randint(1, 4) * ps, dp_rank=r, **tag)
         if out is None:
             s.counts["refused"][tid] += 1
             return
@@ -157,10 +171,12 @@ def worker(s: Stress, tid: int) -> None:
 
     try:
         s.barrier.wait()
-        for _ in range(OPS):
+        for step in range(OPS):
             if s.failures:
                 return
             r = rng.randrange(2)
+            if s.track and step % 50 == 0:
+                mine_outstanding(r)
             op = rng.random()
             if op < 0.35 and reqs[r]:
                 free(r)
@@ -208,9 +224,10 @@ def run_threads(target: Any, args: list[tuple[Any, ...]]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("track", [False, True], ids=["untracked", "tracked"])
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_no_page_has_two_owners(page_size: int) -> None:
-    s = Stress(page_size)
+def test_no_page_has_two_owners(page_size: int, track: bool) -> None:
+    s = Stress(page_size, track)
     run_threads(worker, [(s, tid) for tid in range(THREADS)])
     assert s.failures == []
     a = s.alloc
@@ -220,6 +237,7 @@ def test_no_page_has_two_owners(page_size: int) -> None:
     assert (s.owner == FREE).all()
     for r in (0, 1):
         assert a.available_size(r) == PAGES * page_size
+        assert not track or a.outstanding(r) == []
         a.merge_and_sort_free(r)
         assert a.free_pages[r].tolist() == list(range(1, PAGES + 1))
     for tid in range(THREADS):
