@@ -10,7 +10,9 @@ import at once; its kernels compile there once.
 Cells (--only-cells, comma-separated): 64:64, 16:16, 1:1 (one page);
 64:65536, 16:65536, 1:65536; 1:65536s (from a free list shuffled page by
 page); 1:trace, 16:trace, 64:trace (the KV-cache trace, per call); 64:64t
-(one page on a pool made with track=True).
+(one page on a pool made with track=True); paged:free, paged:extend,
+paged:decode (hostpool_nb.paged's untracked allocator at page size 16, as
+the paged rows of python -m bench time it).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .kvtrace import make_trace, measure_trace
+from .paged import compare_cell as paged_cell
 from .pool import MIB_SLOTS, measure_roundtrip
 from .report import fmt_ratio, fmt_value
 from .timing import median
@@ -46,6 +49,9 @@ CELLS = [
     "16:trace",
     "64:trace",
     "64:64t",
+    "paged:free",
+    "paged:extend",
+    "paged:decode",
 ]
 TRACE_OPS = 30_000
 
@@ -54,8 +60,8 @@ def _git(*args: str) -> bytes:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, check=True).stdout
 
 
-def load_revision(rev: str) -> tuple[str, Callable[..., Any]]:
-    """``(short sha, LogicalHostPool class)`` of ``rev``'s package, imported under another name."""
+def load_revision(rev: str) -> tuple[str, Any]:
+    """``(short sha, package)`` of ``rev``'s hostpool_nb, imported under another name."""
     try:
         sha = _git("rev-parse", "--verify", f"{rev}^{{commit}}").decode().strip()
     except subprocess.CalledProcessError:
@@ -72,13 +78,15 @@ def load_revision(rev: str) -> tuple[str, Callable[..., Any]]:
         (tmp / "hostpool_nb").rename(target)
         tmp.rmdir()
     sys.path.insert(0, str(base))
-    return sha[:10], importlib.import_module(name).LogicalHostPool
+    return sha[:10], importlib.import_module(name)
 
 
 def measure_cell(
     cell: str, impls: dict[str, Callable[..., Any]], repeats: int, min_loop_s: float
 ) -> dict[str, list[float]]:
     ps_text, k_text = cell.split(":")
+    if ps_text == "paged":
+        return paged_cell(k_text, impls, repeats, min_loop_s)
     ps = int(ps_text)
     if k_text == "trace":
         return measure_trace(impls, make_trace(MIB_SLOTS, ps, TRACE_OPS), repeats, floors=False)
@@ -108,13 +116,20 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [c for c in cells if c not in CELLS]
         if not cells or unknown:
             ap.error(f"--only-cells: unknown cell(s) {','.join(unknown) or '(none)'}; choose from {','.join(CELLS)}")
-    from hostpool_nb import LogicalHostPool
+    import hostpool_nb
 
     short, old = load_revision(args.rev)
-    impls = {"hostpool_nb": LogicalHostPool, short: old}
+    packages = {"hostpool_nb": hostpool_nb, short: old}
     print(f"this checkout against {args.rev} ({short}): ratio = {short} time / this time, paired min..max")
     print(f"{'cell':>9}  {'this':>9}  {short:>10}  {'ratio':>6}  paired")
     for cell in cells:
+        if cell.startswith("paged:"):
+            impls = {
+                n: importlib.import_module(f"{p.__name__}.paged").PagedTokenToKVPoolAllocator
+                for n, p in packages.items()
+            }
+        else:
+            impls = {n: p.LogicalHostPool for n, p in packages.items()}
         s = measure_cell(cell, impls, args.repeats, args.min_loop)
         mine, theirs = s["hostpool_nb"], s[short]
         paired = sorted(b / a for a, b in zip(mine, theirs, strict=True))

@@ -45,7 +45,7 @@ def _lists(a: Any) -> tuple[list[int], list[int], int]:
 
 
 def _same(values: dict[str, Any], what: str) -> None:
-    ref = values[NUMPY]
+    ref = values[NUMPY] if NUMPY in values else next(iter(values.values()))
     for name, value in values.items():
         same = (
             np.array_equal(value, ref) and np.asarray(value).dtype == np.asarray(ref).dtype
@@ -134,12 +134,8 @@ def paged(ctx: Context) -> list[Row]:
         row = _row(f"free {tokens} tok, {fmt_count(free_pages)} free", s)
         rows.append(row.at_least(NUMPY, 300) if free_pages == 62_500 else row)
         ctx.tick(0.1)
-    rng = np.random.default_rng(0)
-    requests, longest = ctx.size(32, 4), ctx.size(4096, 64)
-    prefix = rng.integers(0, longest + 1, requests)
-    seq = prefix + rng.integers(1, longest // 2 + 1, requests)
-    lens = rng.integers(1, longest + 1, ctx.size(256, 8))
-    lens[0] = max(PAGE_SIZE, lens[0] - lens[0] % PAGE_SIZE)  # one full page: a decode takes at least one
+    requests = ctx.size(32, 4)
+    prefix, seq, lens = batches(ctx.size(4096, 64), requests, ctx.size(256, 8))
     for form in ("lists", "arrays"):
         conv = (lambda x: x.tolist()) if form == "lists" else (lambda x: x.astype(np.int64))
         ctx.label(f"paged alloc_extend, {form}")
@@ -229,6 +225,52 @@ def _tracked_rows(ctx: Context, pool_pages: int, prefix: np.ndarray, seq: np.nda
             rows.append(row)
         ctx.tick(0.1)
     return rows
+
+
+def batches(longest: int, requests: int, seqs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The extend batch's prefix and seq lengths and the decode batch's lengths (seed 0)."""
+    rng = np.random.default_rng(0)
+    prefix = rng.integers(0, longest + 1, requests)
+    seq = prefix + rng.integers(1, longest // 2 + 1, requests)
+    lens = rng.integers(1, longest + 1, seqs)
+    lens[0] = max(PAGE_SIZE, lens[0] - lens[0] % PAGE_SIZE)  # one full page: a decode takes at least one
+    return prefix, seq, lens
+
+
+def compare_cell(call: str, classes: dict[str, Any], repeats: int, min_loop_s: float) -> dict[str, list[float]]:
+    """A paged cell of ``python -m bench.compare``: each revision's untracked allocator, side by side.
+
+    ``call`` is ``free`` (2048 tokens, 62.5K pages free), ``extend`` (32
+    requests) or ``decode`` (256 sequences), lists, as the paged rows.
+    """
+    makers = {name: (lambda size, ps, c=cls: c(size, ps, None)) for name, cls in classes.items()}
+    subjects: dict[str, tuple[Any, Callable[[], tuple[Any, ...]], Callable[..., Any]]] = {}
+    prefix, seq, lens = batches(4096, 32, 256)
+    if call == "free":
+        for name, make in makers.items():
+            a = make(PAGE_SIZE * (62_500 + 2048 // PAGE_SIZE), PAGE_SIZE)
+            subjects[name] = (a, _free_setup(a, 2048), a.free)
+    else:
+        held = prefix if call == "extend" else lens
+        for name, (a, last) in _requests(makers, 62_500, held).items():
+            if call == "extend":
+                args: tuple[Any, ...] = (prefix.tolist(), seq.tolist(), last.tolist(), int(np.sum(seq - prefix)))
+                subjects[name] = _restoring(a, args, a.alloc_extend)
+            else:
+                subjects[name] = _restoring(a, ((lens + 1).tolist(), last.tolist()), a.alloc_decode)
+    firsts = {}
+    for name, (a, prepare, fn) in subjects.items():
+        args = prepare()
+        t0 = time.perf_counter()
+        got = fn(*args)
+        firsts[name] = (time.perf_counter() - t0, np.asarray(got).tolist(), _lists(a))
+    if len({repr(f[1:]) for f in firsts.values()}) != 1:
+        raise Divergence(f"paged {call}: the revisions differ in the result or the lists")
+    runners = {
+        name: _calls_runner(prepare, fn, max(3, min(int(min_loop_s / max(firsts[name][0], 1e-9)) + 1, 20000)))
+        for name, (_, prepare, fn) in subjects.items()
+    }
+    return interleaved(runners, repeats)
 
 
 def _free_setup(a: Any, tokens: int) -> Callable[[], tuple[Any, ...]]:

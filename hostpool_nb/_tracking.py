@@ -255,7 +255,8 @@ class Tracker:
 
     def begin(self) -> None:
         """Start a call (every call that interns does): :meth:`rollback` takes back what it adds from now on."""
-        self._added = []
+        if self._added:  # mostly empty: a call that finds its site adds nothing
+            self._added.clear()
 
     def rollback(self) -> None:
         """The call failed: forget the entries it added (no page refers to them), so the table is as it was."""

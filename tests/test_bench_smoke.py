@@ -351,12 +351,15 @@ def test_a_recorded_trace_is_timed_on_every_implementation(tmp_path: Path) -> No
 def test_compare_times_a_cell_against_a_revision(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(compare, "load_revision", lambda rev: ("0123456789", LogicalHostPool))
+    import hostpool_nb
+
+    monkeypatch.setattr(compare, "load_revision", lambda rev: ("0123456789", hostpool_nb))
     monkeypatch.setattr(compare, "TRACE_OPS", 200)
-    assert compare.main(["HEAD", "--only-cells", "16:trace,64:64t", "--repeats", "1", "--min-loop", "0"]) == 0
+    cells = "16:trace,64:64t,paged:decode,paged:free"
+    assert compare.main(["HEAD", "--only-cells", cells, "--repeats", "1", "--min-loop", "0"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("this checkout against HEAD (0123456789)")
-    assert [line.split()[0] for line in out[2:]] == ["16:trace", "64:64t"]
+    assert [line.split()[0] for line in out[2:]] == cells.split(",")
 
 
 def test_compare_refuses_an_unknown_cell(capsys: pytest.CaptureFixture[str]) -> None:
