@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hostpool_nb.originals.paged import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from hostpool_nb.originals.paged import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
 
 
 def _paged(size: int, page_size: int, dp_size: int = 1, debug_mode: bool = False) -> PagedTokenToKVPoolAllocator:
@@ -496,3 +496,85 @@ def test_token_allocator_groups_backup_clear_dp() -> None:
     _eq(t.free_slots[0], [4], np.int32)  # rank 0 untouched
     t.clear()
     assert (t.available_size(0), t.available_size(1)) == (4, 4)
+
+
+# -- the sliding-window allocator (SPEC-paged section 3) ---------------------------------------
+
+
+class _HybridPool:
+    """A hybrid KV pool as the SWA allocator reads it: two sub-pools, and the mapping it is given."""
+
+    def __init__(self) -> None:
+        self.full_kv_pool = object()
+        self.swa_kv_pool = object()
+        self.full_to_swa_index_mapping: Any = None
+
+
+def test_swa_builds_its_sub_allocators_and_hands_out_its_mapping() -> None:
+    kv = _HybridPool()
+    a = SWATokenToKVPoolAllocator(64, 16, kv)
+    assert type(a.full_attn_allocator) is TokenToKVPoolAllocator
+    assert type(a.swa_attn_allocator) is TokenToKVPoolAllocator
+    assert a.full_attn_allocator.get_kvcache() is kv.full_kv_pool
+    assert a.swa_attn_allocator.get_kvcache() is kv.swa_kv_pool
+    assert (a.size_full, a.size_swa, a.get_kvcache()) == (64, 16, kv)
+    mapping = a.full_to_swa_index_mapping
+    assert kv.full_to_swa_index_mapping is mapping
+    assert mapping.dtype == np.int32
+    assert mapping.shape == (64 + 1,)
+    paged = SWATokenToKVPoolAllocator(64, 32, _HybridPool(), page_size=4, dp_size=2)
+    assert type(paged.full_attn_allocator) is PagedTokenToKVPoolAllocator
+    assert paged.full_attn_allocator.debug_mode is False
+    assert [m.shape for m in paged.full_to_swa_index_mapping] == [(32 + 4,), (32 + 4,)]
+    assert paged.debug_print(1) == "#swa-available-size: 16, #full-attn-available-size: 32, "
+
+
+def test_swa_alloc_maps_full_slots_to_swa_slots_and_free_unmaps_both() -> None:
+    a = SWATokenToKVPoolAllocator(16, 4, _HybridPool())
+    full = a.alloc(3)
+    _eq(full, [1, 2, 3], np.int32)
+    mapping = a.full_to_swa_index_mapping
+    assert mapping[[1, 2, 3]].tolist() == [1, 2, 3]
+    assert a.available_size() == 1  # the smaller of the two
+    assert a.alloc(2) is None  # the SWA side has 1: refused before anything is taken
+    assert a.full_available_size() == 13
+    a.free_swa([2])  # the token left the window: its SWA slot goes, the full slot stays
+    assert mapping[[1, 2, 3]].tolist() == [1, 0, 3]
+    assert (a.swa_available_size(), a.full_available_size()) == (2, 13)
+    assert a.count_swa_mapped([1, 2, 3]) == 2
+    a.free(full)
+    assert a.count_swa_mapped([1, 2, 3]) == 0
+    assert a.full_attn_allocator.free_slots[0].tolist()[-3:] == [1, 2, 3]
+    assert a.swa_attn_allocator.free_slots[0].tolist() == [4, 2, 1, 3]
+
+
+def test_swa_extend_and_decode_map_last_loc_and_free_the_full_slots_when_the_swa_side_refuses() -> None:
+    a = SWATokenToKVPoolAllocator(64, 16, _HybridPool(), page_size=4)
+    out = a.alloc_extend([0], [6], [-1], 6)
+    _eq(out, [4, 5, 6, 7, 8, 9], np.int32)
+    mapping = a.full_to_swa_index_mapping
+    assert mapping[out].tolist() == [4, 5, 6, 7, 8, 9]
+    new = a.alloc_decode([7], [9])  # last_loc 9 maps to SWA slot 9
+    _eq(new, [10], np.int32)
+    assert mapping[10] == 10
+    # 3 pages more: the full side serves them, the SWA side (4 pages, 2 free) refuses,
+    # and the full slots are freed again: to the release list.
+    assert a.alloc_extend([0], [12], [-1], 12) is None
+    assert sorted(a.full_attn_allocator.release_pages[0].tolist()) == [3, 4, 5]
+
+
+def test_swa_frees_in_a_group_at_its_end_and_refuses_snapshots() -> None:
+    a = SWATokenToKVPoolAllocator(16, 8, _HybridPool(), dp_size=2)
+    x = a.alloc(2, 1)
+    a.free_group_begin()
+    a.free(x, 1)
+    assert a.count_swa_mapped(x, 1) == 2  # pending
+    a.free_group_end()
+    assert a.count_swa_mapped(x, 1) == 0
+    assert a.full_available_size(1) == 8
+    with pytest.raises(NotImplementedError):
+        a.backup_state()
+    a.alloc(3)
+    a.clear(0)
+    assert a.full_available_size(0) == 8
+    assert not a.full_to_swa_index_mapping[0].any()

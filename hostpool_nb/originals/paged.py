@@ -277,4 +277,162 @@ class TokenToKVPoolAllocator(_Ranked):
         self.free_slots[dp_rank] = np.concatenate([self.free_slots[dp_rank], appended])
 
 
-__all__ = ["PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator"]
+class SWATokenToKVPoolAllocator:
+    """sglang-jax's sliding-window allocator (SPEC-paged section 3): a full and an SWA sub-allocator, a mapping.
+
+    Each full slot maps to the SWA slot of the same token (0: none), in one
+    int32 array per rank that the allocator updates in place. As observed:
+    ``alloc`` checks both sub-allocators first; ``alloc_extend`` and
+    ``alloc_decode`` allocate on the full one, then on the SWA one with the
+    mapped ``last_loc``, and free the full slots again when the SWA one
+    refuses; ``free`` frees the full slots and then their SWA slots
+    (``free_swa``); snapshots raise ``NotImplementedError``. Its silent
+    corruptions are the sub-allocators' (a token double free lists a slot
+    twice) and a ``free_swa`` of a full slot handed out again since.
+
+    Readings where the observation leaves a choice: ``clear(r)`` also drops
+    rank ``r``'s pending frees and leaves the group, as the sub-allocators'
+    ``clear``; the mapping is given to ``kvcache`` as its
+    ``full_to_swa_index_mapping`` attribute.
+    """
+
+    def __init__(self, size: int, size_swa: int, kvcache: Any, page_size: int = 1, dp_size: int = 1) -> None:
+        self.page_size = page_size
+        self.dp_size = dp_size
+        self._kvcache = kvcache
+        sub: Any
+        if page_size == 1:
+            self.full_attn_allocator: Any = TokenToKVPoolAllocator(size, kvcache.full_kv_pool, dp_size=dp_size)
+            sub = TokenToKVPoolAllocator(size_swa, kvcache.swa_kv_pool, dp_size=dp_size)
+        else:
+            self.full_attn_allocator = PagedTokenToKVPoolAllocator(
+                size, page_size, kvcache.full_kv_pool, debug_mode=False, dp_size=dp_size
+            )
+            sub = PagedTokenToKVPoolAllocator(
+                size_swa, page_size, kvcache.swa_kv_pool, debug_mode=False, dp_size=dp_size
+            )
+        self.swa_attn_allocator: Any = sub
+        length = self.full_attn_allocator.size_per_rank + page_size
+        self._maps = [np.zeros(length, dtype=_I32) for _ in range(dp_size)]
+        self.full_to_swa_index_mapping: Any = self._maps[0] if dp_size == 1 else self._maps
+        kvcache.full_to_swa_index_mapping = self.full_to_swa_index_mapping
+        self.free_group: list[list[np.ndarray]] = [[] for _ in range(dp_size)]
+        self.is_not_in_free_group = True
+
+    @property
+    def size_full(self) -> int:
+        return int(self.full_attn_allocator.size)
+
+    @property
+    def size_swa(self) -> int:
+        return int(self.swa_attn_allocator.size)
+
+    def get_kvcache(self) -> Any:
+        return self._kvcache
+
+    def full_available_size(self, dp_rank: int = 0) -> int:
+        return int(self.full_attn_allocator.available_size(dp_rank))
+
+    def swa_available_size(self, dp_rank: int = 0) -> int:
+        return int(self.swa_attn_allocator.available_size(dp_rank))
+
+    def available_size(self, dp_rank: int = 0) -> int:
+        return min(self.full_available_size(dp_rank), self.swa_available_size(dp_rank))
+
+    def debug_print(self, dp_rank: int = 0) -> str:
+        return (
+            f"#swa-available-size: {self.swa_available_size(dp_rank)}, "
+            f"#full-attn-available-size: {self.full_available_size(dp_rank)}, "
+        )
+
+    def alloc(self, need_size: int, dp_rank: int = 0) -> np.ndarray | None:
+        if need_size > self.full_available_size(dp_rank) or need_size > self.swa_available_size(dp_rank):
+            return None
+        full = self.full_attn_allocator.alloc(need_size, dp_rank)
+        swa = self.swa_attn_allocator.alloc(need_size, dp_rank)
+        if swa is None:
+            self.full_attn_allocator.free(full, dp_rank)
+            return None
+        self._maps[dp_rank][full] = swa
+        return full  # type: ignore[no-any-return]
+
+    def _mapped(self, last_loc: Any, dp_rank: int) -> np.ndarray:
+        return self._maps[dp_rank][np.asarray(last_loc, dtype=_I64)].astype(_I32)
+
+    def alloc_extend(
+        self, prefix_lens: Any, seq_lens: Any, last_loc: Any, extend_num_tokens: int, dp_rank: int = 0
+    ) -> np.ndarray | None:
+        full = self.full_attn_allocator.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens, dp_rank)
+        if full is None:
+            return None
+        swa = self.swa_attn_allocator.alloc_extend(
+            prefix_lens, seq_lens, self._mapped(last_loc, dp_rank), extend_num_tokens, dp_rank
+        )
+        if swa is None:
+            self.full_attn_allocator.free(full, dp_rank)
+            return None
+        self._maps[dp_rank][full] = swa
+        return full  # type: ignore[no-any-return]
+
+    def alloc_decode(self, seq_lens: Any, last_loc: Any, dp_rank: int = 0) -> np.ndarray | None:
+        full = self.full_attn_allocator.alloc_decode(seq_lens, last_loc, dp_rank)
+        if full is None:
+            return None
+        swa = self.swa_attn_allocator.alloc_decode(seq_lens, self._mapped(last_loc, dp_rank), dp_rank)
+        if swa is None:
+            self.full_attn_allocator.free(full, dp_rank)
+            return None
+        self._maps[dp_rank][full] = swa
+        return full  # type: ignore[no-any-return]
+
+    def free(self, free_index: Any, dp_rank: int = 0) -> None:
+        index = np.asarray(free_index)
+        if index.size == 0:
+            return
+        if not self.is_not_in_free_group:
+            self.free_group[dp_rank].append(index)
+            return
+        self.full_attn_allocator.free(index, dp_rank)
+        self.free_swa(index, dp_rank)
+        _check(self.full_attn_allocator.available_size(dp_rank) <= self.full_attn_allocator.size, "full pool overflow")
+        _check(self.swa_attn_allocator.available_size(dp_rank) <= self.swa_attn_allocator.size, "swa pool overflow")
+
+    def free_swa(self, free_index: Any, dp_rank: int = 0) -> None:
+        index = np.asarray(free_index, dtype=_I64).reshape(-1)
+        mapping = self._maps[dp_rank]
+        swa = mapping[index]
+        swa = swa[swa > 0]
+        self.swa_attn_allocator.free(swa, dp_rank)
+        mapping[index] = 0
+
+    def count_swa_mapped(self, free_index: Any, dp_rank: int = 0) -> int:
+        return int(np.count_nonzero(self._maps[dp_rank][np.asarray(free_index, dtype=_I64)]))
+
+    def free_group_begin(self) -> None:
+        self.is_not_in_free_group = False
+
+    def free_group_end(self) -> None:
+        self.is_not_in_free_group = True
+        for r in range(self.dp_size):
+            pending = self.free_group[r]
+            if pending:
+                self.free(np.concatenate(pending), dp_rank=r)
+            self.free_group[r] = []
+
+    def clear(self, dp_rank: int | None = None) -> None:
+        ranks = range(self.dp_size) if dp_rank is None else (dp_rank,)
+        self.full_attn_allocator.clear(dp_rank)
+        self.swa_attn_allocator.clear(dp_rank)
+        for r in ranks:
+            self._maps[r][:] = 0
+            self.free_group[r] = []
+        self.is_not_in_free_group = True
+
+    def backup_state(self) -> Any:
+        raise NotImplementedError
+
+    def restore_state(self, state: Any) -> None:
+        raise NotImplementedError
+
+
+__all__ = ["PagedTokenToKVPoolAllocator", "SWATokenToKVPoolAllocator", "TokenToKVPoolAllocator"]
