@@ -611,3 +611,8 @@ def free_slots_tracked(
         p = gp[GP_HEADER + i]
         st[t + n + p] = (st[t + n + p] & ~_LOW32) | site
     return status
+
+
+# What the sliding-window allocator's kernels (``_swa_kernels.py``) call besides the above.
+_reset_rank = _as_callee(reset_rank)
+_end_group = _as_callee(end_group)

@@ -33,6 +33,7 @@ FORMATS = {
     "PagedState": 3,
     "HostPagePool": 1,
     "HostPageState": 1,
+    "SWAState": 1,
 }
 # Formats this version still loads, converted (:func:`upgraded_words`): a
 # list of one page per entry is a list of runs of one page each.
@@ -236,6 +237,48 @@ def _load_paged(version: int, fields: Any) -> PagedState:
     if old and isinstance(ranks, (tuple, list)):
         ranks = [upgraded_words(words) for words in ranks]
     return PagedState(kind, size, page_size, dp_size, tuple(ranks), sites[0] if sites else None)
+
+
+@dataclass(frozen=True, eq=False)
+class SWAState:
+    """An immutable snapshot of a sliding-window allocator, from ``backup_state()``.
+
+    Both sub-allocators' states (``full``, ``swa``: :class:`PagedState`)
+    and every rank's full-to-SWA mapping as of one moment. Its free group
+    is not part of it, as for the other allocators.
+    """
+
+    full: PagedState
+    swa: PagedState
+    _mappings: Any = field(repr=False)  # a tuple of int32 arrays once made; checked here as anything
+
+    def __post_init__(self) -> None:
+        for name in ("full", "swa"):
+            if type(getattr(self, name)) is not PagedState:
+                raise HostPoolError(
+                    f"the SWAState's {name} is a {type(getattr(self, name)).__name__}, not a PagedState"
+                )
+        if not isinstance(self._mappings, (tuple, list)):
+            raise HostPoolError(f"the SWAState holds a {type(self._mappings).__name__}, not one mapping per rank")
+        frozen = []
+        for r, m in enumerate(self._mappings):
+            if not isinstance(m, np.ndarray) or m.ndim != 1 or m.dtype.kind not in "iu":
+                raise HostPoolError(f"the SWAState's mapping of rank {r} is not a 1-D integer array")
+            copy = np.array(m, dtype=np.int32, copy=True)
+            copy.flags.writeable = False
+            frozen.append(copy)
+        object.__setattr__(self, "_mappings", tuple(frozen))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_load_swa, (FORMATS["SWAState"], (self.full, self.swa, self._mappings)))
+
+
+def _load_swa(version: Any, fields: Any) -> SWAState:
+    """Unpickle an ``SWAState``, refusing another format."""
+    check_format(version, "SWAState")
+    if not isinstance(fields, tuple) or len(fields) != 3:  # noqa: PLR2004 - full, swa, mappings
+        raise HostPoolError("the SWAState pickle does not hold its 3 fields")
+    return SWAState(*fields)
 
 
 @dataclass(frozen=True, eq=False)

@@ -56,14 +56,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _kernels, _layout, _paged_kernels
+from . import _kernels, _layout, _paged_kernels, _swa_kernels
 from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_int_vector, as_slots, pool_shape
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, SlotRangeError
+from ._fork import register as _register_fork_lock
 from ._host import HostKVPoolMixin, HostPagePool
 from ._invariants import group_problems, rank_problems
 from ._jit import entry_point
 from ._protocol import ArrayStatePool
-from ._snapshot import PagedState, checked_ranks, checked_sites, upgraded_words
+from ._snapshot import PagedState, SWAState, checked_ranks, checked_sites, upgraded_words
 from ._tracking import HISTORY_MARK, Outstanding, Tracker, excluded, leak_report, site_id_problems, wanted
 
 _merge = entry_point(_kernels.merge)
@@ -80,6 +81,14 @@ _alloc_tokens_tracked = entry_point(_paged_kernels.alloc_tokens_tracked)
 _alloc_extend_tracked = entry_point(_paged_kernels.alloc_extend_tracked)
 _alloc_decode_tracked = entry_point(_paged_kernels.alloc_decode_tracked)
 _free_slots_tracked = entry_point(_paged_kernels.free_slots_tracked)
+_swa_alloc_tokens = entry_point(_swa_kernels.alloc_tokens)
+_swa_alloc_pages = entry_point(_swa_kernels.alloc_pages)
+_swa_alloc_extend = entry_point(_swa_kernels.alloc_extend)
+_swa_alloc_decode = entry_point(_swa_kernels.alloc_decode)
+_swa_free = entry_point(_swa_kernels.free)
+_swa_free_swa = entry_point(_swa_kernels.free_swa)
+_swa_end_group = entry_point(_swa_kernels.end_group)
+_swa_reset = entry_point(_swa_kernels.reset)
 _STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
 _INT32_MAX = 2**31 - 1
 
@@ -1004,10 +1013,459 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         return self._free(free_index, dp_rank, _paged_kernels.FREE_TOKENS)
 
 
+class SWATokenToKVPoolAllocator(ArrayStatePool):
+    """sglang-jax's sliding-window allocator: a full and an SWA sub-allocator, and the mapping between them.
+
+    For hybrid models that mix full and sliding-window attention: each
+    token has a full slot and, while inside the window, an SWA slot.
+    ``full_to_swa_index_mapping`` (int32, one array per rank when
+    ``dp_size > 1``) gives each full slot's SWA slot, 0 for none; it is the
+    same array object for the allocator's life, updated in place (the KV
+    pool and the attention backend hold it). Each call is one kernel call
+    for both sub-allocators and the mapping.
+
+    As the original (SPEC-paged section 3), for every call it handles: the
+    sub-allocators are this module's token allocators at page size 1, else
+    paged ones, on ``kvcache.full_kv_pool`` and ``kvcache.swa_kv_pool``;
+    ``alloc`` checks both sides first; ``alloc_extend`` and
+    ``alloc_decode`` allocate on both, the SWA side with the mapped
+    ``last_loc``; ``free`` frees the full slots and their SWA slots;
+    ``free_swa`` frees only the SWA slots (tokens that left the window).
+    Above page size 1 both free whole pages while the mapping is per slot:
+    the entries of a freed page's other slots stay, as in the original.
+    Unlike the original: a full slot freed twice at page size 1, slots
+    outside the ranks and batch arguments of different lengths are a
+    :class:`HostPoolError` raised before anything changes; an
+    ``alloc_extend`` or ``alloc_decode`` the SWA side cannot serve is
+    refused without taking (and freeing again) the full side's pages;
+    ``backup_state`` / ``restore_state`` work (the original raises
+    ``NotImplementedError``). It does not pickle: the mapping's identity is
+    what the KV pool and the backend rely on, and a copy would silently
+    leave them reading a mapping no allocator updates.
+
+    Parameters
+    ----------
+    size, size_swa : int
+        Full and SWA token slots.
+    kvcache : object
+        The hybrid KV pool: ``full_kv_pool`` and ``swa_kv_pool`` are given
+        to the sub-allocators, and ``full_to_swa_index_mapping`` is set to
+        the mapping.
+    page_size : int, optional
+        Slots per page (1: token allocators).
+    dp_size : int, optional
+        Data-parallel ranks.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> from hostpool_nb.paged import SWATokenToKVPoolAllocator
+    >>> kv = SimpleNamespace(full_kv_pool=None, swa_kv_pool=None)
+    >>> a = SWATokenToKVPoolAllocator(size=64, size_swa=16, kvcache=kv)
+    >>> full = a.alloc(3)
+    >>> full, a.full_to_swa_index_mapping[full]
+    (array([1, 2, 3], dtype=int32), array([1, 2, 3], dtype=int32))
+    >>> a.free_swa(full[:1]), a.count_swa_mapped(full)  # the first token left the window
+    (1, 2)
+    >>> a.free(full), a.available_size()
+    (3, 16)
+    """
+
+    _kind = "SWATokenToKVPoolAllocator"
+    _state_class = SWAState
+
+    def __init__(self, size: int, size_swa: int, kvcache: Any, page_size: int = 1, dp_size: int = 1) -> None:
+        page_size = as_count(page_size, "page_size")
+        full_pool, swa_pool = kvcache.full_kv_pool, kvcache.swa_kv_pool
+        sub: Any
+        if page_size == 1:
+            self.full_attn_allocator: Any = TokenToKVPoolAllocator(size, full_pool, dp_size=dp_size, track=False)
+            sub = TokenToKVPoolAllocator(size_swa, swa_pool, dp_size=dp_size, track=False)
+            self._modes = (_paged_kernels.FREE_TOKENS, _paged_kernels.FREE_TOKENS)
+        else:
+            self.full_attn_allocator = PagedTokenToKVPoolAllocator(
+                size, page_size, full_pool, dp_size=dp_size, track=False
+            )
+            sub = PagedTokenToKVPoolAllocator(size_swa, page_size, swa_pool, dp_size=dp_size, track=False)
+            self._modes = (_paged_kernels.FREE_PAGED, _paged_kernels.FREE_PAGED)
+        self.swa_attn_allocator: Any = sub
+        self.page_size = page_size
+        self.dp_size = self.full_attn_allocator.dp_size
+        self._kvcache = kvcache
+        self.lock = self.full_attn_allocator.lock  # one lock for the three: each call holds both sides
+        sub.lock = self.lock
+        _register_fork_lock(self)
+        length = self.full_attn_allocator.size_per_rank + page_size
+        self._maps = [np.zeros(length, dtype=np.int32) for _ in range(self.dp_size)]
+        self.full_to_swa_index_mapping: Any = self._maps[0] if self.dp_size == 1 else self._maps
+        kvcache.full_to_swa_index_mapping = self.full_to_swa_index_mapping
+        self._in_group = False
+        self._group_frees: list[list[NDArray[np.int64]]] = [[] for _ in range(self.dp_size)]
+        self._scratch = np.zeros(max(64, page_size), dtype=np.int64)
+
+    # -- attributes and sizes --------------------------------------------------------
+
+    @property
+    def size_full(self) -> int:
+        """The full sub-allocator's slots."""
+        return int(self.full_attn_allocator.size)
+
+    @property
+    def size_swa(self) -> int:
+        """The SWA sub-allocator's slots."""
+        return int(self.swa_attn_allocator.size)
+
+    @property
+    def is_not_in_free_group(self) -> bool:
+        """``True`` outside a free group."""
+        return not self._in_group
+
+    def get_kvcache(self) -> Any:
+        """The hybrid KV pool given to the constructor."""
+        return self._kvcache
+
+    def full_available_size(self, dp_rank: Any = 0) -> int:
+        """The full sub-allocator's ``available_size(dp_rank)``."""
+        return int(self.full_attn_allocator.available_size(dp_rank))
+
+    def swa_available_size(self, dp_rank: Any = 0) -> int:
+        """The SWA sub-allocator's ``available_size(dp_rank)``."""
+        return int(self.swa_attn_allocator.available_size(dp_rank))
+
+    def available_size(self, dp_rank: Any = 0) -> int:
+        """The smaller of the two sub-allocators' available sizes."""
+        with self.lock:
+            return min(self.full_available_size(dp_rank), self.swa_available_size(dp_rank))
+
+    def debug_print(self, dp_rank: Any = 0) -> str:
+        """``"#swa-available-size: S, #full-attn-available-size: F, "``, as the original's."""
+        with self.lock:
+            swa, full = self.swa_available_size(dp_rank), self.full_available_size(dp_rank)
+        return f"#swa-available-size: {swa}, #full-attn-available-size: {full}, "
+
+    def _rank(self, dp_rank: Any) -> int:
+        return int(self.full_attn_allocator._rank(dp_rank))
+
+    def _states(self, r: int) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        full, swa = self.full_attn_allocator, self.swa_attn_allocator
+        return full._st[r], full._gp[r], swa._st[r], swa._gp[r]
+
+    def _scratch_for(self, n: int) -> NDArray[np.int64]:
+        """The int64 buffer the kernels stage in, at least ``n`` long (grown, never per call). Under the lock."""
+        if self._scratch.shape[0] < n:
+            self._scratch = np.zeros(max(n, 2 * self._scratch.shape[0]), dtype=np.int64)
+        return self._scratch
+
+    # -- allocation -----------------------------------------------------------------------
+
+    def alloc(self, need_size: Any, dp_rank: Any = 0) -> NDArray[Any] | None:
+        """``need_size`` full slots and as many SWA slots, mapped; ``None`` if either side has fewer available.
+
+        Returns the full slots: int32 at page size 1, int64 (whole pages)
+        above, as the sub-allocators' ``alloc``.
+        """
+        if type(need_size) is not int:
+            need_size = as_count(need_size, "need_size")
+        r = self._rank(dp_rank)
+        ps = self.page_size
+        if need_size < 0:
+            raise HostPoolError(f"need_size must be non-negative, got need_size={need_size}")
+        if need_size % ps != 0:
+            raise AlignmentError(f"alloc must be page-aligned, got need_size={need_size}, page_size={ps}")
+        if need_size > self.full_attn_allocator.size_per_rank + ps:
+            return None  # more than a rank holds: refused before anything is allocated
+        dtype = np.int32 if ps == 1 else np.int64
+        out, swa = np.empty(need_size, dtype=dtype), np.empty(need_size, dtype=dtype)
+        stf, _, sts, _ = self._states(r)
+        with self.lock:
+            if ps == 1:
+                status = _swa_alloc_tokens(stf, sts, self._maps[r], out, swa)
+            else:
+                status = _swa_alloc_pages(stf, sts, self._maps[r], out, swa, ps)
+        if status >= 0:
+            return out
+        if status == _STATUS_SHORT:
+            return None
+        raise self._corrupt("alloc", status)
+
+    def _batch_args(self, lens: tuple[Any, ...], names: tuple[str, ...]) -> tuple[NDArray[np.int64], ...]:
+        arrays = tuple(as_int_vector(v, name) for v, name in zip(lens, names, strict=True))
+        if len({a.shape[0] for a in arrays}) != 1:
+            got = ", ".join(str(a.shape[0]) for a in arrays)
+            raise HostPoolError(f"{', '.join(names[:-1])} and {names[-1]} must have the same length, got {got}")
+        return arrays
+
+    def _needs_pages(self, op: str) -> None:
+        if self.page_size == 1:
+            raise HostPoolError(
+                f"{op} needs page_size > 1: at page size 1 the sub-allocators are token allocators, which have "
+                "no such call (the original's fails there too); use alloc(n)"
+            )
+
+    def _last_error(self, status: int, last: NDArray[np.int64], r: int) -> Exception | None:
+        code, i = _layout.decode_status(status)
+        if code != _layout.E_RANGE:
+            return None
+        return SlotRangeError(
+            f"last_loc[{i}]={int(last[i])} is outside rank {r}'s full slots (-1, or 0..{self._maps[r].shape[0] - 1})"
+        )
+
+    def alloc_extend(
+        self, prefix_lens: Any, seq_lens: Any, last_loc: Any, extend_num_tokens: Any, dp_rank: Any = 0
+    ) -> NDArray[np.int32] | None:
+        """Extend a batch on both sides (page size > 1); the full slots (int32), or ``None`` if a side is short.
+
+        As ``PagedTokenToKVPoolAllocator.alloc_extend`` on the full side;
+        the SWA side gets the same lengths and ``last_loc`` mapped to SWA
+        slots. Each new full slot is mapped to its new SWA slot.
+        """
+        self._needs_pages("alloc_extend")
+        prefix, seq, last = self._batch_args((prefix_lens, seq_lens, last_loc), ("prefix_lens", "seq_lens", "last_loc"))
+        total = as_count(extend_num_tokens, "extend_num_tokens")
+        r = self._rank(dp_rank)
+        if total < 0:
+            raise HostPoolError(f"extend_num_tokens must be non-negative, got extend_num_tokens={total}")
+        ps = self.page_size
+        fits = total <= (self.full_attn_allocator._pages + prefix.shape[0]) * ps
+        out = np.empty(total if fits else 0, dtype=np.int32)
+        swa = np.empty(out.shape[0], dtype=np.int32)
+        stf, _, sts, _ = self._states(r)
+        with self.lock:
+            scratch = self._scratch_for(prefix.shape[0])
+            tokens = min(total, _INT64_MAX)
+            status = _swa_alloc_extend(stf, sts, self._maps[r], prefix, seq, last, out, swa, scratch, tokens, ps)
+        if status >= 0:
+            return out
+        if status == _STATUS_SHORT:
+            return None
+        error = self._last_error(status, last, r)
+        raise error or self.full_attn_allocator._batch_error(status, (prefix, seq, last), total, "alloc_extend")
+
+    def alloc_decode(self, seq_lens: Any, last_loc: Any, dp_rank: Any = 0) -> NDArray[np.int32] | None:
+        """One new token per request on both sides (page size > 1); the full slots (int32), or ``None``."""
+        self._needs_pages("alloc_decode")
+        seq, last = self._batch_args((seq_lens, last_loc), ("seq_lens", "last_loc"))
+        r = self._rank(dp_rank)
+        out, swa = np.empty(seq.shape[0], dtype=np.int32), np.empty(seq.shape[0], dtype=np.int32)
+        stf, _, sts, _ = self._states(r)
+        with self.lock:
+            scratch = self._scratch_for(seq.shape[0])
+            status = _swa_alloc_decode(stf, sts, self._maps[r], seq, last, out, swa, scratch, self.page_size)
+        if status >= 0:
+            return out
+        if status == _STATUS_SHORT:
+            return None
+        error = self._last_error(status, last, r)
+        raise error or self.full_attn_allocator._batch_error(status, (seq - 1, seq, last), seq.shape[0], "alloc_decode")
+
+    # -- freeing ----------------------------------------------------------------------------
+
+    def free(self, free_index: Any, dp_rank: Any = 0) -> int:
+        """Free full slots and their SWA slots; in a free group, when it ends (checked now).
+
+        Returns what the full sub-allocator's ``free`` returns (slots at
+        page size 1, pages above). Page size 1: a slot not allocated is a
+        :class:`DoubleFreeError`; slots outside the rank a
+        :class:`SlotRangeError`; before anything changes.
+        """
+        r = self._rank(dp_rank)
+        slots = as_slots(free_index, "free_index")
+        if slots.shape[0] == 0:
+            return 0
+        full_mode, swa_mode = self._modes
+        stf, gpf, sts, gps = self._states(r)
+        with self.lock:
+            in_group = self._in_group
+            if in_group:
+                slots = slots.copy()  # kept for the group's end: what was checked
+            scratch = self._scratch_for(slots.shape[0])
+            status = _swa_free(
+                stf, gpf, sts, gps, self._maps[r], slots, scratch, self.page_size, full_mode, swa_mode, int(in_group)
+            )
+            if status < 0:
+                raise self._free_failed(status, r)
+            if in_group:
+                self._group_frees[r].append(slots)
+        return int(status)
+
+    def _free_failed(self, status: int, r: int) -> Exception:
+        code, _ = _layout.decode_status(status)
+        if code == _layout.E_CORRUPT:
+            return self._corrupt("free", status)
+        full = self.full_attn_allocator
+        outside, full._in_group = full._in_group, self._in_group  # the group is this allocator's: say so
+        try:
+            error: Exception = full._free_error(status, r)
+        finally:
+            full._in_group = outside
+        return error
+
+    def free_swa(self, free_index: Any, dp_rank: Any = 0) -> int:
+        """Free the SWA slots of full slots (tokens that left the window); the full slots stay. How many went."""
+        r = self._rank(dp_rank)
+        slots = as_slots(free_index, "free_index")
+        _, _, sts, gps = self._states(r)
+        with self.lock:
+            scratch = self._scratch_for(slots.shape[0])
+            status = _swa_free_swa(sts, gps, self._maps[r], slots, scratch, self.page_size, self._modes[1])
+        if status >= 0:
+            return int(status)
+        code, i = _layout.decode_status(status)
+        if code == _layout.E_RANGE:
+            raise SlotRangeError(
+                f"free_swa got slot {int(slots[i])} at free_index[{i}] (flattened), outside rank {r}'s full slots "
+                f"0..{self._maps[r].shape[0] - 1}"
+            )
+        raise self._corrupt("free_swa", status)
+
+    def count_swa_mapped(self, free_index: Any, dp_rank: Any = 0) -> int:
+        """How many of the full slots ``free_index`` have an SWA slot."""
+        r = self._rank(dp_rank)
+        slots = as_slots(free_index, "free_index")
+        mapping = self._maps[r]
+        bad = (slots < 0) | (slots >= mapping.shape[0])
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise SlotRangeError(
+                f"count_swa_mapped got slot {int(slots[i])} at free_index[{i}] (flattened), outside rank {r}'s "
+                f"full slots 0..{mapping.shape[0] - 1}"
+            )
+        with self.lock:
+            return int(np.count_nonzero(mapping[slots]))
+
+    # -- groups, clear ----------------------------------------------------------------------
+
+    def free_group_begin(self) -> None:
+        """Defer frees until ``free_group_end()``; each is checked when made. Groups do not nest."""
+        with self.lock:
+            self._in_group = True
+
+    def free_group_end(self) -> None:
+        """Free, per rank, the group's frees as one: the full slots, then their SWA slots."""
+        with self.lock:
+            self._in_group = False
+            for r, frees in enumerate(self._group_frees):
+                if not frees:
+                    continue
+                slots = np.concatenate(frees)
+                stf, gpf, sts, gps = self._states(r)
+                status = _swa_end_group(
+                    stf,
+                    gpf,
+                    sts,
+                    gps,
+                    self._maps[r],
+                    slots,
+                    self._scratch_for(slots.shape[0]),
+                    self.page_size,
+                    self._modes[1],
+                )
+                frees.clear()
+                if status < 0:
+                    raise self._corrupt("free_group_end", status)
+
+    def clear(self, dp_rank: Any = None) -> None:
+        """Reset both sides of the rank (or every rank), zero its mapping, drop its pending frees, leave the group."""
+        ranks = range(self.dp_size) if dp_rank is None else (self._rank(dp_rank),)
+        with self.lock:
+            for r in ranks:
+                _swa_reset(*self._states(r), self._maps[r])
+                self._group_frees[r].clear()
+            self._in_group = False
+
+    # -- snapshots, invariants ------------------------------------------------------------
+
+    def _snapshot(self) -> SWAState:
+        return SWAState(
+            self.full_attn_allocator._snapshot(),
+            self.swa_attn_allocator._snapshot(),
+            tuple(m.copy() for m in self._maps),
+        )
+
+    def _checked(self, state: SWAState) -> tuple[Any, Any, list[NDArray[np.int32]]]:
+        if type(state) is not SWAState:
+            raise TypeError(f"restore_state needs an SWAState from backup_state(), got {type(state).__name__}")
+        full = self.full_attn_allocator._checked(state.full)
+        swa = self.swa_attn_allocator._checked(state.swa)
+        maps = list(state._mappings)
+        if len(maps) != self.dp_size:
+            raise HostPoolError(f"the state holds {len(maps)} mappings; this allocator has dp_size={self.dp_size}")
+        for r, m in enumerate(maps):
+            found = self._mapping_problems(m, full[0][r], swa[0][r])
+            if found:
+                raise HostPoolError(f"the state's mapping of rank {r} fails the invariants: {found}")
+        return full, swa, maps
+
+    def _load(self, checked: tuple[Any, Any, list[NDArray[np.int32]]]) -> None:
+        full, swa, maps = checked
+        self.full_attn_allocator._load(full)
+        self.swa_attn_allocator._load(swa)
+        for mine, saved in zip(self._maps, maps, strict=True):
+            mine[:] = saved  # in place: the KV pool and the backend hold these arrays
+
+    def _mapping_problems(  # noqa: PLR0911 - one return per way a mapping can be wrong
+        self, m: NDArray[np.int32], full: NDArray[np.int64], swa: NDArray[np.int64]
+    ) -> str | None:
+        """Why ``m`` is not a mapping between the ranks' states ``full`` and ``swa``; ``None`` if it is one."""
+        ps = self.page_size
+        if m.shape != self._maps[0].shape:
+            return f"it has {m.shape[0]} entries, expected {self._maps[0].shape[0]}"
+        mapped = np.flatnonzero(m)
+        values = m[mapped].astype(np.int64)
+        swa_pages = int(swa[_layout.H_NPAGES])
+        if values.size and (values.min() < 1 or values.max() >= swa_pages * ps):
+            return "an SWA slot is outside the SWA rank"
+        if ps > 1:
+            # Frees act on whole pages, the mapping on the slots named (as the
+            # original's): entries of a page's other slots may outlive it, and a
+            # request whose last SWA slot went continues from slot 0's page.
+            return None
+        if np.unique(values).size != values.size:
+            return "two full slots map to one SWA slot"
+        full_owner = _layout.owner_flags(full, int(full[_layout.H_NPAGES]))
+        if mapped.size and (
+            mapped.max() >= full_owner.shape[0] * ps or (full_owner[mapped // ps] != _layout.OWNER_ALLOCATED).any()
+        ):
+            return "a full slot that is not allocated has an SWA slot"
+        swa_owner = _layout.owner_flags(swa, swa_pages)
+        if values.size and (swa_owner[values // ps] != _layout.OWNER_ALLOCATED).any():
+            return "a mapped SWA slot is not allocated"
+        return None
+
+    def _corruption(self) -> str | None:
+        for sub in (self.full_attn_allocator, self.swa_attn_allocator):
+            found: str | None = sub._corruption()
+            if found is not None:
+                return found
+        for r, m in enumerate(self._maps):
+            problem = self._mapping_problems(m, self.full_attn_allocator._st[r], self.swa_attn_allocator._st[r])
+            if problem is not None:
+                return f"{self._kind} rank {r} is corrupted: its mapping: {problem}"
+        return None
+
+    def _pickled(self) -> dict[str, Any]:
+        raise TypeError(_NO_PICKLE)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(_NO_PICKLE)
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError(_NO_PICKLE)
+
+
+_NO_PICKLE = (
+    "SWATokenToKVPoolAllocator does not pickle or copy: the KV pool and the attention backend hold its mapping "
+    "array by identity, and a copy's mapping would be one no allocator updates; use backup_state() and "
+    "restore_state() for a snapshot"
+)
+
+
 __all__ = [
     "HostKVPoolMixin",
     "HostPagePool",
     "PagedState",
     "PagedTokenToKVPoolAllocator",
+    "SWAState",
+    "SWATokenToKVPoolAllocator",
     "TokenToKVPoolAllocator",
 ]
