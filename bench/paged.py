@@ -289,3 +289,139 @@ def _row(params: str, samples: dict[str, list[float]]) -> Row:
         samples=samples,
         columns=(HOSTPOOL, NUMPY),
     )
+
+
+# -- the sliding-window allocator --------------------------------------------------------------
+
+SWAPPED = "swapped"  # the original SWA class over hostpool_nb.paged's sub-allocators
+
+
+def swa_implementations(size: int, size_swa: int, ps: int) -> dict[str, Any]:
+    """hostpool_nb's, the original's, and the original's class with only its sub-allocators swapped."""
+    from types import SimpleNamespace
+
+    from hostpool_nb.originals import paged as original
+    from hostpool_nb.paged import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator
+
+    def kv() -> Any:
+        return SimpleNamespace(full_kv_pool=None, swa_kv_pool=None)
+
+    swapped = original.SWATokenToKVPoolAllocator(size, size_swa, kv(), page_size=ps)
+    swapped.full_attn_allocator = PagedTokenToKVPoolAllocator(size, ps, None)
+    swapped.swa_attn_allocator = PagedTokenToKVPoolAllocator(size_swa, ps, None)
+    return {
+        HOSTPOOL: SWATokenToKVPoolAllocator(size, size_swa, kv(), page_size=ps),
+        NUMPY: original.SWATokenToKVPoolAllocator(size, size_swa, kv(), page_size=ps),
+        SWAPPED: swapped,
+    }
+
+
+def _swa_subjects(call: str, impls: dict[str, Any], prefix: np.ndarray, seq: np.ndarray, lens: np.ndarray) -> Any:
+    """Per implementation ``(allocator, set-up, call)``; each set-up undoes the last call's effect untimed."""
+    subjects = {}
+    for name, a in impls.items():
+        held = prefix if call in ("extend", "free", "free_swa") else lens
+        n = held.shape[0]
+        got = a.alloc_extend([0] * n, held.tolist(), [-1] * n, int(held.sum()))
+        last = np.asarray(got, dtype=np.int64)[np.cumsum(held) - 1]
+        state: dict[str, Any] = {"out": None}
+        if call == "extend":  # the output's slots in new pages: the rest of each current page stays its request's
+            rest = (-prefix) % PAGE_SIZE
+            ext = seq - prefix
+            new = np.concatenate([np.arange(e) >= min(r_, e) for r_, e in zip(rest, ext, strict=True)])
+        else:
+            new = (lens % PAGE_SIZE) == 0  # decode: the requests whose new token starts a page
+
+        def undo(a: Any = a, state: dict[str, Any] = state, new: np.ndarray = new) -> None:
+            if state["out"] is not None:
+                a.free(np.asarray(state["out"], dtype=np.int64)[new])  # the new pages only
+                state["out"] = None
+
+        if call == "extend":
+            args = (prefix.tolist(), seq.tolist(), last.tolist(), int(np.sum(seq - prefix)))
+
+            def prepare(undo: Any = undo, args: Any = args) -> tuple[Any, ...]:
+                undo()
+                return args
+
+            def run(*x: Any, a: Any = a, state: dict[str, Any] = state) -> Any:
+                state["out"] = a.alloc_extend(*x)
+                return state["out"]
+
+        elif call == "decode":
+            args = ((lens + 1).tolist(), last.tolist())
+
+            def prepare(undo: Any = undo, args: Any = args) -> tuple[Any, ...]:
+                undo()
+                return args
+
+            def run(*x: Any, a: Any = a, state: dict[str, Any] = state) -> Any:
+                state["out"] = a.alloc_decode(*x)
+                return state["out"]
+
+        else:
+            tokens = 2048 if call == "free" else 256
+
+            def prepare(a: Any = a, tokens: int = tokens) -> tuple[Any, ...]:
+                got = a.alloc_extend([0], [tokens], [-1], tokens)
+                if call == "free_swa":  # the full slots stay held: free them untimed before the next
+                    prepare.held.append(got)  # type: ignore[attr-defined]
+                    if len(prepare.held) > 8:  # type: ignore[attr-defined]
+                        a.free(np.asarray(prepare.held.pop(0), dtype=np.int64))  # type: ignore[attr-defined]
+                return (np.asarray(got, dtype=np.int64),)
+
+            prepare.held = []  # type: ignore[attr-defined]
+            run = a.free if call == "free" else a.free_swa
+        subjects[name] = (a, prepare, run)
+    return subjects
+
+
+@workload("swa", seconds=20)
+def swa(ctx: Context) -> list[Row]:
+    size, size_swa = ctx.size(1 << 20, 1 << 14), ctx.size(1 << 18, 1 << 13)
+    # Requests of up to 512 tokens: a window's worth, so that the batches fit the 256K-slot SWA side.
+    prefix, seq, lens = batches(ctx.size(512, 64), ctx.size(32, 4), ctx.size(256, 8))
+    rows = []
+    for call, what in (
+        ("extend", f"extend {prefix.shape[0]} reqs"),
+        ("decode", f"decode {lens.shape[0]} seqs"),
+        ("free", "free 2048 tok"),
+        ("free_swa", "free_swa 256 tok"),
+    ):
+        ctx.label(f"SWA allocator {call}")
+        impls = swa_implementations(size, size_swa, PAGE_SIZE)
+        subjects = _swa_subjects(call, impls, prefix, seq, lens)
+        firsts, results = {}, {}
+        for name, (_, prepare, fn) in subjects.items():
+            args = prepare()
+            t0 = time.perf_counter()
+            got = fn(*args)
+            firsts[name] = time.perf_counter() - t0
+            results[name] = None if got is None or isinstance(got, int) else np.asarray(got).tolist()
+        if len({repr(v) for v in results.values()}) != 1:
+            raise Divergence(f"SWA allocator {call}: the implementations returned different slots")
+        iters = {n: max(3, min(int(ctx.loop_s() / max(t, 1e-9)) + 1, 5000)) for n, t in firsts.items()}
+        s = interleaved(
+            {n: _calls_runner(prepare, fn, iters[n]) for n, (_, prepare, fn) in subjects.items()}, ctx.repeats()
+        )
+        row = Row(
+            "SWA allocator",
+            f"{what}, lists" if call in ("extend", "decode") else what,
+            "s",
+            {HOSTPOOL: median(s[HOSTPOOL]), NUMPY: median(s[NUMPY])},
+            samples={HOSTPOOL: s[HOSTPOOL], NUMPY: s[NUMPY]},
+            columns=(HOSTPOOL, NUMPY),
+        )
+        over = median([b / a for a, b in zip(s[HOSTPOOL], s[SWAPPED], strict=True)])
+        row.target, row.met = ">=1.5x swapped", over >= 1.5
+        row.extra["over_swapped"] = over
+        rows.append(row)
+        ctx.tick(0.25)
+    ratios = ", ".join(f"{r.params.split(',')[0]} {r.extra['over_swapped']:.2f}x" for r in rows)
+    ctx.notes.append(
+        f"SWA allocator (page size {PAGE_SIZE}, {fmt_count(size)} full and {fmt_count(size_swa)} SWA slots): "
+        "hostpool_nb.paged's against the original algorithm (hostpool_nb.originals.paged, x numpy) and against "
+        f"the original class over hostpool_nb.paged's sub-allocators (swapped: {ratios}); each call timed alone, "
+        "its set-up (freeing the last call's slots, or allocating the request to free) untimed"
+    )
+    return rows
