@@ -268,9 +268,13 @@ class SWAMachine(RuleBasedStateMachine):
             return
         self.backups = [
             *self.backups[-2:],
-            (self.lib.backup_state(), copy.deepcopy(self.ora), copy.deepcopy(self.reqs)),
+            (self.lib.backup_state(), copy.deepcopy(self.ora), self.held_at_backup()),
         ]
         self.events.add("backup_state")
+
+    def held_at_backup(self) -> list[list[list[int]]]:
+        """The requests, and the slots pending in the group: allocated in a snapshot, requests once restored."""
+        return [copy.deepcopy(self.reqs[r]) + copy.deepcopy(self.pending[r]) for r in range(self.dp)]
 
     # -- after every step ----------------------------------------------------------------------
 
