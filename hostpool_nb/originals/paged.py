@@ -277,7 +277,7 @@ class TokenToKVPoolAllocator(_Ranked):
         self.free_slots[dp_rank] = np.concatenate([self.free_slots[dp_rank], appended])
 
 
-class SWATokenToKVPoolAllocator:
+class SWATokenToKVPoolAllocator(_Ranked):
     """sglang-jax's sliding-window allocator (SPEC-paged section 3): a full and an SWA sub-allocator, a mapping.
 
     Each full slot maps to the SWA slot of the same token (0: none), in one
@@ -326,9 +326,6 @@ class SWATokenToKVPoolAllocator:
     @property
     def size_swa(self) -> int:
         return int(self.swa_attn_allocator.size)
-
-    def get_kvcache(self) -> Any:
-        return self._kvcache
 
     def full_available_size(self, dp_rank: int = 0) -> int:
         return int(self.full_attn_allocator.available_size(dp_rank))
@@ -389,8 +386,7 @@ class SWATokenToKVPoolAllocator:
         index = np.asarray(free_index)
         if index.size == 0:
             return
-        if not self.is_not_in_free_group:
-            self.free_group[dp_rank].append(index)
+        if self._defer(index, dp_rank):
             return
         self.full_attn_allocator.free(index, dp_rank)
         self.free_swa(index, dp_rank)
@@ -407,17 +403,6 @@ class SWATokenToKVPoolAllocator:
 
     def count_swa_mapped(self, free_index: Any, dp_rank: int = 0) -> int:
         return int(np.count_nonzero(self._maps[dp_rank][np.asarray(free_index, dtype=_I64)]))
-
-    def free_group_begin(self) -> None:
-        self.is_not_in_free_group = False
-
-    def free_group_end(self) -> None:
-        self.is_not_in_free_group = True
-        for r in range(self.dp_size):
-            pending = self.free_group[r]
-            if pending:
-                self.free(np.concatenate(pending), dp_rank=r)
-            self.free_group[r] = []
 
     def clear(self, dp_rank: int | None = None) -> None:
         ranks = range(self.dp_size) if dp_rank is None else (dp_rank,)
