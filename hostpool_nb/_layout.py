@@ -314,6 +314,20 @@ def group_length(num_pages: int) -> int:
     return GP_HEADER + cap + (cap + 7) // 8
 
 
+def group_of_pages(num_pages: int, pending: NDArray[np.integer]) -> NDArray[np.int64]:
+    """A rank's group buffer with ``pending`` (page ids, in the order they were freed) pending.
+
+    What the frees of a free group leave; the caller checks the result as
+    any state from outside (``group_problems``).
+    """
+    gp = np.zeros(group_length(num_pages), dtype=np.int64)
+    gp[GP_CAP] = num_pages + 1
+    gp[GP_COUNT] = pending.shape[0]
+    gp[GP_HEADER : GP_HEADER + pending.shape[0]] = pending
+    group_marks(gp)[pending] = MARK_PENDING
+    return gp
+
+
 def group_marks(gp: NDArray[np.int64]) -> NDArray[np.uint8]:
     """The mark bytes of a group buffer, as Python code reads them."""
     cap = int(gp[GP_CAP])

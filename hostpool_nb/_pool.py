@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,7 @@ from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPage
 from ._hooks import DataPlaneHooks
 from ._invariants import pool_problems
 from ._jit import Entries, entry_point
-from ._protocol import ArrayStatePool
+from ._protocol import ArrayStatePool, Recordable, start_words
 from ._snapshot import PoolState, checked_words, upgraded_words
 from ._stats import PoolStats
 from ._tracking import HISTORY_MARK, Outstanding, SiteKey, Tracker, excluded, leak_report, wanted
@@ -87,7 +87,7 @@ def _new_state(size: int, page_size: int, num_pages: int, sorted_order: bool, tr
         ) from exc
 
 
-class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
+class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
     """Page-aligned allocator of host KV-cache token slots, without torch.
 
     Hands out integer slot ids in ``[0, size)``, a whole number of pages of
@@ -691,25 +691,36 @@ class LogicalHostPool(DataPlaneHooks, ArrayStatePool):
         with self.lock:
             return tracker.outstanding(self._st, self._owner, self.page_size, skip)
 
-    def recording(self, path: Any) -> AbstractContextManager[None]:
-        """``with pool.recording(path): ...``: write every call made in the block to ``path``.
+    _recorded = (
+        "alloc",
+        "alloc_many",
+        "free",
+        "clear",
+        "merge",
+        "free_group_begin",
+        "free_group_end",
+        "backup_state",
+        "restore_state",
+    )
 
-        The trace (``hostpool_nb.trace`` documents its format: a ``.npz``
-        archive, readable with ``numpy.load``) holds the pool's parameters
-        and each call's arguments, results and errors, in order; ``python
-        -m hostpool_nb.replay path`` checks that a fresh pool does the same,
-        and ``python -m bench --trace path`` times the workload against the
-        original algorithm. Calls are serialised while recording.
+    def _trace_shape(self) -> dict[str, Any]:
+        return {
+            "pool": type(self).__name__,
+            "size": self.size,
+            "page_size": self.page_size,
+            "merge": self.merge_order,
+            "track": self.track,
+            "dp_size": 1,
+            "strict": False,
+            "debug_mode": False,
+        }
 
-        Parameters
-        ----------
-        path : str or os.PathLike
-            The file to write; its folder must exist. It is checked before
-            the block runs.
-        """
-        from ._recording import recording  # noqa: PLC0415 - keeps the trace machinery out of `import hostpool_nb`
-
-        return recording(self, path)
+    def _trace_start(self) -> NDArray[np.int64]:
+        st = self._st
+        nfree, nrel = int(st[_layout.H_NFREE]), int(st[_layout.H_NREL])
+        ids = _layout.listed(st).astype(np.int64)
+        lists = (ids[:nfree], ids[nfree : nfree + nrel], ids[nfree + nrel :])
+        return start_words([(int(st[_layout.H_GROUP_DEPTH]), *lists)])
 
     def leak_report(self, limit: int = 20, *, exclude: Any = None) -> str:
         """A readable table of what is allocated now and where, for logs and test failures.

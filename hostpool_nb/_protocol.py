@@ -24,7 +24,11 @@ of checks and lock, the format check, the messages.
 from __future__ import annotations
 
 import threading
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
 
 from . import _layout
 from ._errors import HostPoolError
@@ -134,3 +138,51 @@ class ArrayStatePool:
             f"{self._kind or type(self).__name__} state is corrupted: {op} kernel failed with code {code} at {pos}; "
             "please report this with the calls that led to it"
         )
+
+
+class Recordable:
+    """``pool.recording(path)``, for the kinds whose calls a trace can hold (``trace.CALLS``).
+
+    Each supplies ``_recorded`` (the methods a recording wraps),
+    ``_trace_shape()`` (the trace header's fields but the version and the
+    lengths) and ``_trace_start()`` (the ``start`` array: the state the
+    recording begins from), both called under the lock.
+    """
+
+    _recorded: ClassVar[tuple[str, ...]] = ()
+
+    def _trace_shape(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _trace_start(self) -> NDArray[np.int64]:
+        raise NotImplementedError
+
+    def recording(self, path: Any) -> AbstractContextManager[None]:
+        """``with pool.recording(path): ...``: write every call made in the block to ``path``.
+
+        The trace (``hostpool_nb.trace`` documents its format: a ``.npz``
+        archive, readable with ``numpy.load``) holds the pool's parameters,
+        the state the block began from, and each call's arguments, results
+        and errors, in order; ``python -m hostpool_nb.replay path`` checks
+        that a fresh pool does the same, and ``python -m bench --trace
+        path`` times the workload against the original algorithm. Calls are
+        serialised while recording.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The file to write; its folder must exist. It is checked before
+            the block runs.
+        """
+        from ._recording import recording  # noqa: PLC0415 - keeps the trace machinery out of `import hostpool_nb`
+
+        return recording(self, path)
+
+
+def start_words(states: list[tuple[int, NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]]) -> NDArray[np.int64]:
+    """A trace's ``start`` array: per rank ``[depth, free, released, pending]`` then those lists' page ids."""
+    parts: list[NDArray[np.int64]] = []
+    for depth, free, released, pending in states:
+        counts = [depth, free.shape[0], released.shape[0], pending.shape[0]]
+        parts += [np.array(counts, dtype=np.int64), free, released, pending]
+    return np.concatenate(parts).astype(np.int64)

@@ -4,7 +4,10 @@ While a block records, each recorded method of the pool is replaced, on the
 instance, by a wrapper that holds the pool's lock for the whole call and
 appends the call's arguments, result and error; the file is written when
 the block ends. Nothing here imports a pool class, so the pools can import
-this module without a circle.
+this module without a circle: a kind that records supplies ``_recorded``
+(the methods to wrap), ``_trace_shape()`` (the header's fields) and
+``_trace_start()`` (the ``start`` array), and its calls name a ``dp_rank``
+if it has ``dp_size``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _layout
 from ._convert import as_slots
 from ._errors import HostPoolError
 from .trace import ERRORS, HEADER_DTYPE, OP_DTYPE, OPS, VERSION
@@ -32,10 +34,9 @@ class Recorder:
     def __init__(self, pool: Any) -> None:
         """Start recording ``pool``: under its lock, so the state it starts from is one call's."""
         self.pool = pool
-        st = pool._st
-        counts = [int(st[h]) for h in (_layout.H_GROUP_DEPTH, _layout.H_NFREE, _layout.H_NREL, _layout.H_NPEND)]
-        self.start = np.concatenate([np.array(counts, dtype=np.int64), _layout.listed(st).astype(np.int64)])
-        self.ops: list[tuple[int, int, bool, int, int, int, int]] = []
+        self.shape = pool._trace_shape()
+        self.start = pool._trace_start()
+        self.ops: list[tuple[int, int, bool, int, int, int, int, int]] = []
         self.data: list[NDArray[np.int64]] = []
         self.data_len = 0
         self.messages: list[str] = []
@@ -49,44 +50,33 @@ class Recorder:
             self.data_len += arr.shape[0]
         return offset
 
-    def add(
+    def add(  # noqa: PLR0913 - a record's fields
         self,
         op: str,
         arg: int | None,
         result: int,
-        numbers: tuple[Any, ...] = (),
+        numbers: tuple[Any, ...] | None = (),
         exc: BaseException | None = None,
+        *,
+        rank: int | None = 0,
     ) -> None:
-        """Append one call; ``arg=None`` (or a ``TypeError``) marks it as not replayable."""
-        offset = self._numbers(*numbers)
+        """Append one call; ``arg``, ``numbers`` or ``rank`` ``None`` (or a ``TypeError``): not replayable."""
+        unreadable = arg is None or numbers is None or rank is None
+        offset = self._numbers(*(() if unreadable or numbers is None else numbers))
         error, message = 0, -1
-        unreadable = arg is None
         if exc is not None:
             name = type(exc).__name__
             error = ERRORS.index(name) if name in ERRORS else ERRORS.index("HostPoolError")
             message = len(self.messages)
             self.messages.append(str(exc))
             unreadable = unreadable or isinstance(exc, TypeError)  # the record holds only numbers
-        self.ops.append((OPS.index(op), error, unreadable, -1 if arg is None else arg, result, offset, message))
+        arg = -1 if arg is None else arg
+        self.ops.append((OPS.index(op), error, unreadable, arg, result, offset, message, rank or 0))
 
     def write(self, path: str | os.PathLike[str], tmp: str | None = None) -> None:
         """Write the trace atomically: into ``tmp`` (a new file in the same folder), then a rename."""
-        pool = self.pool
-        header = np.array(
-            [
-                (
-                    VERSION,
-                    type(pool).__name__,
-                    pool.size,
-                    pool.page_size,
-                    pool.merge_order,
-                    pool.track,
-                    len(self.ops),
-                    self.data_len,
-                )
-            ],
-            dtype=HEADER_DTYPE,
-        )
+        fields = {**self.shape, "version": VERSION, "ops": len(self.ops), "data": self.data_len}
+        header = np.array([tuple(fields[name] for name in HEADER_DTYPE.names or ())], dtype=HEADER_DTYPE)
         ops = np.array(self.ops, dtype=OP_DTYPE)
         data = np.concatenate(self.data) if self.data else np.empty(0, dtype=np.int64)
         messages = np.array(self.messages if self.messages else [""], dtype=np.str_)
@@ -136,12 +126,13 @@ def recording(pool: Any, path: str | os.PathLike[str]) -> Iterator[None]:
         raise HostPoolError(f"cannot record to {path}: {exc.strerror or exc}") from None
     os.close(fd)
     with pool.lock:  # checked and installed in one hold: two threads cannot both start recording
-        if any(name in vars(pool) for name in _RECORDED):
+        if any(name in vars(pool) for name in pool._recorded):
             os.unlink(tmp)
             raise HostPoolError("this pool is already recording: recordings do not nest")
         rec = Recorder(pool)
-        for name in _RECORDED:
-            setattr(pool, name, _wrap(pool, rec, name, getattr(pool, name)))
+        calls = _RankedCalls if hasattr(pool, "dp_size") else _Calls
+        for name in pool._recorded:
+            setattr(pool, name, _wrap(calls(pool, rec, getattr(pool, name)), name))
     try:
         yield
     except BaseException as exc:
@@ -158,27 +149,15 @@ def recording(pool: Any, path: str | os.PathLike[str]) -> Iterator[None]:
 
 def _stop(pool: Any) -> None:
     with pool.lock:
-        for name in _RECORDED:
+        for name in pool._recorded:
             vars(pool).pop(name, None)
 
 
-_RECORDED = (
-    "alloc",
-    "alloc_many",
-    "free",
-    "clear",
-    "merge",
-    "free_group_begin",
-    "free_group_end",
-    "backup_state",
-    "restore_state",
-)
 _OP_OF = {"backup_state": "backup", "restore_state": "restore"}
 
 
-def _wrap(pool: Any, rec: Recorder, name: str, method: Any) -> Any:
-    """The recording stand-in for one of ``pool``'s methods (see :class:`_Calls`)."""
-    calls = _Calls(pool, rec, method)
+def _wrap(calls: _Calls, name: str) -> Any:
+    """The recording stand-in for one of the pool's methods (see :class:`_Calls`)."""
     wrapper = getattr(calls, name, None)
     return wrapper if wrapper is not None else calls.simple(_OP_OF.get(name, name))
 
@@ -270,6 +249,128 @@ class _Calls:
                 return value
 
         return call
+
+
+class _RankedCalls(_Calls):
+    """The paged allocators' recording wrappers: their calls name a ``dp_rank``, and the batch calls."""
+
+    def _rank(self, dp_rank: Any) -> int | None:
+        """The rank as recorded: an int in ``[0, dp_size)``, else ``None`` (the call is not replayable)."""
+        r = _int_or_none(dp_rank)
+        return r if r is not None and 0 <= r < self.pool.dp_size else None
+
+    def _served(self, op: str, arg: int | None, numbers: tuple[Any, ...] | None, out: Any, rank: int | None) -> None:
+        """Record an allocation that returned ``out`` (slots, or ``None``)."""
+        slots = _slots_of(out)
+        if slots is None:
+            self.rec.add(op, arg, -1, numbers, rank=rank)
+        else:
+            self.rec.add(op, arg, slots.shape[0], None if numbers is None else (*numbers, slots), rank=rank)
+
+    def alloc(self, need_size: Any, dp_rank: Any = 0, *, tag: Any = None) -> Any:
+        with self.lock:
+            arg, rank = _int_or_none(need_size), self._rank(dp_rank)
+            try:
+                out = self.method(need_size, dp_rank, tag=tag)
+            except Exception as exc:
+                self.rec.add("alloc", arg, 0, (), exc, rank=rank)
+                raise
+            self._served("alloc", arg, (), out, rank)
+            return out
+
+    def alloc_extend(  # noqa: PLR0913 - the allocator's arguments
+        self,
+        prefix_lens: Any,
+        seq_lens: Any,
+        last_loc: Any,
+        extend_num_tokens: Any,
+        dp_rank: Any = 0,
+        *,
+        tags: Any = None,
+    ) -> Any:
+        with self.lock:
+            lens = _same_length(prefix_lens, seq_lens, last_loc)
+            numbers = None if lens is None else (np.array([lens[0].shape[0]]), *lens)
+            arg, rank = _int_or_none(extend_num_tokens), self._rank(dp_rank)
+            try:
+                out = self.method(prefix_lens, seq_lens, last_loc, extend_num_tokens, dp_rank, tags=tags)
+            except Exception as exc:
+                self.rec.add("alloc_extend", arg, 0, numbers, exc, rank=rank)
+                raise
+            self._served("alloc_extend", arg, numbers, out, rank)
+            return out
+
+    def alloc_decode(self, seq_lens: Any, last_loc: Any, dp_rank: Any = 0, *, tags: Any = None) -> Any:
+        with self.lock:
+            lens = _same_length(seq_lens, last_loc)
+            arg = None if lens is None else lens[0].shape[0]
+            rank = self._rank(dp_rank)
+            try:
+                out = self.method(seq_lens, last_loc, dp_rank, tags=tags)
+            except Exception as exc:
+                self.rec.add("alloc_decode", arg, 0, lens, exc, rank=rank)
+                raise
+            self._served("alloc_decode", arg, lens, out, rank)
+            return out
+
+    def free(self, free_index: Any, dp_rank: Any = 0) -> Any:
+        with self.lock:
+            try:
+                slots: NDArray[np.int64] | None = _slots_of_input(free_index)
+            except Exception:  # noqa: BLE001 - unreadable input: the allocator decides, the record skips it
+                slots = None
+            arg, numbers = (None, ()) if slots is None else (slots.shape[0], (slots,))
+            rank = self._rank(dp_rank)
+            try:
+                n = self.method(free_index, dp_rank)
+            except Exception as exc:
+                self.rec.add("free", arg, 0, numbers, exc, rank=rank)
+                raise
+            self.rec.add("free", arg, n, numbers, rank=rank)
+            return n
+
+    def merge_and_sort_free(self, dp_rank: Any = 0) -> None:
+        with self.lock:
+            rank = self._rank(dp_rank)
+            try:
+                self.method(dp_rank)
+            except Exception as exc:
+                self.rec.add("merge_and_sort_free", 0, 0, (), exc, rank=rank)
+                raise
+            self.rec.add("merge_and_sort_free", 0, 0, rank=rank)
+
+    def restore_state(self, state: Any) -> None:
+        """A snapshot taken while recording is named by its number; an earlier one is recorded whole."""
+        with self.lock:
+            number = next((i for i, s in enumerate(self.rec.backups) if s is state), None)
+            words = self.pool._trace_state(state) if number is None else None
+            numbers = () if number is not None else None if words is None else (words,)
+            arg = -1 if number is None else number
+            result = 0 if words is None else words.shape[0]
+            try:
+                self.method(state)
+            except Exception as exc:
+                self.rec.add("restore", arg, result, numbers, exc)
+                raise
+            self.rec.add("restore", arg, result, numbers)
+
+    def clear(self, dp_rank: Any = None) -> None:
+        with self.lock:
+            rank = -1 if dp_rank is None else self._rank(dp_rank)  # -1: every rank
+            try:
+                self.method(dp_rank)
+            except Exception as exc:
+                self.rec.add("clear", 0, 0, (), exc, rank=rank)
+                raise
+            self.rec.add("clear", 0, 0, rank=rank)
+
+
+def _same_length(*vectors: Any) -> tuple[NDArray[np.int64], ...] | None:
+    """The batch call's per-request arrays as int64, if each is readable and all are one length; else ``None``."""
+    arrays = [_sizes_or_none(v) for v in vectors]
+    if any(a is None for a in arrays) or len({a.shape[0] for a in arrays}) != 1:  # type: ignore[union-attr]
+        return None
+    return tuple(arrays)  # type: ignore[arg-type]  # none is None
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -51,7 +51,7 @@ Where docs/behaviour.md (section 3) leaves a choice, this module takes the one b
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -63,7 +63,7 @@ from ._fork import register as _register_fork_lock
 from ._host import HostKVPoolMixin, HostPagePool
 from ._invariants import group_problems, rank_problems
 from ._jit import entry_point
-from ._protocol import ArrayStatePool
+from ._protocol import ArrayStatePool, Recordable, start_words
 from ._snapshot import PagedState, SWAState, checked_ranks, checked_sites, upgraded_words
 from ._tracking import HISTORY_MARK, Outstanding, Tracker, excluded, leak_report, site_id_problems, wanted
 
@@ -93,7 +93,7 @@ _STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
 _INT32_MAX = 2**31 - 1
 
 
-class _RankedAllocator(ArrayStatePool):
+class _RankedAllocator(Recordable, ArrayStatePool):
     """What both allocators share: ranks, the lock, free groups, snapshots, kvcache forwarding.
 
     Each rank ``r`` has its own state arrays (``_paged_kernels.py``); one
@@ -434,6 +434,49 @@ class _RankedAllocator(ArrayStatePool):
             for tracker, table in zip(self._trackers, sites, strict=True):  # type: ignore[arg-type]  # checked
                 tracker.load(table)
 
+    # -- recording (``pool.recording(path)``, from Recordable) -------------------------
+
+    _recorded: ClassVar[tuple[str, ...]] = (
+        "alloc",
+        "free",
+        "clear",
+        "free_group_begin",
+        "free_group_end",
+        "backup_state",
+        "restore_state",
+    )
+
+    def _trace_shape(self) -> dict[str, Any]:
+        return {
+            "pool": type(self).__name__,
+            "size": self.size,
+            "page_size": self.page_size,
+            "merge": "sorted" if self._sorted else "fifo",
+            "track": self.track,
+            "dp_size": self.dp_size,
+            "strict": self.strict,
+            "debug_mode": bool(getattr(self, "debug_mode", False)),
+        }
+
+    def _trace_start(self) -> NDArray[np.int64]:
+        """Per rank: whether a group is open, its free and release lists, its pending pages in the group's order."""
+        depth = int(self._in_group)
+        states = []
+        for st, gp in zip(self._st, self._gp, strict=True):
+            pending = gp[_layout.GP_HEADER : _layout.GP_HEADER + int(gp[_layout.GP_COUNT])].astype(np.int64)
+            states.append((depth, *_lists_of(st), pending))
+        return start_words(states)
+
+    def _trace_state(self, state: Any) -> NDArray[np.int64] | None:
+        """A snapshot's lists as a trace holds them (``start``'s layout), or ``None`` if it is not this kind's."""
+        if not isinstance(state, PagedState) or len(state._ranks) != self.dp_size:
+            return None
+        none = np.empty(0, dtype=np.int64)
+        try:
+            return start_words([(0, *_lists_of(words), none) for words in state._ranks])
+        except (ValueError, IndexError):  # a state restore_state refuses: its record is its error alone
+            return None
+
     # -- views and forwarding ------------------------------------------------------
 
     def _window(self, r: int, start: int, count: int) -> NDArray[np.int32]:
@@ -514,6 +557,13 @@ class _RankedAllocator(ArrayStatePool):
         return RuntimeError(f"{type(self).__name__} rank {r} is corrupted: free kernel failed with code {code}")
 
 
+def _lists_of(st: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """A rank's free and release lists (page ids, in order), as int64."""
+    nfree, nrel = int(st[_layout.H_NFREE]), int(st[_layout.H_NREL])
+    ids = _layout.listed(st).astype(np.int64)
+    return ids[:nfree], ids[nfree : nfree + nrel]
+
+
 def _is_words(value: Any) -> bool:
     return isinstance(value, np.ndarray) and value.dtype == np.int64 and value.ndim == 1
 
@@ -584,6 +634,7 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
     _kind = "PagedTokenToKVPoolAllocator"
     _snapshot_kind = "paged"
     _sorted = True
+    _recorded = (*_RankedAllocator._recorded, "alloc_extend", "alloc_decode", "merge_and_sort_free")
 
     def __init__(  # noqa: PLR0913 - sglang-jax's constructor, kept for drop-in use
         self,

@@ -13,6 +13,7 @@ replay restores it first. See :mod:`hostpool_nb.trace` for the format.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import importlib.util
@@ -27,13 +28,15 @@ from numpy.typing import NDArray
 from . import _layout
 from ._errors import HostPoolError
 from ._pool import LogicalHostPool
-from ._snapshot import PoolState
+from ._snapshot import FORMATS, PagedState, PoolState
 from ._tracking import HISTORY_MARK, Tracker
+from .originals import paged as original_paged
 from .originals.sglang import LogicalHostPool as Original
-from .trace import Operation, Trace, TraceError, describe_slots, load
+from .paged import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from .trace import Operation, StartState, Trace, TraceError, describe_slots, load
 
 # The pool kinds replay builds, by the name a trace's header gives.
-REPLAYS = ("LogicalHostPool",)
+REPLAYS = ("LogicalHostPool", "PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator")
 # The most memory a replay builds its pools with, unless --max-pool-bytes says otherwise: a trace's header
 # names the pool, and a file of a few bytes may name one of terabytes.
 MAX_POOL_BYTES = 1 << 30
@@ -54,6 +57,13 @@ class Divergence:
 
 def pool_bytes(trace: Trace, with_original: bool = False) -> int:
     """The memory a replay of ``trace`` builds its pools with: hostpool_nb's state, and the original's slots."""
+    if trace.ranked:
+        pages = trace.pages_per_rank
+        rank = _layout.state_length(pages + 1, trace.track) + _layout.group_length(pages)
+        need = trace.dp_size * rank * 8
+        if with_original:
+            need += trace.dp_size * pages * 4 * 3  # its int32 free and release lists, and a merge's concatenation
+        return need
     num_pages = trace.size // trace.page_size
     need = _layout.state_length(num_pages, trace.track) * 8
     if with_original:
@@ -73,8 +83,10 @@ def check_buildable(trace: Trace, max_pool_bytes: int = MAX_POOL_BYTES, with_ori
         )
 
 
-def fresh_pool(trace: Trace, track: bool = False) -> LogicalHostPool:
-    """A pool of the recorded shape, in the state the recording began from."""
+def fresh_pool(trace: Trace, track: bool = False) -> Any:
+    """A pool (or allocator) of the recorded shape, in the state the recording began from."""
+    if trace.ranked:
+        return _fresh_allocator(trace, track)
     pool = LogicalHostPool(trace.size, trace.page_size, merge=trace.merge, track=track)
     start = trace.start
     if start is not None and not start.fresh:
@@ -85,6 +97,44 @@ def fresh_pool(trace: Trace, track: bool = False) -> LogicalHostPool:
             pool.restore_state(PoolState(trace.size, trace.page_size, trace.merge, words, sites))
         except HostPoolError as exc:
             raise TraceError(f"the trace's start state is not one the recorded pool can be in: {exc}") from None
+    return pool
+
+
+def _fresh_allocator(trace: Trace, track: bool) -> Any:
+    """A paged allocator of the recorded shape, each rank in the state the recording began from.
+
+    The state is loaded as a pickle of it would be (``__setstate__``), so
+    that every rank's lists, its pending pages and the group flag are
+    checked as one allocator's, also the states only ``clear()`` of another
+    rank leads to (pages pending outside a group, or pending and free).
+    """
+    token = trace.pool == "TokenToKVPoolAllocator"
+    ps, dp = trace.page_size, trace.dp_size
+    args: dict[str, Any] = {"size": trace.size, "dp_size": dp, "strict": trace.strict, "track": track}
+    if not token:
+        args.update(page_size=ps, debug_mode=trace.debug_mode)
+    cls: Any = TokenToKVPoolAllocator if token else PagedTokenToKVPoolAllocator
+    if trace.starts is None:
+        return cls(kvcache=None, **args)
+    pages = trace.pages_per_rank
+    shape = (pages + 1, ps, not token, track)
+    none = np.empty(0, dtype=np.int64)
+    ranks = tuple(_layout.state_of_lists(shape, (s.free, s.released, none), 0) for s in trace.starts)
+    saved = {
+        "format": FORMATS["PagedAllocator"],
+        "args": args,
+        "kvcache": None,
+        "ranks": ranks,
+        "groups": tuple(_layout.group_of_pages(pages, s.pending) for s in trace.starts),
+        "group_frees": [[s.pending * ps] if s.pending.shape[0] else [] for s in trace.starts],
+        "in_group": bool(trace.starts[0].group_depth),
+        "sites": tuple(Tracker().table() for _ in ranks) if track else None,
+    }
+    pool = cls.__new__(cls)
+    try:
+        pool.__setstate__(saved)
+    except HostPoolError as exc:
+        raise TraceError(f"the trace's start state is not one the recorded allocator can be in: {exc}") from None
     return pool
 
 
@@ -129,7 +179,43 @@ def replay(trace: Trace, max_pool_bytes: int = MAX_POOL_BYTES) -> tuple[int, int
     return len(trace.operations) - skipped, skipped, None
 
 
+def _ranked_call(pool: Any, op: Operation, backups: dict[int, Any]) -> Any:
+    """The recorded call of a paged allocator's trace, made on ``pool`` (hostpool_nb's, or the original's)."""
+    r = op.rank
+    batch = op.batch or ()
+    calls = {
+        "alloc": lambda: pool.alloc(op.arg, r),
+        "alloc_extend": lambda: pool.alloc_extend(*batch, op.arg, r),
+        "alloc_decode": lambda: pool.alloc_decode(*batch, r),
+        "free": lambda: pool.free(op.slots, r),
+        "merge_and_sort_free": lambda: pool.merge_and_sort_free(r),
+        "clear": lambda: pool.clear(None if r < 0 else r),
+        "backup": lambda: backups.__setitem__(op.arg, pool.backup_state()),
+        "restore": lambda: pool.restore_state(backups[op.arg] if op.state is None else _snapshot_of(pool, op.state)),
+    }
+    call = calls.get(op.name) or getattr(pool, op.name)  # free_group_begin, free_group_end
+    return call()
+
+
+def _snapshot_of(pool: Any, lists: tuple[StartState, ...]) -> Any:
+    """What ``pool`` (hostpool_nb's allocator, or the original) restores for a snapshot's recorded lists."""
+    if isinstance(pool, (PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator)):
+        shape = (pool._pages + 1, pool.page_size, pool._sorted, pool.track)
+        none = np.empty(0, dtype=np.int64)
+        ranks = tuple(_layout.state_of_lists(shape, (s.free, s.released, none), 0) for s in lists)
+        sites = tuple(Tracker().table() for _ in ranks) if pool.track else None
+        return PagedState(pool._snapshot_kind, pool.size, pool.page_size, pool.dp_size, ranks, sites)
+    if isinstance(pool, original_paged.TokenToKVPoolAllocator):
+        return [np.concatenate([s.free, s.released]).astype(np.int32) for s in lists]
+    return [s.free.astype(np.int32) for s in lists], [s.released.astype(np.int32) for s in lists]
+
+
 def _run(pool: Any, op: Operation, backups: dict[int, Any]) -> tuple[Any, BaseException | None]:
+    if hasattr(pool, "dp_size"):
+        try:
+            return _ranked_call(pool, op, backups), None
+        except Exception as exc:  # noqa: BLE001 - every error is compared with the record
+            return None, exc
     calls = {
         "alloc": lambda: pool.alloc(op.arg),
         "alloc_many": lambda: pool.alloc_many(op.sizes),
@@ -162,9 +248,9 @@ def _compare(op: Operation, value: Any, exc: BaseException | None) -> Divergence
         want = f"{op.error}: {_without_history(op.message or '')}" if op.error else "no error"
         got = f"{type(exc).__name__}: {exc}" if exc is not None else "no error"
         return None if want == got else Divergence(op.index, op.name, want, got)
-    if op.name in ("alloc", "alloc_many"):
+    if op.name in ("alloc", "alloc_many", "alloc_extend", "alloc_decode"):
         want_slots = op.slots if op.result >= 0 else None
-        got_slots = value if op.name == "alloc" or value is None else value[0]
+        got_slots = value if op.name != "alloc_many" or value is None else value[0]
         if not _same_slots(want_slots, got_slots):
             return Divergence(op.index, op.name, describe_slots(want_slots), describe_slots(got_slots))
     if op.name in ("free", "merge") and value != op.result:
@@ -207,6 +293,8 @@ def _pool_steps(trace: Trace) -> list[tuple[int, Any]]:
 
 def original_problem(trace: Trace) -> str | None:
     """Why the original algorithm cannot replay ``trace`` (it has no such calls), or ``None``."""
+    if trace.ranked:
+        return None  # the allocators' originals have every call a trace of them holds
     if trace.merge != "fifo":
         return f"the pool merges {trace.merge!r}; the original merges in FIFO order only"
     if trace.start is not None and (trace.start.group_depth or trace.start.pending.shape[0]):
@@ -289,6 +377,82 @@ def _original_at_start(trace: Trace, backend: str) -> Any:
     return pool
 
 
+# -- an allocator's trace: both implementations make the same calls ----------------------------
+
+
+def _ranked_plan(trace: Trace, with_errors: bool, like: Any) -> list[tuple[str, tuple[Any, ...], Operation]]:
+    """Each replayable call as (method, arguments, its record); the calls that raised only ``with_errors``.
+
+    A restore of a snapshot from before the recording takes the snapshot
+    ``like`` (a pool of the kind that replays the plan) restores, made here.
+    """
+    plan: list[tuple[str, tuple[Any, ...], Operation]] = []
+    for op in trace.operations:
+        if not op.replayable or (op.error and not with_errors):
+            continue
+        r, batch = op.rank, op.batch or ()
+        args: dict[str, tuple[Any, ...]] = {
+            "alloc": (op.arg, r),
+            "alloc_extend": (*batch, op.arg, r),
+            "alloc_decode": (*batch, r),
+            "free": (op.slots, r),
+            "merge_and_sort_free": (r,),
+            "clear": (None if r < 0 else r,),
+            "backup": (op.arg,),
+            "restore": (op.arg if op.state is None else _snapshot_of(like, op.state),),
+        }
+        plan.append((op.name, args.get(op.name, ()), op))
+    return plan
+
+
+def _run_ranked(pool: Any, plan: list[tuple[str, tuple[Any, ...], Operation]]) -> None:
+    """The timed replay of an allocator's trace: every call, results dropped, recorded errors caught."""
+    backups: dict[int, Any] = {}
+    for name, args, op in plan:
+        if name == "backup":
+            backups[args[0]] = pool.backup_state()
+        elif name == "restore":
+            pool.restore_state(backups[args[0]] if op.state is None else args[0])
+        elif op.error:
+            with contextlib.suppress(Exception):  # it raised when recorded: replay() checked that it does
+                getattr(pool, name)(*args)
+        else:
+            getattr(pool, name)(*args)
+
+
+def _original_allocator_at_start(trace: Trace) -> Any:
+    """The original allocator, each rank in the state the recording began from."""
+    ps, dp, token = trace.page_size, trace.dp_size, trace.pool == "TokenToKVPoolAllocator"
+    pool: Any
+    if token:
+        pool = original_paged.TokenToKVPoolAllocator(trace.size, None, dp)
+    else:
+        pool = original_paged.PagedTokenToKVPoolAllocator(trace.size, ps, None, trace.debug_mode, dp)
+    for r, s in enumerate(trace.starts or ()):
+        if token:
+            pool.free_slots[r] = np.concatenate([s.free, s.released]).astype(np.int32)
+        else:
+            pool.free_pages[r] = s.free.astype(np.int32)
+            pool.release_pages[r] = s.released.astype(np.int32)
+        pool.free_group[r] = [s.pending * ps] if s.pending.shape[0] else []
+        pool.is_not_in_free_group = not s.group_depth
+    return pool
+
+
+def _check_original_ranked(pool: Any, plan: list[tuple[str, tuple[Any, ...], Operation]]) -> None:
+    """One replay on the original allocator with every allocation compared to the record, or a TraceError."""
+    backups: dict[int, Any] = {}
+    for _, _, op in plan:
+        got = _ranked_call(pool, op, backups)
+        if op.name in ("alloc", "alloc_extend", "alloc_decode"):
+            want = op.slots if op.result >= 0 else None
+            if not _same_slots(want, None if got is None else np.asarray(got)):
+                raise TraceError(
+                    f"the original diverges at operation {op.index} ({op.name}): "
+                    f"expected {describe_slots(want)}, got {describe_slots(got)}"
+                )
+
+
 def time_trace(
     trace: Trace, repeats: int = 5, with_torch: bool | None = None, max_pool_bytes: int = MAX_POOL_BYTES
 ) -> TraceTiming:
@@ -323,9 +487,16 @@ def time_trace(
         raise TraceError(f"hostpool_nb diverges from the trace at {divergence}: was it recorded on this version?")
     notes = [f"{done} operations replayed" + (f", {skipped} not replayable skipped" if skipped else "")]
     makers: dict[str, Any] = {"hostpool_nb": lambda: fresh_pool(trace, trace.track)}
-    plans: dict[str, list[Any]] = {"hostpool_nb": _pool_steps(trace)}
+    run: Any = _run_ranked if trace.ranked else _run_steps
+    plans: dict[str, list[Any]] = {
+        "hostpool_nb": _ranked_plan(trace, True, makers["hostpool_nb"]()) if trace.ranked else _pool_steps(trace)
+    }
     problem = original_problem(trace)
-    if problem is not None:
+    if trace.ranked:  # the original allocator runs on numpy alone
+        makers["numpy"] = functools.partial(_original_allocator_at_start, trace)
+        plans["numpy"] = _ranked_plan(trace, False, makers["numpy"]())
+        _check_original_ranked(makers["numpy"](), plans["numpy"])
+    elif problem is not None:
         notes.append(f"the original algorithm is not timed: {problem}")
     else:
         if with_torch is None:
@@ -343,7 +514,7 @@ def time_trace(
             pool = makers[name]()
             gc.disable()
             t0 = time.perf_counter()
-            _run_steps(pool, plans[name])
+            run(pool, plans[name])
             seconds = (time.perf_counter() - t0) / max(done, 1)
             gc.enable()
             if r:
@@ -398,6 +569,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     pool = f"{trace.pool}(size={trace.size}, page_size={trace.page_size}, merge={trace.merge!r}, track={trace.track})"
+    if trace.ranked:
+        pool = (
+            f"{trace.pool}(size={trace.size}, page_size={trace.page_size}, dp_size={trace.dp_size}, "
+            f"strict={trace.strict}, debug_mode={trace.debug_mode}, track={trace.track})"
+        )
     if divergence is not None:
         print(f"{args.path}: {pool}: DIVERGES at {divergence} (after {done} matching operations)")
         return 1

@@ -6,7 +6,7 @@ on the pool inside the block to ``path``; :func:`load` reads it back as
 on a fresh pool, checking every result and error, and ``--time`` also times
 it against the original algorithm (``hostpool_nb.replay``).
 
-File format (version 2)
+File format (version 3)
 -----------------------
 An uncompressed ``.npz`` archive (``numpy.load(path)`` reads it; no pickle)
 with five arrays, each a stored (not compressed) ``.npy`` member whose
@@ -14,44 +14,69 @@ header declares exactly the bytes it holds (:func:`load` checks both, and
 that the file holds that many bytes, before reading a byte of data):
 
 ``header``, one record
-    ``version`` (int32), ``pool`` (the class, e.g. ``"LogicalHostPool"``),
-    ``size``, ``page_size`` (int64), ``merge`` (``"fifo"`` or
-    ``"sorted"``), ``track`` (bool), ``ops`` and ``data`` (the lengths of
-    the next two arrays, so a truncated file is caught).
+    ``version`` (int32), ``pool`` (the class, e.g. ``"LogicalHostPool"``,
+    ``"PagedTokenToKVPoolAllocator"``), ``size``, ``page_size`` (int64),
+    ``merge`` (``"fifo"`` or ``"sorted"``), ``track`` (bool), ``ops`` and
+    ``data`` (the lengths of the next two arrays, so a truncated file is
+    caught), then ``dp_size`` (int64: the allocator's data-parallel ranks,
+    1 for a host pool), ``strict`` and ``debug_mode`` (bool: the paged
+    allocators' constructor flags, false for a host pool).
 ``ops``, one fixed-size record per call, in the order the calls changed the pool
     ``op`` (uint8: see :data:`OPS`), ``error`` (uint8: 0 for none, else an
     index into :data:`ERRORS`), ``unreadable`` (bool: the call's argument
-    is not in the record, see below), ``arg`` (int64: ``need_size`` for alloc,
-    the number of sizes for alloc_many, the number of slots for free, the
-    snapshot number for backup and restore), ``result`` (int64: the number
-    of slots returned, freed or merged; -1 for ``None``), ``offset``
-    (int64: where the call's numbers start in ``data``) and ``message``
-    (int32: the error's text, an index into ``messages``; -1 for none).
+    is not in the record, see below), ``arg`` (int64: ``need_size`` for
+    alloc, the number of sizes for alloc_many, the number of slots for
+    free, ``extend_num_tokens`` for alloc_extend, the number of requests
+    for alloc_decode, the snapshot number for backup and restore; -1 for
+    an allocator's restore of a snapshot taken before the recording
+    began),
+    ``result`` (int64: the number of slots returned, freed or merged, or
+    pages freed by a paged allocator's free; -1 for ``None``), ``offset``
+    (int64: where the call's numbers start in ``data``), ``message``
+    (int32: the error's text, an index into ``messages``; -1 for none) and
+    ``rank`` (int32: the ``dp_rank`` the call named, 0 for a host pool;
+    -1 for a ``clear()`` of every rank).
 ``data``, int64
     The numbers of every call, back to back: alloc's returned slots;
     alloc_many's sizes then its slots; free's slots (flattened, as the pool
-    read them).
+    read them); alloc_extend's number of requests ``n``, then ``n`` each of
+    ``prefix_lens``, ``seq_lens`` and ``last_loc``, then its slots;
+    alloc_decode's ``seq_lens`` and ``last_loc``, then its slots; an
+    allocator's restore of an earlier snapshot (``arg`` -1), the lists it
+    restored in ``start``'s layout (``result`` numbers).
 ``messages``, unicode
     The error texts.
 ``start``, int64
     The pool as the recording found it, so that a recording can begin at
-    any point of a pool's life: ``[group depth, free, released, pending]``
-    (page counts), then the page ids of the free list, the release list
-    and the pending list, each in its order. Replay starts from it.
+    any point of a pool's life; per rank, in rank order: ``[group depth,
+    free, released, pending]`` (page counts; the depth of a paged
+    allocator is 1 inside a free group, else 0), then the page ids of the
+    free list, the release list and the pending list, each in its order.
+    Replay starts from it.
 
-Version 1 (no ``start``: the recording began on a fresh pool) is read as
-well.
+The calls each kind records (:data:`CALLS`): a host pool's ``alloc``,
+``alloc_many``, ``free``, ``clear``, ``merge``, free groups, ``backup``
+and ``restore``; the paged allocators' ``alloc``, ``alloc_extend``,
+``alloc_decode``, ``free``, ``merge_and_sort_free``, ``clear``, free
+groups, ``backup`` and ``restore`` (the token allocator has no batch
+calls and no merge). Tags are not recorded: they change no result.
+
+Version 2 (the header without ``dp_size``, ``strict`` and ``debug_mode``,
+the ops without ``rank``: host pools only) and version 1 (no ``start``
+either: the recording began on a fresh pool) are read as well.
 
 A call whose argument the record cannot hold (not integers, such as a float
 array given to ``free``, or integers beyond int64) and a call that failed
 for a reason the record does not hold (a ``TypeError`` for an unhashable
 ``tag``) are recorded with their error and ``unreadable`` set; replay
-checks nothing for them and says how many it skipped. A ``restore`` of a
-snapshot taken before the recording began is recorded the same way.
+checks nothing for them and says how many it skipped. A host pool's
+``restore`` of a snapshot taken before the recording began is recorded the
+same way; an allocator's holds the snapshot's lists, and replays.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import zipfile
 from dataclasses import dataclass
@@ -62,35 +87,65 @@ from numpy.typing import NDArray
 
 from ._errors import HostPoolError
 
-VERSION = 2
-READS = (1, 2)  # the versions load() reads
+VERSION = 3
+READS = (1, 2, 3)  # the versions load() reads
 _WITH_START = 2  # the first version whose traces hold the state they began from
-_START_HEADER = 4  # the start array's counts: group depth, free, released, pending
-OPS = ("", "alloc", "alloc_many", "free", "clear", "merge", "free_group_begin", "free_group_end", "backup", "restore")
+_WITH_RANKS = 3  # the first whose header and ops hold the ranks of an allocator (dp_size, strict, a rank per op)
+_START_HEADER = 4  # the start array's counts per rank: group depth, free, released, pending
+OPS = (
+    "",
+    "alloc",
+    "alloc_many",
+    "free",
+    "clear",
+    "merge",
+    "free_group_begin",
+    "free_group_end",
+    "backup",
+    "restore",
+    "alloc_extend",
+    "alloc_decode",
+    "merge_and_sort_free",
+)
 ERRORS = ("", "TypeError", "HostPoolError", "AlignmentError", "PartialPageError", "SlotRangeError", "DoubleFreeError")
-OP_DTYPE = np.dtype(
-    [
-        ("op", "u1"),
-        ("error", "u1"),
-        ("unreadable", "?"),
-        ("arg", "<i8"),
-        ("result", "<i8"),
-        ("offset", "<i8"),
-        ("message", "<i4"),
-    ]
-)
-HEADER_DTYPE = np.dtype(
-    [
-        ("version", "<i4"),
-        ("pool", "<U32"),
-        ("size", "<i8"),
-        ("page_size", "<i8"),
-        ("merge", "<U8"),
-        ("track", "?"),
-        ("ops", "<i8"),
-        ("data", "<i8"),
-    ]
-)
+_GROUPS_AND_SNAPSHOTS = ("clear", "free_group_begin", "free_group_end", "backup", "restore")
+# The calls a trace of each kind may hold. The allocators' page ids start at 1: page 0 is their padding page.
+CALLS = {
+    "LogicalHostPool": ("alloc", "alloc_many", "free", "merge", *_GROUPS_AND_SNAPSHOTS),
+    "PagedTokenToKVPoolAllocator": (
+        "alloc",
+        "alloc_extend",
+        "alloc_decode",
+        "free",
+        "merge_and_sort_free",
+        *_GROUPS_AND_SNAPSHOTS,
+    ),
+    "TokenToKVPoolAllocator": ("alloc", "free", *_GROUPS_AND_SNAPSHOTS),
+}
+RANKED = ("PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator")  # kinds whose calls name a dp_rank
+_OP_FIELDS = [
+    ("op", "u1"),
+    ("error", "u1"),
+    ("unreadable", "?"),
+    ("arg", "<i8"),
+    ("result", "<i8"),
+    ("offset", "<i8"),
+    ("message", "<i4"),
+]
+_HEADER_FIELDS = [
+    ("version", "<i4"),
+    ("pool", "<U32"),
+    ("size", "<i8"),
+    ("page_size", "<i8"),
+    ("merge", "<U8"),
+    ("track", "?"),
+    ("ops", "<i8"),
+    ("data", "<i8"),
+]
+OP_DTYPE = np.dtype([*_OP_FIELDS, ("rank", "<i4")])
+HEADER_DTYPE = np.dtype([*_HEADER_FIELDS, ("dp_size", "<i8"), ("strict", "?"), ("debug_mode", "?")])
+OP_DTYPE_2 = np.dtype(_OP_FIELDS)  # versions 1 and 2
+HEADER_DTYPE_2 = np.dtype(_HEADER_FIELDS)
 
 
 class TraceError(HostPoolError):
@@ -106,7 +161,12 @@ class Operation:
     ``slots`` free's input or the slots an allocation returned (``None``
     when it returned ``None``); ``result`` the count it returned;
     ``error`` the exception's class name and ``message`` its text, when
-    it raised.
+    it raised. ``rank`` is the ``dp_rank`` an allocator's call named (0
+    for a host pool, -1 for ``clear()`` of every rank) and ``batch``
+    alloc_extend's ``(prefix_lens, seq_lens, last_loc)`` or
+    alloc_decode's ``(seq_lens, last_loc)``. ``state`` is, for an
+    allocator's ``restore`` of a snapshot taken before the recording began
+    (``arg`` -1), the lists it restored, per rank.
     """
 
     index: int
@@ -118,6 +178,9 @@ class Operation:
     slots: NDArray[np.int64] | None
     error: str | None
     message: str | None
+    rank: int = 0
+    batch: tuple[NDArray[np.int64], ...] | None = None
+    state: tuple[StartState, ...] | None = None
 
     @property
     def replayable(self) -> bool:
@@ -127,7 +190,8 @@ class Operation:
 
 @dataclass(frozen=True)
 class StartState:
-    """The pool as a recording found it: its lists' page ids, in order, and the free groups open."""
+    """A pool (or one rank of an allocator) as a recording found it: its lists' page ids, in order, and
+    the free groups open (an allocator's: 1 inside a group, else 0)."""
 
     free: NDArray[np.int64]
     released: NDArray[np.int64]
@@ -136,7 +200,7 @@ class StartState:
 
     @property
     def fresh(self) -> bool:
-        """Whether this is a new pool's state: every page free, ascending, nothing open."""
+        """Whether this is a new host pool's state: every page free, ascending from 0, nothing open."""
         f = self.free
         return (
             self.group_depth == 0
@@ -150,7 +214,10 @@ class StartState:
 class Trace:
     """A loaded trace: the pool's parameters, the state it started from and the operations, in order.
 
-    ``start`` is ``None`` for a version 1 trace: it began on a fresh pool.
+    ``starts`` holds a :class:`StartState` per rank (one for a host pool);
+    it is ``None`` for a version 1 trace: it began on a fresh pool.
+    ``dp_size``, ``strict`` and ``debug_mode`` are an allocator's
+    constructor arguments (1, false, false for a host pool).
     """
 
     pool: str
@@ -159,7 +226,27 @@ class Trace:
     merge: str
     track: bool
     operations: tuple[Operation, ...]
-    start: StartState | None = None
+    starts: tuple[StartState, ...] | None = None
+    dp_size: int = 1
+    strict: bool = False
+    debug_mode: bool = False
+
+    @property
+    def start(self) -> StartState | None:
+        """The state the recording began from (rank 0's, for an allocator); ``None``: a fresh pool."""
+        return None if self.starts is None else self.starts[0]
+
+    @property
+    def ranked(self) -> bool:
+        """Whether it records one of the paged allocators, whose calls name a ``dp_rank``."""
+        return self.pool in RANKED
+
+    @property
+    def pages_per_rank(self) -> int:
+        """Pages of each rank (of the host pool), as the recorded pool's constructor computes them."""
+        if self.pool == "TokenToKVPoolAllocator":
+            return self.size // self.dp_size
+        return self.size // self.page_size // self.dp_size
 
     def __len__(self) -> int:
         return len(self.operations)
@@ -286,7 +373,7 @@ def _read_member(archive: zipfile.ZipFile, name: str, path: Any, total: int) -> 
 def _check(path: Any, arrays: dict[str, NDArray[Any]]) -> Trace:
     header, ops, data, messages = (arrays[name] for name in _MEMBERS)
     where = f"{path} is damaged"
-    if header.dtype != HEADER_DTYPE or header.shape != (1,):
+    if header.dtype not in (HEADER_DTYPE, HEADER_DTYPE_2) or header.shape != (1,):
         raise TraceError(f"{path} is not a hostpool_nb trace (its header has dtype {header.dtype})")
     h = header[0]
     version = int(h["version"])
@@ -295,10 +382,14 @@ def _check(path: Any, arrays: dict[str, NDArray[Any]]) -> Trace:
             f"{path} is a version {version} trace; this hostpool_nb reads versions "
             f"{', '.join(map(str, READS))} (replay it with the hostpool_nb that recorded it)"
         )
+    ranked_format = version >= _WITH_RANKS
+    if (header.dtype == HEADER_DTYPE) != ranked_format:
+        raise TraceError(f"{where}: a version {version} trace, its header has the fields of another version")
     if (version >= _WITH_START) != ("start" in arrays):
         holds = "has no" if version >= _WITH_START else "has a"
         raise TraceError(f"{where}: a version {version} trace, it {holds} 'start' array")
-    if ops.dtype != OP_DTYPE or ops.ndim != 1 or data.dtype != np.int64 or data.ndim != 1:
+    op_dtype = OP_DTYPE if ranked_format else OP_DTYPE_2
+    if ops.dtype != op_dtype or ops.ndim != 1 or data.dtype != np.int64 or data.ndim != 1:
         raise TraceError(f"{where}: its ops or data array has the wrong type")
     if messages.ndim != 1 or messages.dtype.kind != "U":
         raise TraceError(f"{where}: its messages array has the wrong type")
@@ -307,46 +398,97 @@ def _check(path: Any, arrays: dict[str, NDArray[Any]]) -> Trace:
             f"{where}: the header says {int(h['ops'])} operations and {int(h['data'])} numbers, "
             f"the file holds {ops.shape[0]} and {data.shape[0]} (truncated?)"
         )
-    size, page_size, merge = int(h["size"]), int(h["page_size"]), str(h["merge"])
-    if page_size < 1 or size < 0 or size % page_size or merge not in ("fifo", "sorted"):
-        raise TraceError(f"{where}: the pool it records is not a pool (size={size}, page_size={page_size}, {merge})")
-    result = _operations(where, ops, data, messages)
-    start = _start(where, arrays["start"], size // page_size) if "start" in arrays else None
-    return Trace(str(h["pool"]), size, page_size, merge, bool(h["track"]), tuple(result), start)
+    kind, size, page_size, merge = str(h["pool"]), int(h["size"]), int(h["page_size"]), str(h["merge"])
+    dp_size = int(h["dp_size"]) if ranked_format else 1
+    ranked = kind in RANKED
+    whole = ranked or (page_size > 0 and not size % page_size)  # an allocator's last partial page is no page
+    if page_size < 1 or size < 0 or not whole or dp_size < 1 or merge not in ("fifo", "sorted"):
+        of_ranks = f", dp_size={dp_size}" if ranked else ""
+        raise TraceError(
+            f"{where}: the pool it records is not a pool (size={size}, page_size={page_size}{of_ranks}, {merge})"
+        )
+    if not ranked and dp_size != 1:
+        raise TraceError(f"{where}: it records a {kind} of dp_size={dp_size}; only the allocators have ranks")
+    ranks = ops["rank"] if ranked_format else np.zeros(ops.shape[0], dtype=np.int32)
+    strict, debug_mode = (bool(h["strict"]), bool(h["debug_mode"])) if ranked_format else (False, False)
+    trace = Trace(kind, size, page_size, merge, bool(h["track"]), (), None, dp_size, strict, debug_mode)
+    trace = dataclasses.replace(trace, operations=tuple(_operations(where, trace, arrays, ranks)))
+    if "start" not in arrays:
+        return trace
+    return dataclasses.replace(trace, starts=_starts(where, arrays["start"], trace))
 
 
-def _operations(where: str, ops: Any, data: Any, messages: Any) -> list[Operation]:
-    """Every record of ``ops`` as an :class:`Operation`, each checked against the data it points into."""
+_ALLOCATING = ("alloc", "alloc_many", "alloc_extend", "alloc_decode")  # their record ends with the slots returned
+
+
+def _arguments(name: str, arg: int, head: int | None) -> int:
+    """How many numbers of ``data`` a call's arguments take (``head``: alloc_extend's first, its request count)."""
+    if name in ("alloc_many", "free"):
+        return arg
+    if name == "alloc_extend":
+        return -1 if head is None or head < 0 else 1 + 3 * head
+    return 2 * arg if name == "alloc_decode" else 0
+
+
+def _split(name: str, numbers: NDArray[np.int64], n_args: int, served: bool) -> tuple[Any, Any, Any]:
+    """A call's numbers as (alloc_many's sizes, its slots, alloc_extend's or alloc_decode's arrays)."""
+    args, slots = numbers[:n_args], (numbers[n_args:] if served else None)
+    if name == "alloc_many":
+        return args, slots, None
+    if name == "free":
+        return None, args, None
+    if name == "alloc_extend":
+        n = (n_args - 1) // 3
+        return None, slots, (args[1 : 1 + n], args[1 + n : 1 + 2 * n], args[1 + 2 * n :])
+    if name == "alloc_decode":
+        half = n_args // 2
+        return None, slots, (args[:half], args[half:])
+    return None, slots, None
+
+
+def _operations(where: str, shape: Trace, arrays: dict[str, Any], ranks: Any) -> list[Operation]:
+    """Every record of ``ops`` as an :class:`Operation`, each checked against the data it points into.
+
+    ``shape`` is the trace's header (no operations yet); ``ranks`` each operation's rank.
+    """
+    kind, dp_size = shape.pool, shape.dp_size
+    ops, data, messages = arrays["ops"], arrays["data"], arrays["messages"]
     result: list[Operation] = []
     backups = 0  # snapshots numbered so far: a restore names one of them
-    for i, rec in enumerate(ops.tolist()):
-        op, error, unreadable, arg, res, offset, message = rec
+    calls = CALLS.get(kind)  # None: a kind this version does not replay, whose calls are not checked
+    lowest_clear = -1 if kind in RANKED else 0  # an allocator's clear() of every rank
+    n_data = data.shape[0]
+    for i, (rec, rank) in enumerate(zip(ops.tolist(), ranks.tolist(), strict=True)):
+        op, error, unreadable, arg, res, offset, message = rec[:7]
         if not 0 < op < len(OPS) or error >= len(ERRORS) or not -1 <= message < messages.shape[0]:
             raise TraceError(f"{where}: operation {i} has an unknown code (op {op}, error {error})")
         name = OPS[op]
+        if calls is not None and name not in calls:
+            raise TraceError(f"{where}: operation {i} is a call of {name}, which a {kind} does not have")
+        if not (lowest_clear if name == "clear" else 0) <= rank < dp_size:
+            raise TraceError(f"{where}: operation {i} ({name}) names rank {rank}, of dp_size={dp_size}")
         if name == "backup" and not error:
             if arg != backups:
                 raise TraceError(f"{where}: operation {i} (backup) is snapshot {arg}, expected {backups}")
             backups += 1
-        if name == "restore" and not unreadable and not 0 <= arg < backups:
+        whole = name == "restore" and arg == -1 and kind in RANKED  # an earlier snapshot, its lists recorded
+        if name == "restore" and not unreadable and not whole and not 0 <= arg < backups:
             raise TraceError(f"{where}: operation {i} (restore) names snapshot {arg}, of {backups} taken before it")
-        served = not error and res >= 0  # alloc and alloc_many returned slots (maybe none)
-        count = 0
-        if not unreadable:
-            if name == "alloc" and served:
-                count = res
-            elif name == "alloc_many":
-                count = arg + (res if served else 0)
-            elif name == "free":
-                count = arg
-        if count < 0 or offset < 0 or offset + count > data.shape[0]:
+        served = not unreadable and not error and res >= 0 and name in _ALLOCATING  # it returned slots
+        head = int(data[offset]) if name == "alloc_extend" and 0 <= offset < n_data else None
+        if name == "alloc_extend" and not unreadable and head is not None and head < 0:
+            raise TraceError(f"{where}: operation {i} (alloc_extend) declares {head} requests")
+        n_args = 0 if unreadable else res if whole else _arguments(name, arg, head)
+        count = n_args + (res if served else 0)
+        if n_args < 0 or count < 0 or offset < 0 or offset + count > n_data:
             raise TraceError(f"{where}: operation {i} ({name}) points outside the data ({offset}+{count})")
-        numbers = data[offset : offset + count]
-        sizes = slots = None
-        if not unreadable and name == "alloc_many":
-            sizes, slots = numbers[:arg], (numbers[arg:] if served else None)
-        elif not unreadable and (name == "free" or (name == "alloc" and served)):
-            slots = numbers
+        sizes, slots, batch = (
+            (None, None, None) if unreadable else _split(name, data[offset : offset + count], n_args, served)
+        )
+        state = None
+        if whole and not unreadable:
+            state = _starts(f"{where}: operation {i} (restore)", data[offset : offset + count], shape)
+            slots = None
         result.append(
             Operation(
                 index=i,
@@ -358,29 +500,67 @@ def _operations(where: str, ops: Any, data: Any, messages: Any) -> list[Operatio
                 slots=slots,
                 error=ERRORS[error] if error else None,
                 message=str(messages[message]) if message >= 0 else None,
+                rank=int(rank),
+                batch=batch,
+                state=state,
             )
         )
     return result
 
 
-def _start(where: str, words: NDArray[Any], num_pages: int) -> StartState:
-    """The ``start`` array as a :class:`StartState`, its counts and page ids checked for the recorded pool."""
+def _starts(where: str, words: NDArray[Any], trace: Trace) -> tuple[StartState, ...]:
+    """The ``start`` array as a :class:`StartState` per rank, its counts and page ids checked for the pool."""
     if words.dtype != np.int64 or words.ndim != 1 or words.shape[0] < _START_HEADER:
         raise TraceError(f"{where}: its start array is not a pool's state (dtype {words.dtype}, shape {words.shape})")
-    depth, nfree, nrel, npend = (int(v) for v in words[:_START_HEADER])
-    listed = words[_START_HEADER:]
-    if min(depth, nfree, nrel, npend) < 0 or nfree + nrel + npend != listed.shape[0] or listed.shape[0] > num_pages:
-        raise TraceError(
-            f"{where}: its start state lists {listed.shape[0]} pages as {nfree} free, {nrel} released and "
-            f"{npend} pending, of a pool of {num_pages} pages"
-        )
-    if listed.shape[0] and (int(listed.min()) < 0 or int(listed.max()) >= num_pages):
-        raise TraceError(f"{where}: its start state lists a page outside the pool's {num_pages}")
+    ranked = trace.ranked
+    num_pages = trace.pages_per_rank
+    starts: list[StartState] = []
+    at = 0
+    for r in range(trace.dp_size):
+        of = f" of rank {r}" if ranked else ""
+        if words.shape[0] - at < _START_HEADER:
+            raise TraceError(f"{where}: its start array ends before the state{of} (shape {words.shape})")
+        depth, nfree, nrel, npend = (int(v) for v in words[at : at + _START_HEADER])
+        at += _START_HEADER
+        left = words.shape[0] - at
+        total = nfree + nrel + npend
+        # An allocator's pages can be pending and free at once (freed again after another rank's clear()).
+        too_many = nfree + nrel > num_pages or npend > num_pages if ranked else total > num_pages
+        if min(depth, nfree, nrel, npend) < 0 or too_many or total > left or (not ranked and total != left):
+            lists = f"{total} pages as" if ranked else f"{left} pages as"
+            raise TraceError(
+                f"{where}: its start state{of} lists {lists} {nfree} free, {nrel} released and "
+                f"{npend} pending, of a pool of {num_pages} pages"
+            )
+        listed = words[at : at + total]
+        at += total
+        if ranked:  # the lists, and the pending pages, each name a page once
+            _check_listed(where + f": its start state{of}", listed[: nfree + nrel], ranked, num_pages)
+            _check_listed(where + f": its start state{of}", listed[nfree + nrel :], ranked, num_pages)
+        else:
+            _check_listed(where + f": its start state{of}", listed, ranked, num_pages)
+        if npend and not depth and not ranked:  # an allocator's clear() leaves other ranks' pending
+            raise TraceError(f"{where}: its start state has pending pages outside a free group")
+        if ranked and depth not in (0, 1):
+            raise TraceError(f"{where}: its start state{of} is {depth} free groups deep; an allocator's do not nest")
+        starts.append(StartState(listed[:nfree], listed[nfree : nfree + nrel], listed[nfree + nrel :], depth))
+    if at != words.shape[0]:
+        raise TraceError(f"{where}: its start array holds {words.shape[0] - at} numbers after the last rank's state")
+    if len({s.group_depth for s in starts}) > 1:
+        raise TraceError(f"{where}: its start state's ranks disagree on whether a free group is open")
+    return tuple(starts)
+
+
+def _check_listed(where: str, listed: NDArray[np.int64], ranked: bool, num_pages: int) -> None:
+    """The page ids of a start state: each the pool's (an allocator's from 1: page 0 pads), none twice."""
+    if listed.shape[0]:
+        low, high = int(listed.min()), int(listed.max())
+        if ranked and (low < 1 or high > num_pages):
+            raise TraceError(f"{where} lists a page outside the rank's pages 1..{num_pages}")
+        if not ranked and (low < 0 or high >= num_pages):
+            raise TraceError(f"{where} lists a page outside the pool's {num_pages}")
     if np.unique(listed).shape[0] != listed.shape[0]:
-        raise TraceError(f"{where}: its start state lists a page twice")
-    if npend and not depth:
-        raise TraceError(f"{where}: its start state has pending pages outside a free group")
-    return StartState(listed[:nfree], listed[nfree : nfree + nrel], listed[nfree + nrel :], depth)
+        raise TraceError(f"{where} lists a page twice")
 
 
 _SHOWN = 8  # slots shown of an array in a report
@@ -396,8 +576,12 @@ def describe_slots(value: Any) -> str:
 
 
 __all__ = [
+    "CALLS",
     "ERRORS",
+    "HEADER_DTYPE",
     "OPS",
+    "OP_DTYPE",
+    "RANKED",
     "READS",
     "VERSION",
     "Operation",

@@ -44,7 +44,10 @@ from __future__ import annotations
 
 import collections
 import copy
+import os
 import pickle
+import shutil
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -60,6 +63,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from hostpool_nb import replay as R
+from hostpool_nb import trace as T
 from hostpool_nb.originals import paged as oracle_mod
 from hostpool_nb.paged import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from tests.paged_model import Requests, compare, oracle_allocated, pending_pages
@@ -112,6 +117,49 @@ class _Machine(RuleBasedStateMachine):
         self.backups: list[tuple[Any, Any, Requests]] = []
         self.only_rank: int | None = None  # set by free_group_block: the rank every call then uses
         self.beyond = False  # set by free: the next allocation asks for more than the free list holds
+        self.recording: tuple[Any, str, int] | None = None  # (the block, its file, calls made) while recording
+        self.records = 0
+
+    # -- recordings: a stretch of the run, replayed on a fresh allocator and on the original -------
+
+    @rule()
+    def record(self) -> None:
+        """Begin recording, or end the recording and replay it: every recorded call must match."""
+        if self.recording is None:
+            self.begin_recording()
+        else:
+            self.end_recording()
+
+    def begin_recording(self) -> None:
+        if not hasattr(self, "tmp"):
+            self.tmp = tempfile.mkdtemp(prefix="paged-machine-")
+        self.records += 1
+        path = os.path.join(self.tmp, f"{self.records}.npz")
+        block = self.lib.recording(path)
+        block.__enter__()
+        self.recording = (block, path, 0)
+        if self.in_group() or any(self.pending):
+            self.events.add("recording begun with frees pending")
+
+    def end_recording(self) -> None:
+        block, path, _ = self.recording  # type: ignore[misc]  # recording
+        self.recording = None
+        block.__exit__(None, None, None)
+        trace = T.load(path)
+        done, skipped, divergence = R.replay(trace)
+        assert divergence is None, f"the recording's replay: {divergence}"
+        assert (done, skipped) == (len(trace), 0)
+        # The original from the same start, the calls that did not raise: the same slots.
+        original = R._original_allocator_at_start(trace)
+        R._check_original_ranked(original, R._ranked_plan(trace, False, original))
+        os.unlink(path)
+        self.events.add("recording replayed" if len(trace) else "recording of nothing")
+
+    def teardown(self) -> None:
+        if self.recording is not None:
+            self.end_recording()
+        if hasattr(self, "tmp"):
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     # -- helpers ----------------------------------------------------------------
 
@@ -276,6 +324,8 @@ class _Machine(RuleBasedStateMachine):
             self.restore_both(data)
         elif step == "pickle":
             # The allocator goes on as its pickled copy (or deep copy): lists, groups and pending frees with it.
+            if self.recording is not None:  # the recording is of the allocator the copy replaces
+                self.end_recording()
             copier = data.draw(st.sampled_from(["pickle", "deepcopy"]), label="copy")
             self.lib = pickle.loads(pickle.dumps(self.lib)) if copier == "pickle" else copy.deepcopy(self.lib)
             self.lib.check_invariants()
@@ -797,6 +847,9 @@ PAGED_EVENTS = {
     # Tracking: every page held accounted for, and the pages nobody holds found.
     "tracked",
     "tracked pages nobody holds",
+    # Recordings, replayed.
+    "recording replayed",
+    "recording begun with frees pending",
 }
 # Only with several ranks.
 MULTI_RANK_EVENTS = {"a free group spanning ranks", "clear(r) keeps other ranks' pending frees"}
@@ -836,6 +889,8 @@ def paged_events(page_size: int, strict: bool) -> set[str]:
 
 TOKEN_EVENTS = {
     "tracked",
+    "recording replayed",
+    "recording begun with frees pending",
     "alloc",
     "alloc refused",
     "free empty",

@@ -25,7 +25,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hostpool_nb import DoubleFreeError, HostPoolError, LogicalHostPool
-from hostpool_nb import _recording as REC
 from hostpool_nb import replay as R
 from hostpool_nb import trace as T
 
@@ -42,6 +41,9 @@ HEADER_DTYPE = np.dtype(
         ("track", "?"),
         ("ops", "<i8"),
         ("data", "<i8"),
+        ("dp_size", "<i8"),
+        ("strict", "?"),
+        ("debug_mode", "?"),
     ]
 )
 OP_DTYPE = np.dtype(
@@ -53,8 +55,12 @@ OP_DTYPE = np.dtype(
         ("result", "<i8"),
         ("offset", "<i8"),
         ("message", "<i4"),
+        ("rank", "<i4"),
     ]
 )
+# Versions 1 and 2: the header without the allocators' fields, the ops without a rank.
+HEADER_DTYPE_2 = np.dtype(HEADER_DTYPE.descr[:8])
+OP_DTYPE_2 = np.dtype(OP_DTYPE.descr[:7])
 NOT_ALLOCATED = "is not allocated: it was freed already, freed by clear(), or never allocated"
 
 
@@ -80,6 +86,19 @@ def rewrite(src: Path, dst: Path, **changes: Any) -> Path:
             got[key] = value
     np.savez(dst, **got)
     return dst
+
+
+def as_version(src: Path, dst: Path, version: int, **changes: Any) -> Path:
+    """``dst``: the host pool's trace ``src`` written as version 1 or 2 wrote it (``start`` dropped for 1)."""
+    got = arrays(src)
+    header = np.zeros(1, dtype=HEADER_DTYPE_2)
+    for name in HEADER_DTYPE_2.names:
+        header[name] = got["header"][name]
+    header["version"] = version
+    ops = np.zeros(got["ops"].shape[0], dtype=OP_DTYPE_2)
+    for name in OP_DTYPE_2.names:
+        ops[name] = got["ops"][name]
+    return rewrite(src, dst, header=header, ops=ops, **({"start": None} if version == 1 else {}), **changes)
 
 
 def run_main(path: Path, capsys: Any) -> tuple[int, str, str]:
@@ -263,7 +282,7 @@ def test_the_file_is_an_npz_numpy_reads_without_pickle(tmp_path: Path) -> None:
         header, ops, data, messages, start = (archive[k] for k in ("header", "ops", "data", "messages", "start"))
     assert header.dtype == HEADER_DTYPE
     assert header.shape == (1,)
-    assert header[0].tolist() == (2, "LogicalHostPool", 64, 16, "sorted", True, 4, 130)
+    assert header[0].tolist() == (3, "LogicalHostPool", 64, 16, "sorted", True, 4, 130, 1, False, False)
     # The pool as the recording found it: no group, 4 free pages, none released or pending; the free list.
     assert start.dtype == np.dtype("<i8")
     assert start.tolist() == [0, 4, 0, 0, 0, 1, 2, 3]
@@ -284,6 +303,9 @@ def test_the_file_is_an_npz_numpy_reads_without_pickle(tmp_path: Path) -> None:
         "free_group_end",
         "backup",
         "restore",
+        "alloc_extend",
+        "alloc_decode",
+        "merge_and_sort_free",
     )
     assert T.ERRORS == (
         "",
@@ -295,10 +317,10 @@ def test_the_file_is_an_npz_numpy_reads_without_pickle(tmp_path: Path) -> None:
         "DoubleFreeError",
     )
     assert ops.tolist() == [
-        (1, 0, False, 32, 32, 0, -1),
-        (2, 0, False, 2, 32, 32, -1),
-        (3, 0, False, 32, 32, 66, -1),
-        (3, 6, False, 32, 0, 98, 0),
+        (1, 0, False, 32, 32, 0, -1, 0),
+        (2, 0, False, 2, 32, 32, -1, 0),
+        (3, 0, False, 32, 32, 66, -1, 0),
+        (3, 6, False, 32, 0, 98, 0, 0),
     ]
     assert data[0:32].tolist() == list(range(32))
     assert data[32:34].tolist() == [16, 16]
@@ -334,7 +356,7 @@ def test_recording_into_a_missing_directory_fails_before_anything(tmp_path: Path
         ran.append(True)
     assert str(info.value) == f"cannot record to {path}: directory {path.parent} does not exist"
     assert ran == []
-    assert not set(REC._RECORDED) & set(vars(pool))
+    assert not set(LogicalHostPool._recorded) & set(vars(pool))
     assert not (tmp_path / "no").exists()
     # The pool still works, and can record later.
     with pool.recording(tmp_path / "ok.npz"):
@@ -379,7 +401,7 @@ def test_the_file_is_written_when_the_block_raises(tmp_path: Path) -> None:
     trace = T.load(path)
     assert [(op.name, op.error) for op in trace.operations] == [("alloc", None), ("free", "DoubleFreeError")]
     # The pool is no longer recording: later calls are not in the file.
-    assert not set(REC._RECORDED) & set(vars(pool))
+    assert not set(LogicalHostPool._recorded) & set(vars(pool))
     assert pool.alloc(16) is not None
     assert len(T.load(path)) == 2
 
@@ -769,7 +791,7 @@ def damaged(good: Path, tmp_path: Path, case: str) -> tuple[Path, str]:
     if case in ("op-code-high", "op-code-zero", "error-code", "message-index"):
         ops = got["ops"].copy()
         field, value = {
-            "op-code-high": ("op", 10),
+            "op-code-high": ("op", 13),
             "op-code-zero": ("op", 0),
             "error-code": ("error", 7),
             "message-index": ("message", 1),
@@ -793,10 +815,10 @@ def damaged(good: Path, tmp_path: Path, case: str) -> tuple[Path, str]:
         return bad, f"{where}: operation 2 (alloc) points outside the data {text}"
     if case == "version":
         header = got["header"].copy()
-        header["version"] = 3
+        header["version"] = 4
         rewrite(good, bad, header=header)
         return bad, (
-            f"{bad} is a version 3 trace; this hostpool_nb reads versions 1, 2 "
+            f"{bad} is a version 4 trace; this hostpool_nb reads versions 1, 2, 3 "
             "(replay it with the hostpool_nb that recorded it)"
         )
     if case == "not-a-pool":
@@ -1132,16 +1154,16 @@ def test_replay_time_refuses_zero_repeats(tmp_path: Path, capsys: Any) -> None:
 def test_a_trace_of_a_pool_kind_replay_does_not_build_is_exit_2(tmp_path: Path, capsys: Any) -> None:
     good = small_trace(tmp_path / "good.npz")
     header = arrays(good)["header"].copy()
-    header["pool"] = "PagedTokenToKVPoolAllocator"
-    bad = rewrite(good, tmp_path / "paged.npz", header=header)
-    with pytest.raises(T.TraceError, match="it records a PagedTokenToKVPoolAllocator; replay builds LogicalHostPool"):
+    header["pool"] = "HostPagePool"
+    bad = rewrite(good, tmp_path / "host.npz", header=header)
+    builds = "LogicalHostPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator"
+    with pytest.raises(T.TraceError) as info:
         R.replay(T.load(bad))
+    assert str(info.value) == f"it records a HostPagePool; replay builds {builds} only"
     code, out, err = run_main(bad, capsys)
     assert (code, out) == (2, "")
-    assert err == (
-        f"{PROG}: error: {bad}: cannot build the recorded pool: it records a PagedTokenToKVPoolAllocator; "
-        "replay builds LogicalHostPool only\n"
-    )
+    why = f"it records a HostPagePool; replay builds {builds} only"
+    assert err == f"{PROG}: error: {bad}: cannot build the recorded pool: {why}\n"
 
 
 def test_a_trace_of_a_huge_pool_is_refused_with_what_it_would_need(tmp_path: Path, capsys: Any) -> None:
@@ -1206,15 +1228,41 @@ def test_a_recording_begun_mid_life_replays_every_result(merge: str, track: bool
 
 def test_a_version_1_trace_replays_from_a_fresh_pool(tmp_path: Path) -> None:
     good = small_trace(tmp_path / "good.npz")
-    header = arrays(good)["header"].copy()
-    header["version"] = 1
-    old = rewrite(good, tmp_path / "v1.npz", header=header, start=None)
+    old = as_version(good, tmp_path / "v1.npz", 1)
     trace = T.load(old)
     assert trace.start is None
     assert R.replay(trace) == (5, 0, None)
     # A version 1 trace has no start; a version 2 one must.
     with pytest.raises(T.TraceError, match="a version 2 trace, it has no 'start' array"):
-        T.load(rewrite(good, tmp_path / "v2.npz", start=None))
+        T.load(as_version(good, tmp_path / "v2.npz", 2, start=None))
+
+
+def test_a_version_2_trace_replays_as_recorded(tmp_path: Path) -> None:
+    good = small_trace(tmp_path / "good.npz")
+    trace = T.load(as_version(good, tmp_path / "v2.npz", 2))
+    assert [as_tuple(op) for op in trace.operations] == [as_tuple(op) for op in T.load(good).operations]
+    assert {op.rank for op in trace.operations} == {0}
+    assert (trace.dp_size, trace.strict, trace.debug_mode) == (1, False, False)
+    assert R.replay(trace) == (5, 0, None)
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_a_header_of_another_versions_fields_is_damage(version: int, tmp_path: Path) -> None:
+    good = small_trace(tmp_path / "good.npz")
+    if version == 3:  # version 3's number on version 2's fields
+        bad = as_version(good, tmp_path / "bad.npz", 2)
+        header = arrays(bad)["header"].copy()
+        header["version"] = 3
+        rewrite(bad, bad, header=header)
+    else:  # version 2's number on version 3's fields
+        header = arrays(good)["header"].copy()
+        header["version"] = 2
+        bad = rewrite(good, tmp_path / "bad.npz", header=header)
+    with pytest.raises(T.TraceError) as info:
+        T.load(bad)
+    assert (
+        str(info.value) == f"{bad} is damaged: a version {version} trace, its header has the fields of another version"
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,449 @@
+"""Recordings of the paged allocators: ``allocator.recording(path)``, their traces, and replaying them.
+
+What each call records (rank, arguments, result, error), the state a
+recording begins from (free groups open, pages pending after another
+rank's ``clear()``), restores of snapshots from before the recording,
+calls whose arguments the record cannot hold, the divergence report,
+damaged traces of allocators, ``python -m hostpool_nb.replay`` and
+``--time`` on them, and ``python -m bench --trace``. The differential
+state machines (``test_paged_state_machine.py``) record stretches of their
+runs and replay each on a fresh allocator and on the original.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hostpool_nb import DoubleFreeError, HostPoolError, SlotRangeError
+from hostpool_nb import replay as R
+from hostpool_nb import trace as T
+from hostpool_nb.paged import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
+from tests.test_trace import arrays, rewrite, run_main
+
+PROG = "python -m hostpool_nb.replay"
+
+
+def ops_of(path: Path) -> list[tuple[Any, ...]]:
+    """Each recorded operation as plain values: (name, rank, arg, result, batch, slots, error)."""
+    rows = []
+    for op in T.load(path).operations:
+        batch = None if op.batch is None else [b.tolist() for b in op.batch]
+        slots = None if op.slots is None else op.slots.tolist()
+        rows.append((op.name, op.rank, op.arg, op.result, batch, slots, op.error))
+    return rows
+
+
+def paged_session(a: PagedTokenToKVPoolAllocator, path: Path) -> dict[str, Any]:
+    """One call of every kind on a paged allocator of 2 ranks of 15 pages of 4 slots, with an error."""
+    got: dict[str, Any] = {}
+    with a.recording(path):
+        got["extend"] = a.alloc_extend([0, 0], [6, 3], [-1, -1], 9, 1)
+        got["decode"] = a.alloc_decode([7], [int(got["extend"][5])], 1)
+        got["alloc"] = a.alloc(8)
+        got["freed"] = a.free(got["alloc"][:4])
+        a.free_group_begin()
+        got["in group"] = a.free(got["extend"][:4], 1)
+        a.free_group_end()
+        a.merge_and_sort_free(0)
+        with pytest.raises(HostPoolError, match="extend_num_tokens=5 is not the sum"):
+            a.alloc_extend([0], [4], [-1], 5)
+        state = a.backup_state()
+        got["then"] = a.alloc(60, 1)
+        a.restore_state(state)
+        a.clear(0)
+        a.clear()
+    return got
+
+
+def test_every_call_of_the_paged_allocator_is_recorded(tmp_path: Path) -> None:
+    a = PagedTokenToKVPoolAllocator(128, 4, None, dp_size=2)
+    got = paged_session(a, tmp_path / "t.npz")
+    header = arrays(tmp_path / "t.npz")["header"][0]
+    assert header.tolist() == (3, "PagedTokenToKVPoolAllocator", 128, 4, "sorted", False, 14, 39, 2, False, False)
+    extend, decode, alloc = got["extend"].tolist(), got["decode"].tolist(), got["alloc"].tolist()
+    assert extend == [4, 5, 6, 7, 8, 9, 12, 13, 14]  # rank 1: pages 1, 2 for the first request, 3 for the second
+    assert decode == [10]
+    assert ops_of(tmp_path / "t.npz") == [
+        ("alloc_extend", 1, 9, 9, [[0, 0], [6, 3], [-1, -1]], extend, None),
+        ("alloc_decode", 1, 1, 1, [[7], [9]], decode, None),
+        ("alloc", 0, 8, 8, None, alloc, None),
+        ("free", 0, 4, 1, None, alloc[:4], None),
+        ("free_group_begin", 0, 0, 0, None, None, None),
+        ("free", 1, 4, 1, None, extend[:4], None),
+        ("free_group_end", 0, 0, 0, None, None, None),
+        ("merge_and_sort_free", 0, 0, 0, None, None, None),
+        ("alloc_extend", 0, 5, 0, [[0], [4], [-1]], None, "HostPoolError"),
+        ("backup", 0, 0, 0, None, None, None),
+        ("alloc", 1, 60, -1, None, None, None),  # 15 pages: refused
+        ("restore", 0, 0, 0, None, None, None),
+        ("clear", 0, 0, 0, None, None, None),
+        ("clear", -1, 0, 0, None, None, None),  # every rank
+    ]
+    assert R.replay(T.load(tmp_path / "t.npz")) == (14, 0, None)
+
+
+def test_the_start_state_is_every_ranks_lists(tmp_path: Path) -> None:
+    a = PagedTokenToKVPoolAllocator(64, 4, None, dp_size=2)  # 8 pages per rank, ids 1..8
+    held = a.alloc(8, 1)
+    assert held is not None
+    a.free(held[:4], 1)  # page 1 of rank 1 released
+    with a.recording(tmp_path / "t.npz"):
+        pass
+    start = arrays(tmp_path / "t.npz")["start"].tolist()
+    assert start == [0, 8, 0, 0, *range(1, 9), 0, 6, 1, 0, *range(3, 9), 1]
+    trace = T.load(tmp_path / "t.npz")
+    assert [s.free.tolist() for s in trace.starts] == [list(range(1, 9)), list(range(3, 9))]
+    assert [s.released.tolist() for s in trace.starts] == [[], [1]]
+
+
+def test_the_token_allocators_calls_are_recorded_and_replay(tmp_path: Path, capsys: Any) -> None:
+    a = TokenToKVPoolAllocator(16, None, dp_size=2)  # 8 slots per rank, 1..8
+    with a.recording(tmp_path / "t.npz"):
+        x = a.alloc(3, 1)
+        assert x is not None
+        a.free_group_begin()
+        assert a.free(x[::-1], 1) == 3
+        a.free_group_end()
+        with pytest.raises(DoubleFreeError):
+            a.free(x[:1], 1)
+        assert a.alloc(9) is None
+        a.clear(1)
+    assert ops_of(tmp_path / "t.npz") == [
+        ("alloc", 1, 3, 3, None, [1, 2, 3], None),
+        ("free_group_begin", 0, 0, 0, None, None, None),
+        ("free", 1, 3, 3, None, [3, 2, 1], None),
+        ("free_group_end", 0, 0, 0, None, None, None),
+        ("free", 1, 1, 0, None, [1], "DoubleFreeError"),
+        ("alloc", 0, 9, -1, None, None, None),
+        ("clear", 1, 0, 0, None, None, None),
+    ]
+    code, out, _ = run_main(tmp_path / "t.npz", capsys)
+    assert (code, out) == (
+        0,
+        f"{tmp_path / 't.npz'}: TokenToKVPoolAllocator(size=16, page_size=1, dp_size=2, strict=False, "
+        "debug_mode=False, track=False): all 7 operations match\n",
+    )
+
+
+def test_the_token_allocator_records_no_call_it_lacks(tmp_path: Path) -> None:
+    a = TokenToKVPoolAllocator(16, None)
+    with a.recording(tmp_path / "t.npz"):
+        assert "alloc_extend" not in vars(a)
+        assert set(vars(a)) >= {"alloc", "free", "clear", "backup_state", "restore_state"}
+    assert not {"alloc", "free"} & set(vars(a))  # the wrappers are gone with the block
+
+
+# -- replay: every result, from the state the recording found ----------------------------------
+
+
+@pytest.mark.parametrize("kind", ["paged", "paged strict", "paged debug", "token", "tracked"])
+def test_a_recording_replays_on_a_fresh_allocator_and_on_the_original(kind: str, tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    if kind == "token":
+        a: Any = TokenToKVPoolAllocator(512, None, dp_size=2, track=False)
+    else:
+        a = PagedTokenToKVPoolAllocator(
+            2048,
+            4,
+            None,
+            debug_mode=kind == "paged debug",
+            dp_size=2,
+            strict=kind == "paged strict",
+            track=kind == "tracked",
+        )
+    path = tmp_path / "t.npz"
+    held: list[list[Any]] = [[], []]
+    with a.recording(path):
+        for step in range(400):
+            r = int(rng.integers(0, 2))
+            if kind != "token" and rng.random() < 0.4:
+                n = int(rng.integers(1, 4))
+                seq = rng.integers(1, 30, n)
+                out = a.alloc_extend(np.zeros(n, np.int64), seq, np.full(n, -1), int(seq.sum()), r)
+                if out is not None:
+                    held[r].append(out)
+            elif rng.random() < 0.5:
+                out = a.alloc(int(rng.integers(0, 8)) * a.page_size, r)
+                if out is not None:
+                    held[r].append(out)
+            elif held[r]:
+                group = rng.random() < 0.3
+                if group:
+                    a.free_group_begin()
+                a.free(held[r].pop(int(rng.integers(0, len(held[r])))), r)
+                if group:
+                    a.free_group_end()
+            if step % 97 == 0:
+                state = a.backup_state()
+            if step % 131 == 130:
+                a.restore_state(state)
+                held = [[], []]  # what the callers held is the snapshot's business now; leaked, as a test may
+    trace = T.load(path)
+    assert len(trace) > 400
+    assert R.replay(trace) == (len(trace), 0, None)
+    timing = R.time_trace(trace, repeats=1)  # checks the original's every allocation first
+    assert set(timing.per_op) == {"hostpool_nb", "numpy"}
+    assert all(v > 0 for v in timing.per_op.values())
+
+
+def pending_on_rank_0(a: PagedTokenToKVPoolAllocator) -> Any:
+    """Rank 0 with page 1 pending in a group that a clear(1) ended: pending outside any group."""
+    x = a.alloc(a.page_size)
+    assert x is not None
+    assert x.tolist()[0] == a.page_size
+    a.free_group_begin()
+    a.free(x)
+    a.clear(1)
+    assert a.is_not_in_free_group
+    return x
+
+
+@pytest.mark.parametrize("case", ["in a group", "pending outside a group", "pending and free"])
+def test_a_recording_begun_with_frees_pending_replays(case: str, tmp_path: Path) -> None:
+    a = PagedTokenToKVPoolAllocator(64, 4, None, dp_size=2)
+    if case == "in a group":
+        x = a.alloc(8)
+        a.free_group_begin()
+        a.free(x)
+    else:
+        x = pending_on_rank_0(a)
+        if case == "pending and free":
+            assert a.free(x) == 1  # a non-strict free outside the group frees it: free and still pending
+    with a.recording(tmp_path / "t.npz"):
+        a.free_group_end()
+        assert a.alloc(16) is not None
+        a.merge_and_sort_free()
+        assert a.alloc(4) is not None
+    trace = T.load(tmp_path / "t.npz")
+    assert trace.starts[0].pending.shape[0] > 0
+    assert trace.starts[0].group_depth == (case == "in a group")
+    assert R.replay(trace) == (4, 0, None)
+    R.time_trace(trace, repeats=1)
+
+
+def test_a_restore_of_a_snapshot_from_before_the_recording_replays(tmp_path: Path) -> None:
+    a = PagedTokenToKVPoolAllocator(64, 4, None, dp_size=2, track=True)
+    before = a.backup_state()
+    a.alloc(16, 1)
+    with a.recording(tmp_path / "t.npz"):
+        a.alloc(8)
+        a.restore_state(before)
+        assert a.alloc(32, 1).tolist()[0] == 4  # type: ignore[union-attr]  # rank 1 is whole again
+    op = T.load(tmp_path / "t.npz").operations[1]
+    assert (op.name, op.arg, op.replayable) == ("restore", -1, True)
+    assert [s.free.tolist() for s in op.state] == [list(range(1, 9))] * 2  # type: ignore[union-attr]
+    assert R.replay(T.load(tmp_path / "t.npz")) == (3, 0, None)
+
+
+def test_calls_the_record_cannot_hold_are_skipped(tmp_path: Path, capsys: Any) -> None:
+    a = PagedTokenToKVPoolAllocator(64, 4, None, dp_size=2)
+    with a.recording(tmp_path / "t.npz"):
+        with pytest.raises(HostPoolError, match="dp_rank must be in"):
+            a.alloc(4, 2)
+        with pytest.raises(HostPoolError, match="must have the same length"):
+            a.alloc_decode([1, 2], [0])
+        with pytest.raises(TypeError):
+            a.alloc_extend([0.5], [4], [-1], 4)
+        a.restore_state(PagedTokenToKVPoolAllocator(64, 4, None, dp_size=2).backup_state())  # no error: replays
+        assert a.alloc(4, 1) is not None
+    trace = T.load(tmp_path / "t.npz")
+    assert [op.replayable for op in trace.operations] == [False, False, False, True, True]
+    assert [op.error for op in trace.operations] == ["HostPoolError", "HostPoolError", "TypeError", None, None]
+    assert R.replay(trace) == (2, 3, None)
+    code, out, _ = run_main(tmp_path / "t.npz", capsys)
+    assert code == 0
+    assert out.endswith("all 2 operations match; 3 not replayable (their input was not numbers), skipped\n")
+
+
+def test_a_tracking_allocators_double_free_replays_without_its_sites(tmp_path: Path) -> None:
+    a = PagedTokenToKVPoolAllocator(64, 4, None, strict=True, track=True)
+    x = a.alloc(8)
+    with a.recording(tmp_path / "t.npz"):
+        a.free(x)
+        with pytest.raises(DoubleFreeError) as info:
+            a.free(x)
+    assert "it was allocated at" in str(info.value)
+    op = T.load(tmp_path / "t.npz").operations[1]
+    assert op.message == str(info.value)
+    assert R.replay(T.load(tmp_path / "t.npz")) == (2, 0, None)
+
+
+def test_a_changed_decode_slot_is_the_first_divergence(tmp_path: Path, capsys: Any) -> None:
+    a = PagedTokenToKVPoolAllocator(64, 4, None)
+    with a.recording(tmp_path / "t.npz"):
+        e = a.alloc_extend([0], [4], [-1], 4)
+        a.alloc_decode([5], [int(e[-1])])  # type: ignore[index]  # served
+    got = arrays(tmp_path / "t.npz")
+    data = got["data"].copy()
+    data[-1] += 1  # the decode's slot
+    bad = rewrite(tmp_path / "t.npz", tmp_path / "bad.npz", data=data)
+    code, out, _ = run_main(bad, capsys)
+    assert code == 1
+    assert "DIVERGES at operation 1 (alloc_decode): expected 1 slots [9], got 1 slots [8]" in out
+
+
+def test_replay_time_times_the_allocator_against_the_original(tmp_path: Path, capsys: Any) -> None:
+    a = PagedTokenToKVPoolAllocator(1024, 4, None)
+    with a.recording(tmp_path / "t.npz"):
+        for _ in range(20):
+            e = a.alloc_extend([0, 0], [9, 3], [-1, -1], 12)
+            a.free(e)
+    code = R.main([str(tmp_path / "t.npz"), "--time", "--repeats", "2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1].strip().startswith("hostpool_nb:")
+    assert lines[2].strip().startswith("original on numpy:")
+    assert "x hostpool_nb's time" in lines[2]
+
+
+def test_bench_trace_times_an_allocators_recording(tmp_path: Path) -> None:
+    from bench.__main__ import main as bench_main
+
+    a = TokenToKVPoolAllocator(256, None)
+    with a.recording(tmp_path / "t.npz"):
+        for _ in range(10):
+            a.free(a.alloc(100))
+    out = tmp_path / "bench.json"
+    assert bench_main(["--trace", str(tmp_path / "t.npz"), "--json", str(out), "--no-progress"]) == 0
+    assert "recorded trace" in out.read_text()
+
+
+# -- damaged traces of allocators --------------------------------------------------------------
+
+
+def small_paged(path: Path) -> Path:
+    a = PagedTokenToKVPoolAllocator(64, 4, None, dp_size=2)  # 8 pages per rank
+    with a.recording(path):
+        e = a.alloc_extend([0], [6], [-1], 6, 1)  # 0
+        a.alloc_decode([7], [int(e[-1])], 1)  # type: ignore[index]  # 1
+        a.clear()  # 2
+    return path
+
+
+def damaged_paged(good: Path, bad: Path, case: str) -> str:
+    """Write a damaged copy of ``small_paged`` to ``bad``; return the TraceError's text after 'is damaged: '."""
+    got = arrays(good)
+    ops, data, start = got["ops"].copy(), got["data"].copy(), got["start"].copy()
+    if case == "rank":
+        ops["rank"][0] = 2
+        rewrite(good, bad, ops=ops)
+        return "operation 0 (alloc_extend) names rank 2, of dp_size=2"
+    if case == "rank -1":
+        ops["rank"][0] = -1
+        rewrite(good, bad, ops=ops)
+        return "operation 0 (alloc_extend) names rank -1, of dp_size=2"
+    if case == "a call it lacks":
+        ops["op"][2] = T.OPS.index("alloc_many")
+        rewrite(good, bad, ops=ops)
+        return "operation 2 is a call of alloc_many, which a PagedTokenToKVPoolAllocator does not have"
+    if case == "requests":
+        data[0] = 1000
+        rewrite(good, bad, data=data)
+        return "operation 0 (alloc_extend) points outside the data (0+3007)"
+    if case == "negative requests":
+        data[0] = -1
+        rewrite(good, bad, data=data)
+        return "operation 0 (alloc_extend) declares -1 requests"
+    if case == "page 0":
+        start[4] = 0
+        rewrite(good, bad, start=start)
+        return "its start state of rank 0 lists a page outside the rank's pages 1..8"
+    if case == "a rank short":
+        rewrite(good, bad, start=start[:14])
+        return "its start array ends before the state of rank 1 (shape (14,))"
+    if case == "numbers after":
+        rewrite(good, bad, start=np.concatenate([start, [1]]))
+        return "its start array holds 1 numbers after the last rank's state"
+    if case == "groups disagree":
+        start[0] = 1
+        rewrite(good, bad, start=start)
+        return "its start state's ranks disagree on whether a free group is open"
+    if case == "nested groups":
+        start[0] = start[12] = 2
+        rewrite(good, bad, start=start)
+        return "its start state of rank 0 is 2 free groups deep; an allocator's do not nest"
+    if case == "ranks of a host pool":
+        header = got["header"].copy()
+        header["pool"] = "LogicalHostPool"
+        rewrite(good, bad, header=header)
+        return "it records a LogicalHostPool of dp_size=2; only the allocators have ranks"
+    raise AssertionError(case)
+
+
+PAGED_DAMAGE = [
+    "rank",
+    "rank -1",
+    "a call it lacks",
+    "requests",
+    "negative requests",
+    "page 0",
+    "a rank short",
+    "numbers after",
+    "groups disagree",
+    "nested groups",
+    "ranks of a host pool",
+]
+
+
+@pytest.mark.parametrize("case", PAGED_DAMAGE)
+def test_a_damaged_allocator_trace(case: str, tmp_path: Path, capsys: Any) -> None:
+    good = small_paged(tmp_path / "good.npz")
+    assert R.replay(T.load(good)) == (3, 0, None)
+    bad = tmp_path / "bad.npz"
+    text = f"{bad} is damaged: " + damaged_paged(good, bad, case)
+    with pytest.raises(T.TraceError) as info:
+        T.load(bad)
+    assert str(info.value) == text
+    code, out, err = run_main(bad, capsys)
+    assert (code, out, err) == (2, "", f"{PROG}: error: {text}\n")
+
+
+def test_a_start_state_no_allocator_can_be_in_is_exit_2(tmp_path: Path, capsys: Any) -> None:
+    good = small_paged(tmp_path / "good.npz")
+    start = arrays(good)["start"].copy()
+    start[4:6] = [2, 1]  # rank 0's free list out of order: a paged allocator's is ascending
+    bad = rewrite(good, tmp_path / "bad.npz", start=start)
+    with pytest.raises(T.TraceError, match="start state is not one the recorded allocator can be in"):
+        R.replay(T.load(bad))
+    code, _, err = run_main(bad, capsys)
+    assert code == 2
+    assert err.count("\n") == 1
+
+
+def test_the_sliding_window_allocator_does_not_record() -> None:
+    # Its state is two allocators and a mapping no trace holds yet: it has no recording(), rather than one that lies.
+    assert not hasattr(SWATokenToKVPoolAllocator, "recording")
+
+
+# -- what a recording changes: nothing -----------------------------------------------------------
+
+
+def test_recordings_of_an_allocator_do_not_nest_and_leave_it_as_it_was(tmp_path: Path) -> None:
+    a = PagedTokenToKVPoolAllocator(64, 4, None)
+    with (
+        a.recording(tmp_path / "a.npz"),
+        pytest.raises(HostPoolError, match="recordings do not nest"),
+        a.recording(tmp_path / "b.npz"),
+    ):
+        pass
+    assert not set(a._recorded) & set(vars(a))
+    assert not (tmp_path / "b.npz").exists()
+    with pytest.raises(SlotRangeError):
+        a.free([0])  # the method, unwrapped, as before
+
+
+def test_an_allocator_pickles_and_copies_while_recording(tmp_path: Path) -> None:
+    a = PagedTokenToKVPoolAllocator(64, 4, None)
+    with a.recording(tmp_path / "a.npz"):
+        a.alloc(8)
+        for b in (pickle.loads(pickle.dumps(a)), copy.deepcopy(a)):
+            assert not set(b._recorded) & set(vars(b))  # the copy does not record into the file
+            assert b.alloc(4).tolist() == [12, 13, 14, 15]  # type: ignore[union-attr]
+    assert len(T.load(tmp_path / "a.npz")) == 1
