@@ -115,3 +115,20 @@ def test_finding_a_leak_in_sglang_jax_prints_what_the_page_shows(capsys: pytest.
     assert shown is not None
     exec(compile(code.group(1), "/tmp/app/sched.py", "exec"), {"__name__": "__main__"})  # our own docs
     assert capsys.readouterr().out == shown.group(1)
+
+
+def test_finding_a_leak_replays_the_recording_as_the_page_shows(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 4 of docs/jax-serving.md's "Finding a leak": the recording, and what its replay prints."""
+    from hostpool_nb import replay
+
+    section = _section("docs/jax-serving.md", "4. To hand the case to someone else").split("\n## ", 1)[0]
+    code = FENCE.search(section)
+    shown = re.search(r"```text\n\$ python -m hostpool_nb.replay (\S+)\n(.*?)```", section, flags=re.DOTALL)
+    assert code is not None
+    assert shown is not None
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.group(1), "jax-serving.md", "exec"), {"__name__": "__main__"})  # our own docs
+    assert replay.main([shown.group(1)]) == 0
+    assert capsys.readouterr().out == shown.group(2)
