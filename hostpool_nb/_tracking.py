@@ -119,9 +119,20 @@ SiteKey = tuple[Any, ...]
 _PLAIN_TAGS = (int, str, type(None))
 _PLAIN_TYPES = frozenset(_PLAIN_TAGS)
 _FULL_KEY = 5  # the length of a key with the tag's hash and repr
+
+
 # A batch's tags as Tracker.keys gives them to Tracker.ids: the place (file, line,
 # function), the tags, and their keys (None: every tag plain, looked up by place).
-Batch = tuple[tuple[str, int, str], list[Any], list[SiteKey] | None]
+@dataclass(frozen=True)
+class _Repeat:
+    """The last batch of plain tags from one call site and their ids: a decode step's are the last step's."""
+
+    tags: list[Any]
+    ids: NDArray[np.int64]  # read by kernels, never written
+    version: int  # the table's version they index
+
+
+Batch = tuple[tuple[str, int, str], list[Any], Any]  # the keys: a list of SiteKey, a _Repeat, or None
 
 _FIXED = (Site("<unknown>", 0, "?"), Site("<clear()>", 0, "clear"))
 
@@ -216,6 +227,18 @@ def _safe_repr(value: Any) -> str:
         return f"<{type(value).__name__} object>"
 
 
+def _equal(tags: list[Any], known: list[Any]) -> bool:
+    """Whether ``tags`` equal ``known`` (plain tags) element by element: in C, by identity first.
+
+    A tag equal to a plain one (``np.int64(5)`` to ``5``) counts as it, as a
+    dict key would; one whose ``==`` raises (an array) is not equal.
+    """
+    try:
+        return tags == known
+    except Exception:  # noqa: BLE001 - a tag's own __eq__ failed: not the known batch
+        return False
+
+
 def _made(key: SiteKey, tag: Hashable) -> Site:
     """The Site of a table entry kept as its key and tag."""
     file, line, function = key[:3]
@@ -251,6 +274,11 @@ class Tracker:
         self._free_ids: list[int] = []
         self._live_after_sweep = 0
         self._added: list[tuple[SiteKey, bool]] = []  # since :meth:`begin`: (key, appended), for :meth:`rollback`
+        # Per call site, its last batch of plain tags: the same tag objects again reuse its ids while the
+        # table's version (bumped whenever an id may change its meaning) is theirs.
+        self._last: dict[tuple[str, int, str], _Repeat] = {}
+        self._version = 0
+        self._sites = []
         self.load(sites)
 
     def begin(self) -> None:
@@ -260,6 +288,8 @@ class Tracker:
 
     def rollback(self) -> None:
         """The call failed: forget the entries it added (no page refers to them), so the table is as it was."""
+        if self._added:
+            self._version += 1
         for key, appended in reversed(self._added):
             sid = self._forget(key)
             if appended:
@@ -277,9 +307,13 @@ class Tracker:
 
     def load(self, sites: Sequence[Site | None] | None) -> None:
         """Make this the table ``sites`` (a checked one: :func:`table_problem`); ``None`` for a new table."""
+        if sites and len(sites) == len(self._sites) and list(sites) == self._sites:  # by identity first, in C
+            return  # a snapshot of the table as it is (no entry added or dropped since): every id means the same
         self._sites = list(sites) if sites else list(_FIXED)
         self._ids = {}
         self._plain = {}
+        self._last = {}
+        self._version += 1
         self._free_ids = []
         for i, s in enumerate(self._sites):
             if i < len(_FIXED):
@@ -308,13 +342,13 @@ class Tracker:
         tag_hash, tag_repr = tag_identity(tag)
         return file, line, function, tag_hash, tag_repr
 
-    def keys(
-        self, tags: Any, count: int, depth: int = 0
-    ) -> tuple[tuple[str, int, str], list[Any], list[SiteKey] | None]:
+    def keys(self, tags: Any, count: int, depth: int = 0) -> Batch:
         """What :meth:`ids` needs for ``tags``, one per request of a batch of ``count``, from one call site.
 
         The place, the tags as a list, and their keys (``None`` when every
-        tag is plain: :meth:`ids` then looks them up by place and tag).
+        tag is plain: :meth:`ids` then looks them up by place and tag; the
+        last batch's :class:`_Repeat` when they equal its tags, whose ids
+        :meth:`ids` then reuses while the table has not changed since).
         ``HostPoolError`` unless ``tags`` has ``count`` entries, ``TypeError``
         for a tag that cannot be one (before any change).
         """
@@ -324,6 +358,9 @@ class Tracker:
             raise HostPoolError(f"tags must have one entry per request ({count}), got {len(tags)}")
         place = caller(depth + 2)
         listed = list(tags)
+        last = self._last.get(place)
+        if last is not None and len(last.tags) == count and _equal(listed, last.tags):
+            return place, listed, last  # the last batch's tags from here again (a decode step's): known
         if set(map(type, listed)) <= _PLAIN_TYPES:
             return place, listed, None
         found: list[SiteKey] = []
@@ -338,12 +375,18 @@ class Tracker:
         Under the lock.
         """
         place, tags, keys = batch
+        if type(keys) is _Repeat:
+            if keys.version == self._version and self._last.get(place) is keys:
+                return keys.ids
+            keys = None  # the table changed since: plain tags still, looked up again
         if keys is None:  # plain tags: a dict lookup each (one pass when all are known), new ones interned
             known = self._plain.get(place, {})
             try:
-                return np.fromiter(map(known.__getitem__, tags), dtype=np.int64, count=len(tags))
+                ids = np.fromiter(map(known.__getitem__, tags), dtype=np.int64, count=len(tags))
             except KeyError:
-                return np.array([self.intern((*place, t), t, st) for t in tags], dtype=np.int64)
+                ids = np.array([self.intern((*place, t), t, st) for t in tags], dtype=np.int64)
+            self._last[place] = _Repeat(tags, ids, self._version)  # the version after any sweep it made
+            return ids
         return np.array([self.intern(k, tag, st) for k, tag in zip(keys, tags, strict=True)], dtype=np.int64)
 
     def intern(self, key: SiteKey, tag: Hashable, st: NDArray[np.int64]) -> int:
@@ -383,6 +426,8 @@ class Tracker:
                 self._free_ids.append(sid)
                 dropped += 1
         self._live_after_sweep = len(self._ids)
+        if dropped:
+            self._version += 1
         return dropped
 
     def site(self, sid: int) -> Site:

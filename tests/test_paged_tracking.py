@@ -462,3 +462,89 @@ def test_a_refused_allocation_leaves_the_site_table_as_it_was() -> None:
     assert a.alloc_extend([0], [40], [-1], 40, tags=["too-big"]) is None
     assert a.alloc_decode([1] * 7, [-1] * 7, tags=[f"new-{i}" for i in range(7)]) is None
     assert capture_tracked(a)[1:] == before[1:]
+
+
+# -- a decode step's tags are the last step's: their entries are reused while the table means the same ----------
+
+
+def decode_batch(a: Any, heads: list[int], tags: list[Any]) -> Any:
+    """One decode token for each request whose last slot is ``heads[i]`` (page size 1: a new page each)."""
+    return a.alloc_decode([2] * len(heads), heads, tags=tags)  # decode site
+
+
+def tags_of(a: Any) -> dict[Any, int]:
+    return {o.tag: o.pages for o in a.outstanding() if o.line == line_of("decode site")}
+
+
+def test_a_batch_with_the_last_batchs_tags_is_recorded_with_them() -> None:
+    a = PagedTokenToKVPoolAllocator(64, 1, None, track=True)
+    first = decode_batch(a, [0, 0], ["a", "b"])
+    again = decode_batch(a, [0, 0], ["a", "b"])  # equal tags, from the same site: the last batch's entries
+    assert first.tolist() == [1, 2]
+    assert again.tolist() == [3, 4]
+    assert tags_of(a) == {"a": 2, "b": 2}
+    decode_batch(a, [0, 0], ["b", "c"])  # other tags: looked up, and interned
+    assert tags_of(a) == {"a": 2, "b": 3, "c": 1}
+
+
+def test_a_tag_equal_to_the_last_batchs_counts_as_it() -> None:
+    a = PagedTokenToKVPoolAllocator(64, 1, None, track=True)
+    decode_batch(a, [0], [5])
+    decode_batch(a, [0], [np.int64(5)])  # == 5, as a dict key would be: reported as the tag 5
+    assert tags_of(a) == {5: 2}
+    assert [type(t) for t in tags_of(a)] == [int]
+
+
+class _NoCompare:
+    """A hashable tag whose ``==`` raises (numpy arrays' does): never the last batch's."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("no comparing")
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return "<tag>"
+
+
+def test_a_tag_whose_equality_raises_is_a_new_tag() -> None:
+    a = PagedTokenToKVPoolAllocator(64, 1, None, track=True)
+    decode_batch(a, [0], [7])
+    tag = _NoCompare()
+    decode_batch(a, [0], [tag])
+    assert [repr(t) for t in tags_of(a)] == ["7", "<tag>"]
+
+
+def test_the_last_batchs_ids_are_not_reused_after_a_sweep_gave_them_to_others() -> None:
+    a = PagedTokenToKVPoolAllocator(8, 1, None, track=True)
+    tracker = a._trackers[0]  # type: ignore[index]  # a tracking allocator
+    a.free(decode_batch(a, [0, 0], ["a", "b"]))
+    version = tracker._version
+    for i in range(1100):  # new tags on the same few pages, until the table sweeps those no page refers to
+        a.free(a.alloc(1, tag=f"other-{i}"))
+    assert tracker._version > version  # swept: ids of "a" and "b" may be others' now
+    decode_batch(a, [0, 0], ["a", "b"])
+    assert tags_of(a) == {"a": 1, "b": 1}
+
+
+def test_the_last_batchs_ids_are_not_reused_after_a_failed_call_took_its_entries_back() -> None:
+    a = PagedTokenToKVPoolAllocator(4, 1, None, track=True)
+    held = decode_batch(a, [0], ["a"])
+    tags = ["p", "q", "r", "s"]
+    assert decode_batch(a, [0] * 4, tags) is None  # refused, short: its new entries taken back
+    a.free(held)
+    decode_batch(a, [0] * 4, tags)  # the same tags again, now served
+    assert tags_of(a) == dict.fromkeys(tags, 1)
+
+
+def test_a_restore_of_another_table_forgets_the_last_batch() -> None:
+    a = PagedTokenToKVPoolAllocator(64, 1, None, track=True)
+    empty = a.backup_state()
+    decode_batch(a, [0], ["a"])
+    a.restore_state(empty)  # a table without "a": its id means nothing now
+    decode_batch(a, [0], ["a"])
+    assert tags_of(a) == {"a": 1}
+    same = a.backup_state()
+    a.restore_state(same)  # the table as it is: the last batch's entries still mean the same
+    decode_batch(a, [0], ["a"])
+    assert tags_of(a) == {"a": 2}
