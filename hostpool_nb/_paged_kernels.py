@@ -616,3 +616,8 @@ def free_slots_tracked(
 # What the sliding-window allocator's kernels (``_swa_kernels.py``) call besides the above.
 _reset_rank = _as_callee(reset_rank)
 _end_group = _as_callee(end_group)
+_alloc_slots_tracked = _as_callee(alloc_slots_tracked)
+_alloc_tokens_tracked = _as_callee(alloc_tokens_tracked)
+_alloc_extend_tracked = _as_callee(alloc_extend_tracked)
+_alloc_decode_tracked = _as_callee(alloc_decode_tracked)
+_free_slots_tracked = _as_callee(free_slots_tracked)

@@ -19,12 +19,17 @@ from ._jit import kernel as _jit
 from ._layout import E_CORRUPT, E_RANGE, E_SHORT, H_NFREE, H_NREL, fail
 from ._paged_kernels import (
     _alloc_decode,
+    _alloc_decode_tracked,
     _alloc_extend,
+    _alloc_extend_tracked,
     _alloc_slots,
+    _alloc_slots_tracked,
     _alloc_tokens,
+    _alloc_tokens_tracked,
     _ceil_div,
     _end_group,
     _free_slots,
+    _free_slots_tracked,
     _reset_rank,
 )
 
@@ -44,6 +49,30 @@ def _map_all(
         mp[full[i]] = swa[i]
 
 
+@_callee()
+def _tokens(
+    stf: NDArray[np.int64],
+    sts: NDArray[np.int64],
+    mp: NDArray[np.int32],
+    out: NDArray[np.int32],
+    swa: NDArray[np.int32],
+    site_full: int,
+    site_swa: int,
+) -> int:
+    """:func:`alloc_tokens`; ``site_full`` / ``site_swa`` >= 0: each side's slots record that site."""
+    n: int = out.shape[0]
+    if n > _available(stf) or n > _available(sts):
+        return fail(E_SHORT, 0)
+    status = _alloc_tokens(stf, out) if site_full < 0 else _alloc_tokens_tracked(stf, out, site_full)
+    if status < 0:
+        return status
+    status = _alloc_tokens(sts, swa) if site_swa < 0 else _alloc_tokens_tracked(sts, swa, site_swa)
+    if status < 0:
+        return fail(E_CORRUPT, 0)  # checked above: the SWA side's lists are broken
+    _map_all(mp, out, swa)
+    return n
+
+
 @_jit("i8(i8[::1], i8[::1], i4[::1], i4[::1], i4[::1])")
 def alloc_tokens(
     stf: NDArray[np.int64],
@@ -53,16 +82,54 @@ def alloc_tokens(
     swa: NDArray[np.int32],
 ) -> int:
     """``alloc`` at page size 1: ``len(out)`` full slots, as many SWA slots, mapped; both sides checked first."""
-    n: int = out.shape[0]
-    if n > _available(stf) or n > _available(sts):
+    return _tokens(stf, sts, mp, out, swa, -1, -1)
+
+
+@_jit("i8(i8[::1], i8[::1], i4[::1], i4[::1], i4[::1], i8, i8)")
+def alloc_tokens_tracked(
+    stf: NDArray[np.int64],
+    sts: NDArray[np.int64],
+    mp: NDArray[np.int32],
+    out: NDArray[np.int32],
+    swa: NDArray[np.int32],
+    site_full: int,
+    site_swa: int,
+) -> int:
+    """:func:`alloc_tokens` of a tracking allocator: one allocation on each side, from its site."""
+    return _tokens(stf, sts, mp, out, swa, site_full, site_swa)
+
+
+@_callee()
+def _slots_side(st: NDArray[np.int64], out: NDArray[np.int64], page_size: int, site: int) -> int:
+    """One side's whole pages into ``out``; ``site`` >= 0: tracked."""
+    if site < 0:
+        return _alloc_slots(st, out, page_size)
+    return _alloc_slots_tracked(st, out, page_size, site)
+
+
+@_callee()
+def _pages(
+    stf: NDArray[np.int64],
+    sts: NDArray[np.int64],
+    mp: NDArray[np.int32],
+    out: NDArray[np.int64],
+    swa: NDArray[np.int64],
+    page_size: int,
+    site_full: int,
+    site_swa: int,
+) -> int:
+    """:func:`alloc_pages`, tracked on the sides whose site is >= 0."""
+    k = out.shape[0] // page_size
+    if k > _available(stf) or k > _available(sts):
         return fail(E_SHORT, 0)
-    status = _alloc_tokens(stf, out)
+    status = _slots_side(stf, out, page_size, site_full)
     if status < 0:
         return status
-    status = _alloc_tokens(sts, swa)
+    status = _slots_side(sts, swa, page_size, site_swa)
     if status < 0:
-        return fail(E_CORRUPT, 0)  # checked above: the SWA side's lists are broken
+        return fail(E_CORRUPT, 0)
     _map_all(mp, out, swa)
+    n: int = out.shape[0]
     return n
 
 
@@ -76,18 +143,22 @@ def alloc_pages(
     page_size: int,
 ) -> int:
     """``alloc`` above page size 1: whole pages on each side, slot by slot mapped; both sides checked first."""
-    k = out.shape[0] // page_size
-    if k > _available(stf) or k > _available(sts):
-        return fail(E_SHORT, 0)
-    status = _alloc_slots(stf, out, page_size)
-    if status < 0:
-        return status
-    status = _alloc_slots(sts, swa, page_size)
-    if status < 0:
-        return fail(E_CORRUPT, 0)
-    _map_all(mp, out, swa)
-    n: int = out.shape[0]
-    return n
+    return _pages(stf, sts, mp, out, swa, page_size, -1, -1)
+
+
+@_jit("i8(i8[::1], i8[::1], i4[::1], i8[::1], i8[::1], i8, i8, i8)")
+def alloc_pages_tracked(
+    stf: NDArray[np.int64],
+    sts: NDArray[np.int64],
+    mp: NDArray[np.int32],
+    out: NDArray[np.int64],
+    swa: NDArray[np.int64],
+    page_size: int,
+    site_full: int,
+    site_swa: int,
+) -> int:
+    """:func:`alloc_pages` of a tracking allocator."""
+    return _pages(stf, sts, mp, out, swa, page_size, site_full, site_swa)
 
 
 @_callee()
@@ -103,6 +174,60 @@ def _mapped_last(mp: NDArray[np.int32], last: NDArray[np.int64], into: NDArray[n
     for i in range(last.shape[0]):
         into[i] = mp[last[i]] if last[i] >= 0 else mp[m - 1]
     return 0
+
+
+@_callee()
+def _extend_side(
+    st: NDArray[np.int64],
+    prefix: NDArray[np.int64],
+    seq: NDArray[np.int64],
+    last: NDArray[np.int64],
+    out: NDArray[np.int32],
+    tokens: int,
+    page_size: int,
+    sites: NDArray[np.int64],
+) -> int:
+    """One side's ``alloc_extend``; with ``sites`` (not empty), tracked."""
+    if sites.shape[0] == 0:
+        return _alloc_extend(st, prefix, seq, last, out, tokens, page_size, 0)
+    return _alloc_extend_tracked(st, prefix, seq, last, out, tokens, page_size, 0, sites)
+
+
+@_callee()
+def _extend(
+    stf: NDArray[np.int64],
+    sts: NDArray[np.int64],
+    mp: NDArray[np.int32],
+    prefix: NDArray[np.int64],
+    seq: NDArray[np.int64],
+    last: NDArray[np.int64],
+    out: NDArray[np.int32],
+    swa: NDArray[np.int32],
+    scratch: NDArray[np.int64],
+    tokens: int,
+    page_size: int,
+    sites_full: NDArray[np.int64],
+    sites_swa: NDArray[np.int64],
+) -> int:
+    """:func:`alloc_extend`; each side tracked when its sites are given."""
+    n = seq.shape[0]
+    last_swa = scratch[:n]
+    status = _mapped_last(mp, last, last_swa)
+    if status < 0:
+        return status
+    pages = 0
+    for i in range(n):
+        pages += _ceil_div(seq[i], page_size) - _ceil_div(prefix[i], page_size)
+    if pages > _available(sts) and pages <= _available(stf):
+        return _alloc_extend(sts, prefix, seq, last_swa, swa, tokens, page_size, 0)  # checks, merges, refuses
+    status = _extend_side(stf, prefix, seq, last, out, tokens, page_size, sites_full)
+    if status < 0:
+        return status
+    got = _extend_side(sts, prefix, seq, last_swa, swa, tokens, page_size, sites_swa)
+    if got != status:
+        return fail(E_CORRUPT, 0)  # the same checks passed and the pages are there: the SWA side is broken
+    _map_all(mp, out[:status], swa[:status])
+    return status
 
 
 @_jit("i8(i8[::1], i8[::1], i4[::1], i8[::1], i8[::1], i8[::1], i4[::1], i4[::1], i8[::1], i8, i8)")
@@ -125,6 +250,60 @@ def alloc_extend(
     the call is refused after the SWA side's merge, the full side
     untouched (the original takes the full slots and frees them again).
     """
+    none = scratch[:0]
+    return _extend(stf, sts, mp, prefix, seq, last, out, swa, scratch, tokens, page_size, none, none)
+
+
+@_jit("i8(i8[::1], i8[::1], i4[::1], i8[::1], i8[::1], i8[::1], i4[::1], i4[::1], i8[::1], i8, i8, i8[::1], i8[::1])")
+def alloc_extend_tracked(
+    stf: NDArray[np.int64],
+    sts: NDArray[np.int64],
+    mp: NDArray[np.int32],
+    prefix: NDArray[np.int64],
+    seq: NDArray[np.int64],
+    last: NDArray[np.int64],
+    out: NDArray[np.int32],
+    swa: NDArray[np.int32],
+    scratch: NDArray[np.int64],
+    tokens: int,
+    page_size: int,
+    sites_full: NDArray[np.int64],
+    sites_swa: NDArray[np.int64],
+) -> int:
+    """:func:`alloc_extend` of a tracking allocator: each request that takes pages one allocation a side."""
+    return _extend(stf, sts, mp, prefix, seq, last, out, swa, scratch, tokens, page_size, sites_full, sites_swa)
+
+
+@_callee()
+def _decode_side(
+    st: NDArray[np.int64],
+    seq: NDArray[np.int64],
+    last: NDArray[np.int64],
+    out: NDArray[np.int32],
+    page_size: int,
+    sites: NDArray[np.int64],
+) -> int:
+    """One side's ``alloc_decode``; with ``sites`` (not empty), tracked."""
+    if sites.shape[0] == 0:
+        return _alloc_decode(st, seq, last, out, page_size, 0)
+    return _alloc_decode_tracked(st, seq, last, out, page_size, 0, sites)
+
+
+@_callee()
+def _decode(
+    stf: NDArray[np.int64],
+    sts: NDArray[np.int64],
+    mp: NDArray[np.int32],
+    seq: NDArray[np.int64],
+    last: NDArray[np.int64],
+    out: NDArray[np.int32],
+    swa: NDArray[np.int32],
+    scratch: NDArray[np.int64],
+    page_size: int,
+    sites_full: NDArray[np.int64],
+    sites_swa: NDArray[np.int64],
+) -> int:
+    """:func:`alloc_decode`; each side tracked when its sites are given."""
     n = seq.shape[0]
     last_swa = scratch[:n]
     status = _mapped_last(mp, last, last_swa)
@@ -132,16 +311,16 @@ def alloc_extend(
         return status
     pages = 0
     for i in range(n):
-        pages += _ceil_div(seq[i], page_size) - _ceil_div(prefix[i], page_size)
+        pages += 1 if (seq[i] - 1) % page_size == 0 else 0
     if pages > _available(sts) and pages <= _available(stf):
-        return _alloc_extend(sts, prefix, seq, last_swa, swa, tokens, page_size, 0)  # checks, merges, refuses
-    status = _alloc_extend(stf, prefix, seq, last, out, tokens, page_size, 0)
+        return _alloc_decode(sts, seq, last_swa, swa, page_size, 0)
+    status = _decode_side(stf, seq, last, out, page_size, sites_full)
     if status < 0:
         return status
-    got = _alloc_extend(sts, prefix, seq, last_swa, swa, tokens, page_size, 0)
+    got = _decode_side(sts, seq, last_swa, swa, page_size, sites_swa)
     if got != status:
-        return fail(E_CORRUPT, 0)  # the same checks passed and the pages are there: the SWA side is broken
-    _map_all(mp, out[:status], swa[:status])
+        return fail(E_CORRUPT, 0)
+    _map_all(mp, out, swa)
     return status
 
 
@@ -158,24 +337,42 @@ def alloc_decode(
     page_size: int,
 ) -> int:
     """``alloc_decode`` on both sides as :func:`alloc_extend` does it."""
-    n = seq.shape[0]
-    last_swa = scratch[:n]
-    status = _mapped_last(mp, last, last_swa)
-    if status < 0:
-        return status
-    pages = 0
-    for i in range(n):
-        pages += 1 if (seq[i] - 1) % page_size == 0 else 0
-    if pages > _available(sts) and pages <= _available(stf):
-        return _alloc_decode(sts, seq, last_swa, swa, page_size, 0)
-    status = _alloc_decode(stf, seq, last, out, page_size, 0)
-    if status < 0:
-        return status
-    got = _alloc_decode(sts, seq, last_swa, swa, page_size, 0)
-    if got != status:
-        return fail(E_CORRUPT, 0)
-    _map_all(mp, out, swa)
-    return status
+    none = scratch[:0]
+    return _decode(stf, sts, mp, seq, last, out, swa, scratch, page_size, none, none)
+
+
+@_jit("i8(i8[::1], i8[::1], i4[::1], i8[::1], i8[::1], i4[::1], i4[::1], i8[::1], i8, i8[::1], i8[::1])")
+def alloc_decode_tracked(
+    stf: NDArray[np.int64],
+    sts: NDArray[np.int64],
+    mp: NDArray[np.int32],
+    seq: NDArray[np.int64],
+    last: NDArray[np.int64],
+    out: NDArray[np.int32],
+    swa: NDArray[np.int32],
+    scratch: NDArray[np.int64],
+    page_size: int,
+    sites_full: NDArray[np.int64],
+    sites_swa: NDArray[np.int64],
+) -> int:
+    """:func:`alloc_decode` of a tracking allocator."""
+    return _decode(stf, sts, mp, seq, last, out, swa, scratch, page_size, sites_full, sites_swa)
+
+
+@_callee()
+def _free_side(
+    st: NDArray[np.int64],
+    gp: NDArray[np.int64],
+    slots: NDArray[np.int64],
+    page_size: int,
+    mode: int,
+    in_group: int,
+    site: int,
+) -> int:
+    """One side's ``free``; ``site`` >= 0: the pages freed record it as their freer."""
+    if site < 0:
+        return _free_slots(st, gp, slots, page_size, mode, in_group)
+    return _free_slots_tracked(st, gp, slots, page_size, mode, in_group, site)
 
 
 @_callee()
@@ -187,6 +384,7 @@ def _free_mapped(
     scratch: NDArray[np.int64],
     page_size: int,
     mode: int,
+    site: int,
 ) -> int:
     """``free_swa``: the SWA slots of ``slots`` (those mapped) freed, their mapping zeroed; how many.
 
@@ -201,12 +399,36 @@ def _free_mapped(
             scratch[j] = v
             j += 1
     if j > 0:
-        status = _free_slots(sts, gps, scratch[:j], page_size, mode, 0)
+        status = _free_side(sts, gps, scratch[:j], page_size, mode, 0, site)
         if status < 0:
             return fail(E_CORRUPT, 0)  # mapped SWA slots are allocated, once each: the mapping is broken
     for i in range(slots.shape[0]):
         mp[slots[i]] = 0
     return j
+
+
+@_callee()
+def _free(
+    stf: NDArray[np.int64],
+    gpf: NDArray[np.int64],
+    sts: NDArray[np.int64],
+    gps: NDArray[np.int64],
+    mp: NDArray[np.int32],
+    slots: NDArray[np.int64],
+    scratch: NDArray[np.int64],
+    page_size: int,
+    full_mode: int,
+    swa_mode: int,
+    in_group: int,
+    site_full: int,
+    site_swa: int,
+) -> int:
+    """:func:`free`; each side's pages record its site as their freer when it is >= 0."""
+    status = _free_side(stf, gpf, slots, page_size, full_mode, in_group, site_full)
+    if status < 0 or in_group != 0:
+        return status
+    freed = _free_mapped(sts, gps, mp, slots, scratch, page_size, swa_mode, site_swa)
+    return freed if freed < 0 else status
 
 
 @_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8[::1], i8[::1], i8, i8, i8, i8)")
@@ -229,11 +451,45 @@ def free(
     pending; the SWA slots go at the group's end (:func:`end_group`).
     Returns what the full side's free returns.
     """
-    status = _free_slots(stf, gpf, slots, page_size, full_mode, in_group)
-    if status < 0 or in_group != 0:
-        return status
-    freed = _free_mapped(sts, gps, mp, slots, scratch, page_size, swa_mode)
-    return freed if freed < 0 else status
+    return _free(stf, gpf, sts, gps, mp, slots, scratch, page_size, full_mode, swa_mode, in_group, -1, -1)
+
+
+@_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8[::1], i8[::1], i8, i8, i8, i8, i8, i8)")
+def free_tracked(
+    stf: NDArray[np.int64],
+    gpf: NDArray[np.int64],
+    sts: NDArray[np.int64],
+    gps: NDArray[np.int64],
+    mp: NDArray[np.int32],
+    slots: NDArray[np.int64],
+    scratch: NDArray[np.int64],
+    page_size: int,
+    full_mode: int,
+    swa_mode: int,
+    in_group: int,
+    site_full: int,
+    site_swa: int,
+) -> int:
+    """:func:`free` of a tracking allocator."""
+    return _free(stf, gpf, sts, gps, mp, slots, scratch, page_size, full_mode, swa_mode, in_group, site_full, site_swa)
+
+
+@_callee()
+def _free_swa(
+    sts: NDArray[np.int64],
+    gps: NDArray[np.int64],
+    mp: NDArray[np.int32],
+    slots: NDArray[np.int64],
+    scratch: NDArray[np.int64],
+    page_size: int,
+    swa_mode: int,
+    site: int,
+) -> int:
+    m = mp.shape[0]
+    for i in range(slots.shape[0]):
+        if slots[i] < 0 or slots[i] >= m:
+            return fail(E_RANGE, i)
+    return _free_mapped(sts, gps, mp, slots, scratch, page_size, swa_mode, site)
 
 
 @_jit("i8(i8[::1], i8[::1], i4[::1], i8[::1], i8[::1], i8, i8)")
@@ -247,14 +503,25 @@ def free_swa(
     swa_mode: int,
 ) -> int:
     """``free_swa``: ``E_RANGE`` for a full slot outside the mapping, else :func:`_free_mapped`."""
-    m = mp.shape[0]
-    for i in range(slots.shape[0]):
-        if slots[i] < 0 or slots[i] >= m:
-            return fail(E_RANGE, i)
-    return _free_mapped(sts, gps, mp, slots, scratch, page_size, swa_mode)
+    return _free_swa(sts, gps, mp, slots, scratch, page_size, swa_mode, -1)
 
 
-@_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8[::1], i8[::1], i8, i8)")
+@_jit("i8(i8[::1], i8[::1], i4[::1], i8[::1], i8[::1], i8, i8, i8)")
+def free_swa_tracked(
+    sts: NDArray[np.int64],
+    gps: NDArray[np.int64],
+    mp: NDArray[np.int32],
+    slots: NDArray[np.int64],
+    scratch: NDArray[np.int64],
+    page_size: int,
+    swa_mode: int,
+    site: int,
+) -> int:
+    """:func:`free_swa` of a tracking allocator: the SWA pages freed record ``site``."""
+    return _free_swa(sts, gps, mp, slots, scratch, page_size, swa_mode, site)
+
+
+@_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8[::1], i8[::1], i8, i8, i8)")
 def end_group(
     stf: NDArray[np.int64],
     gpf: NDArray[np.int64],
@@ -265,13 +532,15 @@ def end_group(
     scratch: NDArray[np.int64],
     page_size: int,
     swa_mode: int,
+    site: int,
 ) -> int:
     """The group's end on one rank: the full side's pending pages released, then the SWA slots of ``slots``.
 
-    ``slots`` are the group's frees of the rank, concatenated in order.
+    ``slots`` are the group's frees of the rank, concatenated in order;
+    ``site`` >= 0 (a tracking allocator): the SWA pages freed record it.
     """
     _end_group(stf, gpf)
-    return _free_mapped(sts, gps, mp, slots, scratch, page_size, swa_mode)
+    return _free_mapped(sts, gps, mp, slots, scratch, page_size, swa_mode, site)
 
 
 @_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1])")

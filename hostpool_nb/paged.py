@@ -89,6 +89,12 @@ _swa_free = entry_point(_swa_kernels.free)
 _swa_free_swa = entry_point(_swa_kernels.free_swa)
 _swa_end_group = entry_point(_swa_kernels.end_group)
 _swa_reset = entry_point(_swa_kernels.reset)
+_swa_alloc_tokens_tracked = entry_point(_swa_kernels.alloc_tokens_tracked)
+_swa_alloc_pages_tracked = entry_point(_swa_kernels.alloc_pages_tracked)
+_swa_alloc_extend_tracked = entry_point(_swa_kernels.alloc_extend_tracked)
+_swa_alloc_decode_tracked = entry_point(_swa_kernels.alloc_decode_tracked)
+_swa_free_tracked = entry_point(_swa_kernels.free_tracked)
+_swa_free_swa_tracked = entry_point(_swa_kernels.free_swa_tracked)
 _STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
 _INT32_MAX = 2**31 - 1
 
@@ -1106,6 +1112,14 @@ class SWATokenToKVPoolAllocator(ArrayStatePool):
         Slots per page (1: token allocators).
     dp_size : int, optional
         Data-parallel ranks.
+    track : bool or None, optional, keyword-only
+        Build both sub-allocators tracking: each side's pages know the call
+        site and tag that allocated them (``tag=`` on :meth:`alloc`,
+        ``tags=`` on the batch calls) and the site that last freed them.
+        :meth:`outstanding` is the full side's (the SWA side's is
+        ``swa_attn_allocator.outstanding()``), :meth:`leak_report` both
+        sides', and a double free names both sites. ``None`` (the default):
+        if ``HOSTPOOL_NB_TRACK=1`` is in the environment.
 
     Examples
     --------
@@ -1125,21 +1139,25 @@ class SWATokenToKVPoolAllocator(ArrayStatePool):
     _kind = "SWATokenToKVPoolAllocator"
     _state_class = SWAState
 
-    def __init__(self, size: int, size_swa: int, kvcache: Any, page_size: int = 1, dp_size: int = 1) -> None:
+    def __init__(  # noqa: PLR0913 - sglang-jax's constructor, and track
+        self, size: int, size_swa: int, kvcache: Any, page_size: int = 1, dp_size: int = 1, *, track: Any = None
+    ) -> None:
         page_size = as_count(page_size, "page_size")
+        track = wanted(track)
         full_pool, swa_pool = kvcache.full_kv_pool, kvcache.swa_kv_pool
         sub: Any
         if page_size == 1:
-            self.full_attn_allocator: Any = TokenToKVPoolAllocator(size, full_pool, dp_size=dp_size, track=False)
-            sub = TokenToKVPoolAllocator(size_swa, swa_pool, dp_size=dp_size, track=False)
+            self.full_attn_allocator: Any = TokenToKVPoolAllocator(size, full_pool, dp_size=dp_size, track=track)
+            sub = TokenToKVPoolAllocator(size_swa, swa_pool, dp_size=dp_size, track=track)
             self._modes = (_paged_kernels.FREE_TOKENS, _paged_kernels.FREE_TOKENS)
         else:
             self.full_attn_allocator = PagedTokenToKVPoolAllocator(
-                size, page_size, full_pool, dp_size=dp_size, track=False
+                size, page_size, full_pool, dp_size=dp_size, track=track
             )
-            sub = PagedTokenToKVPoolAllocator(size_swa, page_size, swa_pool, dp_size=dp_size, track=False)
+            sub = PagedTokenToKVPoolAllocator(size_swa, page_size, swa_pool, dp_size=dp_size, track=track)
             self._modes = (_paged_kernels.FREE_PAGED, _paged_kernels.FREE_PAGED)
         self.swa_attn_allocator: Any = sub
+        self.track = track
         self.page_size = page_size
         self.dp_size = self.full_attn_allocator.dp_size
         self._kvcache = kvcache
@@ -1207,13 +1225,68 @@ class SWATokenToKVPoolAllocator(ArrayStatePool):
             self._scratch = np.zeros(max(n, 2 * self._scratch.shape[0]), dtype=np.int64)
         return self._scratch
 
+    # -- who holds each page (track=True): each side's own tracking, from the same call sites -------
+
+    def _where(self, r: int, tag: Hashable) -> Any:
+        """Before the lock: the caller's site key with ``tag`` (``None`` untracked); a bad tag raises."""
+        trackers = self.full_attn_allocator._trackers
+        return None if trackers is None else trackers[r].where(tag, 2)
+
+    def _sites(self, r: int, where: Any, tag: Hashable) -> tuple[int, int]:
+        """Under the lock: the site's id on each side (each call that fails then calls :meth:`_failed`)."""
+        return self.full_attn_allocator._site_of(r, where, tag), self.swa_attn_allocator._site_of(r, where, tag)
+
+    def _batch_keys(self, r: int, tags: Any, n: int) -> Any:
+        """Before the lock: each side's keys for a batch's ``tags`` (``None`` untracked); bad tags raise."""
+        if self.full_attn_allocator._trackers is None:
+            return None
+        return self.full_attn_allocator._keys(r, tags, n), self.swa_attn_allocator._keys(r, tags, n)
+
+    def _batch_sites(self, r: int, keys: Any, tags: Any) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        full, swa = self.full_attn_allocator, self.swa_attn_allocator
+        return full._request_sites(r, keys[0], tags), swa._request_sites(r, keys[1], tags)
+
+    def _failed(self, r: int) -> None:
+        """A tracked call on rank ``r`` refused or failed: both sides' tables as they were."""
+        self.full_attn_allocator._failed(r)
+        self.swa_attn_allocator._failed(r)
+
+    def outstanding(self, dp_rank: Any = 0, *, exclude: Any = None) -> list[Outstanding]:
+        """What the full side holds on ``dp_rank``, by call site and tag (``track=True``).
+
+        As :meth:`PagedTokenToKVPoolAllocator.outstanding` of
+        :attr:`full_attn_allocator`; :attr:`swa_attn_allocator`'s
+        ``outstanding`` gives the SWA side's.
+        """
+        return list(self.full_attn_allocator.outstanding(dp_rank, exclude=exclude))
+
+    def leak_report(self, dp_rank: Any = 0, *, exclude: Any = None, limit: int = 20) -> str:
+        """Both sides' leak reports: the full slots not in ``exclude``, then the SWA slots not mapped from them.
+
+        ``exclude`` (full slots held legitimately, such as the radix
+        cache's) leaves out those full slots and the SWA slots they map to.
+        """
+        r = self._rank(dp_rank)
+        full = self.full_attn_allocator.leak_report(r, exclude=exclude, limit=limit)
+        swa_exclude = None
+        if exclude is not None:
+            held = as_slots(exclude, "exclude")
+            mapping = self._maps[r]
+            inside = held[(held >= 0) & (held < mapping.shape[0])]
+            with self.lock:
+                mapped = mapping[inside]
+            swa_exclude = mapped[mapped > 0].astype(np.int64)
+        swa = self.swa_attn_allocator.leak_report(r, exclude=swa_exclude, limit=limit)
+        return f"full side: {full}\nSWA side: {swa}"
+
     # -- allocation -----------------------------------------------------------------------
 
-    def alloc(self, need_size: Any, dp_rank: Any = 0) -> NDArray[Any] | None:
+    def alloc(self, need_size: Any, dp_rank: Any = 0, *, tag: Hashable = None) -> NDArray[Any] | None:
         """``need_size`` full slots and as many SWA slots, mapped; ``None`` if either side has fewer available.
 
         Returns the full slots: int32 at page size 1, int64 (whole pages)
-        above, as the sub-allocators' ``alloc``.
+        above, as the sub-allocators' ``alloc``. ``tag`` (keyword-only): a
+        label a tracking allocator records with both sides' pages.
         """
         if type(need_size) is not int:
             need_size = as_count(need_size, "need_size")
@@ -1226,13 +1299,25 @@ class SWATokenToKVPoolAllocator(ArrayStatePool):
         if need_size > self.full_attn_allocator.size_per_rank + ps:
             return None  # more than a rank holds: refused before anything is allocated
         dtype = np.int32 if ps == 1 else np.int64
+        where = self._where(r, tag)  # an unusable tag raises here
         out, swa = np.empty(need_size, dtype=dtype), np.empty(need_size, dtype=dtype)
         stf, _, sts, _ = self._states(r)
         with self.lock:
-            if ps == 1:
-                status = _swa_alloc_tokens(stf, sts, self._maps[r], out, swa)
+            if where is None:
+                status = (
+                    _swa_alloc_tokens(stf, sts, self._maps[r], out, swa)
+                    if ps == 1
+                    else _swa_alloc_pages(stf, sts, self._maps[r], out, swa, ps)
+                )
             else:
-                status = _swa_alloc_pages(stf, sts, self._maps[r], out, swa, ps)
+                sf, ss = self._sites(r, where, tag)
+                status = (
+                    _swa_alloc_tokens_tracked(stf, sts, self._maps[r], out, swa, sf, ss)
+                    if ps == 1
+                    else _swa_alloc_pages_tracked(stf, sts, self._maps[r], out, swa, ps, sf, ss)
+                )
+                if status < 0:
+                    self._failed(r)
         if status >= 0:
             return out
         if status == _STATUS_SHORT:
@@ -1261,14 +1346,22 @@ class SWATokenToKVPoolAllocator(ArrayStatePool):
             f"last_loc[{i}]={int(last[i])} is outside rank {r}'s full slots (-1, or 0..{self._maps[r].shape[0] - 1})"
         )
 
-    def alloc_extend(
-        self, prefix_lens: Any, seq_lens: Any, last_loc: Any, extend_num_tokens: Any, dp_rank: Any = 0
+    def alloc_extend(  # noqa: PLR0913 - sglang-jax's arguments, and the tags
+        self,
+        prefix_lens: Any,
+        seq_lens: Any,
+        last_loc: Any,
+        extend_num_tokens: Any,
+        dp_rank: Any = 0,
+        *,
+        tags: Any = None,
     ) -> NDArray[np.int32] | None:
         """Extend a batch on both sides (page size > 1); the full slots (int32), or ``None`` if a side is short.
 
         As ``PagedTokenToKVPoolAllocator.alloc_extend`` on the full side;
         the SWA side gets the same lengths and ``last_loc`` mapped to SWA
-        slots. Each new full slot is mapped to its new SWA slot.
+        slots. Each new full slot is mapped to its new SWA slot. ``tags``
+        (keyword-only): one label per request, for a tracking allocator.
         """
         self._needs_pages("alloc_extend")
         prefix, seq, last = self._batch_args((prefix_lens, seq_lens, last_loc), ("prefix_lens", "seq_lens", "last_loc"))
@@ -1278,13 +1371,23 @@ class SWATokenToKVPoolAllocator(ArrayStatePool):
             raise HostPoolError(f"extend_num_tokens must be non-negative, got extend_num_tokens={total}")
         ps = self.page_size
         fits = total <= (self.full_attn_allocator._pages + prefix.shape[0]) * ps
+        keys = self._batch_keys(r, tags, prefix.shape[0])
         out = np.empty(total if fits else 0, dtype=np.int32)
         swa = np.empty(out.shape[0], dtype=np.int32)
         stf, _, sts, _ = self._states(r)
+        mp = self._maps[r]
         with self.lock:
             scratch = self._scratch_for(prefix.shape[0])
             tokens = min(total, _INT64_MAX)
-            status = _swa_alloc_extend(stf, sts, self._maps[r], prefix, seq, last, out, swa, scratch, tokens, ps)
+            if keys is None:
+                status = _swa_alloc_extend(stf, sts, mp, prefix, seq, last, out, swa, scratch, tokens, ps)
+            else:
+                sf, ss = self._batch_sites(r, keys, tags)
+                status = _swa_alloc_extend_tracked(
+                    stf, sts, mp, prefix, seq, last, out, swa, scratch, tokens, ps, sf, ss
+                )
+                if status < 0:
+                    self._failed(r)
         if status >= 0:
             return out
         if status == _STATUS_SHORT:
@@ -1292,16 +1395,29 @@ class SWATokenToKVPoolAllocator(ArrayStatePool):
         error = self._last_error(status, last, r)
         raise error or self.full_attn_allocator._batch_error(status, (prefix, seq, last), total, "alloc_extend")
 
-    def alloc_decode(self, seq_lens: Any, last_loc: Any, dp_rank: Any = 0) -> NDArray[np.int32] | None:
-        """One new token per request on both sides (page size > 1); the full slots (int32), or ``None``."""
+    def alloc_decode(
+        self, seq_lens: Any, last_loc: Any, dp_rank: Any = 0, *, tags: Any = None
+    ) -> NDArray[np.int32] | None:
+        """One new token per request on both sides (page size > 1); the full slots (int32), or ``None``.
+
+        ``tags`` (keyword-only): one label per request, for a tracking allocator.
+        """
         self._needs_pages("alloc_decode")
         seq, last = self._batch_args((seq_lens, last_loc), ("seq_lens", "last_loc"))
         r = self._rank(dp_rank)
+        keys = self._batch_keys(r, tags, seq.shape[0])
         out, swa = np.empty(seq.shape[0], dtype=np.int32), np.empty(seq.shape[0], dtype=np.int32)
         stf, _, sts, _ = self._states(r)
+        mp, ps = self._maps[r], self.page_size
         with self.lock:
             scratch = self._scratch_for(seq.shape[0])
-            status = _swa_alloc_decode(stf, sts, self._maps[r], seq, last, out, swa, scratch, self.page_size)
+            if keys is None:
+                status = _swa_alloc_decode(stf, sts, mp, seq, last, out, swa, scratch, ps)
+            else:
+                sf, ss = self._batch_sites(r, keys, tags)
+                status = _swa_alloc_decode_tracked(stf, sts, mp, seq, last, out, swa, scratch, ps, sf, ss)
+                if status < 0:
+                    self._failed(r)
         if status >= 0:
             return out
         if status == _STATUS_SHORT:
@@ -1325,14 +1441,22 @@ class SWATokenToKVPoolAllocator(ArrayStatePool):
             return 0
         full_mode, swa_mode = self._modes
         stf, gpf, sts, gps = self._states(r)
+        where = self._where(r, None)
+        mp, ps = self._maps[r], self.page_size
         with self.lock:
             in_group = self._in_group
             if in_group:
                 slots = slots.copy()  # kept for the group's end: what was checked
             scratch = self._scratch_for(slots.shape[0])
-            status = _swa_free(
-                stf, gpf, sts, gps, self._maps[r], slots, scratch, self.page_size, full_mode, swa_mode, int(in_group)
-            )
+            if where is None:
+                status = _swa_free(stf, gpf, sts, gps, mp, slots, scratch, ps, full_mode, swa_mode, int(in_group))
+            else:
+                sf, ss = self._sites(r, where, None)
+                status = _swa_free_tracked(
+                    stf, gpf, sts, gps, mp, slots, scratch, ps, full_mode, swa_mode, int(in_group), sf, ss
+                )
+                if status < 0:
+                    self._failed(r)
             if status < 0:
                 raise self._free_failed(status, r)
             if in_group:
@@ -1356,9 +1480,17 @@ class SWATokenToKVPoolAllocator(ArrayStatePool):
         r = self._rank(dp_rank)
         slots = as_slots(free_index, "free_index")
         _, _, sts, gps = self._states(r)
+        where = self._where(r, None)
+        mp, ps, mode = self._maps[r], self.page_size, self._modes[1]
         with self.lock:
             scratch = self._scratch_for(slots.shape[0])
-            status = _swa_free_swa(sts, gps, self._maps[r], slots, scratch, self.page_size, self._modes[1])
+            if where is None:
+                status = _swa_free_swa(sts, gps, mp, slots, scratch, ps, mode)
+            else:
+                site = self.swa_attn_allocator._site_of(r, where, None)
+                status = _swa_free_swa_tracked(sts, gps, mp, slots, scratch, ps, mode, site)
+                if status < 0:
+                    self.swa_attn_allocator._failed(r)
         if status >= 0:
             return int(status)
         code, i = _layout.decode_status(status)
@@ -1393,6 +1525,7 @@ class SWATokenToKVPoolAllocator(ArrayStatePool):
 
     def free_group_end(self) -> None:
         """Free, per rank, the group's frees as one: the full slots, then their SWA slots."""
+        wheres = [self._where(r, None) for r in range(self.dp_size)]
         with self.lock:
             self._in_group = False
             for r, frees in enumerate(self._group_frees):
@@ -1400,6 +1533,7 @@ class SWATokenToKVPoolAllocator(ArrayStatePool):
                     continue
                 slots = np.concatenate(frees)
                 stf, gpf, sts, gps = self._states(r)
+                site = -1 if wheres[r] is None else self.swa_attn_allocator._site_of(r, wheres[r], None)
                 status = _swa_end_group(
                     stf,
                     gpf,
@@ -1410,6 +1544,7 @@ class SWATokenToKVPoolAllocator(ArrayStatePool):
                     self._scratch_for(slots.shape[0]),
                     self.page_size,
                     self._modes[1],
+                    site,
                 )
                 frees.clear()
                 if status < 0:

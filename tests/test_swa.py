@@ -11,6 +11,7 @@ import copy
 import pickle
 import random
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from hostpool_nb import AlignmentError, DoubleFreeError, HostPoolError, SlotRangeError
+from hostpool_nb import _layout as L
 from hostpool_nb.originals import paged as oracle_mod
 from hostpool_nb.paged import SWAState, SWATokenToKVPoolAllocator
 from tests.paged_model import capture
@@ -245,7 +247,8 @@ def test_debug_print_and_sizes_are_the_originals() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("ps", [1, 4])
 def test_threads_sharing_one_allocator_never_share_a_slot(ps: int) -> None:
-    a = SWATokenToKVPoolAllocator(2 * 64 * ps, 2 * 32 * ps, hybrid(), page_size=ps, dp_size=2)
+    # Tracking: each thread's allocations carry its tag, so outstanding() at the end tells them apart too.
+    a = SWATokenToKVPoolAllocator(2 * 64 * ps, 2 * 32 * ps, hybrid(), page_size=ps, dp_size=2, track=True)
     owner: dict[tuple[int, int], int] = {}
     table = threading.Lock()
     failures: list[str] = []
@@ -270,7 +273,7 @@ def test_threads_sharing_one_allocator_never_share_a_slot(ps: int) -> None:
                     a.free_swa(slots[:ps], r)
                 a.free(np.array(slots, dtype=np.int64), r)
             else:
-                got = a.alloc(rng.randint(1, 3) * ps, r)
+                got = a.alloc(rng.randint(1, 3) * ps, r, tag=tid)
                 if got is None:
                     continue
                 slots = got.tolist()
@@ -280,6 +283,12 @@ def test_threads_sharing_one_allocator_never_share_a_slot(ps: int) -> None:
                             failures.append(f"page {s // ps} of rank {r} handed to {tid} and {owner[(r, s // ps)]}")
                         owner[(r, s // ps)] = tid
                 held.append((r, slots))
+        for r in (0, 1):  # the pages this thread holds are exactly those outstanding with its tag
+            with a.lock:
+                mine = sum(o.pages for o in a.outstanding(r) if o.tag == tid)
+                expected = sum(len(s) // ps for rr, s in held if rr == r)
+            if mine != expected:
+                failures.append(f"thread {tid} rank {r}: outstanding() says {mine} pages, it holds {expected}")
         for r, slots in held:
             with table:
                 for s in slots[::ps]:
@@ -315,3 +324,150 @@ def test_a_request_continued_after_its_last_swa_slot_went_never_frees_the_paddin
     assert a.swa_available_size() == swa_before
     assert 0 not in a.swa_attn_allocator.free_pages[0].tolist()
     a.check_invariants()
+
+
+# -- who holds each slot (track=True): both sides, from the caller's sites ----------------------------------
+
+HERE = __file__
+
+
+def tracked(page_size: int = 1) -> SWATokenToKVPoolAllocator:
+    return SWATokenToKVPoolAllocator(64 * page_size, 32 * page_size, hybrid(), page_size=page_size, track=True)
+
+
+def everything_tracked(a: SWATokenToKVPoolAllocator) -> tuple[Any, ...]:
+    """``everything``, and both sides' tracking words and site tables."""
+    subs = (a.full_attn_allocator, a.swa_attn_allocator)
+    words = tuple(tuple(st[int(st[L.H_TRACK]) :].tolist()) for sub in subs for st in sub._st)
+    return everything(a), words, tuple(t.table() for sub in subs for t in sub._trackers)
+
+
+def test_a_decode_slot_freed_by_two_code_paths_names_where_it_was_allocated_and_first_freed() -> None:
+    a = tracked()
+    slots = a.alloc(4, tag="req-1")  # allocated here
+    a.free(slots[3:])  # first freed here
+    with pytest.raises(DoubleFreeError) as info:
+        a.free(slots[3:])
+    text = str(info.value)
+    assert text.startswith("slot 4 of rank 0, freed at free_index[0] (flattened), is not allocated: it was freed")
+    source = Path(HERE).read_text().splitlines()
+    lines = [i + 1 for i, line in enumerate(source) if line.endswith("# allocated here")]
+    first = [i + 1 for i, line in enumerate(source) if line.endswith("# first freed here")]
+    assert f"allocated at {HERE}:{lines[0]} in " in text
+    assert "with tag 'req-1'" in text
+    assert f"then freed at {HERE}:{first[0]} in " in text
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_each_side_knows_who_holds_its_pages_and_the_leak_report_leaves_out_what_is_held(ps: int) -> None:
+    a = tracked(ps)
+    cached = a.alloc(2 * ps, tag="cached")
+    lost = a.alloc(ps, tag="lost")
+    assert cached is not None and lost is not None  # noqa: PT018 - both served
+    held = {o.tag: o.pages for o in a.outstanding()}
+    assert held == {"cached": 2, "lost": 1}
+    assert {o.tag: o.pages for o in a.swa_attn_allocator.outstanding()} == held  # the SWA side's, the same calls
+    assert a.outstanding() == a.full_attn_allocator.outstanding()
+    report = a.leak_report(exclude=cached)
+    full, swa = report.split("\nSWA side: ")
+    assert full.startswith("full side: ")
+    for side in (full, swa):
+        assert "'lost'" in side
+        assert "'cached'" not in side  # excluded: the full slots, and on the SWA side the slots they map to
+
+
+def test_the_swa_sides_frees_record_their_own_site() -> None:
+    a = tracked(4)
+    out = a.alloc_extend([0, 0], [8, 4], [-1, -1], 12, tags=["a", "b"])
+    assert out is not None
+    assert {o.tag: o.pages for o in a.outstanding()} == {"a": 2, "b": 1}
+    assert a.free_swa(out[:4]) == 4  # request a's first page left the window: its SWA page goes
+    assert {o.tag: o.pages for o in a.swa_attn_allocator.outstanding()} == {"a": 1, "b": 1}
+    assert {o.tag: o.pages for o in a.outstanding()} == {"a": 2, "b": 1}  # the full side keeps it
+    a.free_group_begin()
+    a.free(out)
+    assert {o.tag: o.pages for o in a.outstanding()} == {}  # pending in the group: freed already
+    a.free_group_end()
+    assert a.swa_attn_allocator.outstanding() == []
+    assert a.alloc_decode([9], [int(out[7])], tags=["a"]) is not None  # a decode that needs a page: tracked
+    assert {o.tag for o in a.outstanding()} == {"a"}
+
+
+_BAD_TRACKED: list[Any] = [
+    pytest.param(lambda a: a.alloc(4, tag=[1]), TypeError, "tag must be hashable, got list [1]", id="alloc tag"),
+    pytest.param(
+        lambda a: a.alloc_extend([0], [4], [-1], 4, tags=["a", "b"]),
+        HostPoolError,
+        "tags must have one entry per request (1), got 2",
+        id="extend tags length",
+    ),
+    pytest.param(
+        lambda a: a.alloc_decode([5], [3], tags="ab"),
+        TypeError,
+        "tags must be a sequence of one tag per request, got str",
+        id="decode tags str",
+    ),
+    pytest.param(
+        lambda a: a.alloc_decode([5], [3], tags=[{}]),
+        TypeError,
+        "tag must be hashable, got dict {}",
+        id="decode unhashable tag",
+    ),
+    pytest.param(
+        lambda a: a.alloc_extend([0, 0], [4, 4], [-1, -1], 9, tags=["new-1", "new-2"]),
+        HostPoolError,
+        "extend_num_tokens=9 is not the sum of seq_lens - prefix_lens (8)",
+        id="extend refused after interning",
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "message"), _BAD_TRACKED)
+def test_bad_tracking_arguments_change_nothing_on_either_side(call: Any, error: type, message: str) -> None:
+    a = tracked(4)
+    assert a.alloc_extend([0], [3], [-1], 3, tags=["held"]) is not None
+    before = everything_tracked(a)
+    with pytest.raises(error) as info:
+        call(a)
+    assert str(info.value) == message
+    assert everything_tracked(a) == before
+
+
+def test_a_refused_tracked_allocation_leaves_both_tables_as_they_were() -> None:
+    a = tracked(4)
+    before = everything_tracked(a)
+    assert a.alloc_extend([0], [4 * 40], [-1], 160, tags=["too big"]) is None
+    assert a.alloc(4 * 40, tag="too big") is None
+    assert everything_tracked(a) == before
+
+
+def test_an_untracking_swa_allocator_ignores_tags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HOSTPOOL_NB_TRACK", raising=False)
+    a = SWATokenToKVPoolAllocator(64, 32, hybrid(), page_size=4)
+    assert not a.track
+    assert a.alloc_extend([0], [4], [-1], 4, tags=[[]]) is not None  # not even looked at
+    with pytest.raises(HostPoolError, match="outstanding\\(\\) needs a tracking allocator"):
+        a.outstanding()
+
+
+def test_hostpool_nb_track_turns_both_sides_tracking_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOSTPOOL_NB_TRACK", "1")
+    a = SWATokenToKVPoolAllocator(64, 32, hybrid())
+    assert (a.track, a.full_attn_allocator.track, a.swa_attn_allocator.track) == (True, True, True)
+    assert not SWATokenToKVPoolAllocator(64, 32, hybrid(), track=False).track
+
+
+def test_a_tracked_snapshot_restores_who_held_what_on_both_sides() -> None:
+    a = tracked(4)
+    state = a.backup_state()
+    a.alloc(8, tag="later")
+    a.restore_state(state)
+    assert a.outstanding() == [] and a.swa_attn_allocator.outstanding() == []  # noqa: PT018 - both sides
+    a.alloc(4, tag="x")
+    state = a.backup_state()
+    a.free(np.arange(4, 8))  # x's page
+    a.restore_state(state)
+    assert [o.tag for o in a.outstanding()] == ["x"]
+    untracked = SWATokenToKVPoolAllocator(256, 128, hybrid(), page_size=4, track=False).backup_state()
+    with pytest.raises(HostPoolError, match="track"):
+        a.restore_state(untracked)

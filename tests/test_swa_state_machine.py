@@ -46,6 +46,7 @@ from hypothesis.stateful import (
 from hostpool_nb import DoubleFreeError
 from hostpool_nb.originals import paged as oracle_mod
 from hostpool_nb.paged import SWATokenToKVPoolAllocator
+from tests.paged_model import oracle_allocated, pending_pages
 from tests.test_paged_state_machine import Events, _examples, assert_reached
 
 
@@ -66,10 +67,12 @@ class SWAMachine(RuleBasedStateMachine):
         self.dp = dp_size
         self.events = events
 
-    @initialize(full=st.integers(2, 6), swa=st.integers(1, 7), taken=st.integers(0, 2))
-    def make(self, full: int, swa: int, taken: int) -> None:
+    @initialize(full=st.integers(2, 6), swa=st.integers(1, 7), taken=st.integers(0, 2), track=st.booleans())
+    def make(self, full: int, swa: int, taken: int, track: bool) -> None:
         ps, dp = self.ps, self.dp
-        self.lib = SWATokenToKVPoolAllocator(dp * full * ps, dp * swa * ps, hybrid(), page_size=ps, dp_size=dp)
+        self.lib = SWATokenToKVPoolAllocator(
+            dp * full * ps, dp * swa * ps, hybrid(), page_size=ps, dp_size=dp, track=track
+        )
         self.ora = oracle_mod.SWATokenToKVPoolAllocator(
             dp * full * ps, dp * swa * ps, hybrid(), page_size=ps, dp_size=dp
         )
@@ -296,6 +299,20 @@ class SWAMachine(RuleBasedStateMachine):
         for r in range(self.dp):
             assert self.lib.debug_print(r) == self.ora.debug_print(r)
         self.lib.check_invariants()
+        if self.lib.track:
+            self.tracking_agrees()
+
+    def tracking_agrees(self) -> None:
+        """Each side's outstanding() holds exactly the oracle's allocated pages but those pending, from here."""
+        for r in range(self.dp):
+            for side in ("full_attn_allocator", "swa_attn_allocator"):
+                lib, ora = getattr(self.lib, side), getattr(self.ora, side)
+                held = oracle_allocated(ora, r) - pending_pages(lib, r)
+                records = lib.outstanding(dp_rank=r)
+                assert sum(o.pages for o in records) == len(held), f"rank {r} {side}: outstanding() is not held"
+                assert all(o.file == __file__ for o in records), [o.site for o in records]
+            assert self.lib.outstanding(r) == self.lib.full_attn_allocator.outstanding(r)
+        self.events.add("tracked")
 
 
 def check(got: Any, want: Any) -> None:
@@ -308,6 +325,7 @@ def check(got: Any, want: Any) -> None:
 
 
 SWA_EVENTS = {
+    "tracked",
     "alloc",
     "alloc refused",
     "free",
