@@ -713,6 +713,7 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
             "dp_size": 1,
             "strict": False,
             "debug_mode": False,
+            "size_swa": 0,
         }
 
     def _trace_start(self) -> NDArray[np.int64]:

@@ -129,7 +129,11 @@ def recording(pool: Any, path: str | os.PathLike[str]) -> Iterator[None]:
         if any(name in vars(pool) for name in pool._recorded):
             os.unlink(tmp)
             raise HostPoolError("this pool is already recording: recordings do not nest")
-        rec = Recorder(pool)
+        try:
+            rec = Recorder(pool)
+        except BaseException:  # the pool cannot be recorded from this state: nothing is left behind
+            os.unlink(tmp)
+            raise
         calls = _RankedCalls if hasattr(pool, "dp_size") else _Calls
         for name in pool._recorded:
             setattr(pool, name, _wrap(calls(pool, rec, getattr(pool, name)), name))
@@ -327,6 +331,22 @@ class _RankedCalls(_Calls):
                 self.rec.add("free", arg, 0, numbers, exc, rank=rank)
                 raise
             self.rec.add("free", arg, n, numbers, rank=rank)
+            return n
+
+    def free_swa(self, free_index: Any, dp_rank: Any = 0) -> Any:
+        with self.lock:
+            try:
+                slots: NDArray[np.int64] | None = _slots_of_input(free_index)
+            except Exception:  # noqa: BLE001 - unreadable input: the allocator decides, the record skips it
+                slots = None
+            arg, numbers = (None, ()) if slots is None else (slots.shape[0], (slots,))
+            rank = self._rank(dp_rank)
+            try:
+                n = self.method(free_index, dp_rank)
+            except Exception as exc:
+                self.rec.add("free_swa", arg, 0, numbers, exc, rank=rank)
+                raise
+            self.rec.add("free_swa", arg, n, numbers, rank=rank)
             return n
 
     def merge_and_sort_free(self, dp_rank: Any = 0) -> None:

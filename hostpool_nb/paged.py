@@ -462,6 +462,7 @@ class _RankedAllocator(Recordable, ArrayStatePool):
             "dp_size": self.dp_size,
             "strict": self.strict,
             "debug_mode": bool(getattr(self, "debug_mode", False)),
+            "size_swa": 0,
         }
 
     def _trace_start(self) -> NDArray[np.int64]:
@@ -1070,7 +1071,7 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         return self._free(free_index, dp_rank, _paged_kernels.FREE_TOKENS)
 
 
-class SWATokenToKVPoolAllocator(ArrayStatePool):
+class SWATokenToKVPoolAllocator(Recordable, ArrayStatePool):
     """sglang-jax's sliding-window allocator: a full and an SWA sub-allocator, and the mapping between them.
 
     For hybrid models that mix full and sliding-window attention: each
@@ -1558,6 +1559,67 @@ class SWATokenToKVPoolAllocator(ArrayStatePool):
                 _swa_reset(*self._states(r), self._maps[r])
                 self._group_frees[r].clear()
             self._in_group = False
+
+    # -- recording (``pool.recording(path)``, from Recordable) -------------------------------
+
+    _recorded = (
+        "alloc",
+        "alloc_extend",
+        "alloc_decode",
+        "free",
+        "free_swa",
+        "clear",
+        "free_group_begin",
+        "free_group_end",
+        "backup_state",
+        "restore_state",
+    )
+
+    def _trace_shape(self) -> dict[str, Any]:
+        return {
+            **self.full_attn_allocator._trace_shape(),
+            "pool": type(self).__name__,
+            "size_swa": self.size_swa,
+        }
+
+    def _trace_start(self) -> NDArray[np.int64]:
+        """Per rank: the full side's state, the SWA side's, the mapping. Under the lock.
+
+        A free pending in a group is refused: the group's end frees the SWA
+        slots of exactly the slots freed, which a trace's pages do not say.
+        """
+        if any(self._group_frees) or any(gp[_layout.GP_COUNT] for gp in self.full_attn_allocator._gp):
+            raise HostPoolError(
+                "an SWATokenToKVPoolAllocator records from a state with no frees pending in a free group: "
+                "start the recording before the group's frees, or after free_group_end()"
+            )
+        depth = int(self._in_group)
+        none = np.empty(0, dtype=np.int64)
+        parts = []
+        for r in range(self.dp_size):
+            stf, _, sts, _ = self._states(r)
+            parts.append(start_words([(depth, *_lists_of(stf), none), (depth, *_lists_of(sts), none)]))
+            parts.append(self._maps[r].astype(np.int64))
+        return np.concatenate(parts)
+
+    def _trace_state(self, state: Any) -> NDArray[np.int64] | None:
+        """A snapshot's lists and mappings in ``start``'s layout, or ``None`` if it is not one of this shape."""
+        dp = self.dp_size
+        if (
+            not isinstance(state, SWAState)
+            or not len(state._mappings) == len(state.full._ranks) == len(state.swa._ranks) == dp
+        ):
+            return None
+        none = np.empty(0, dtype=np.int64)
+        parts = []
+        try:
+            for r in range(self.dp_size):
+                sides = (state.full._ranks[r], state.swa._ranks[r])
+                parts.append(start_words([(0, *_lists_of(words), none) for words in sides]))
+                parts.append(np.asarray(state._mappings[r], dtype=np.int64))
+        except (ValueError, IndexError):
+            return None
+        return np.concatenate(parts)
 
     # -- snapshots, invariants ------------------------------------------------------------
 

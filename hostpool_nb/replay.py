@@ -20,6 +20,7 @@ import importlib.util
 import sys
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -28,15 +29,15 @@ from numpy.typing import NDArray
 from . import _layout
 from ._errors import HostPoolError
 from ._pool import LogicalHostPool
-from ._snapshot import FORMATS, PagedState, PoolState
+from ._snapshot import FORMATS, PagedState, PoolState, SWAState
 from ._tracking import HISTORY_MARK, Tracker
 from .originals import paged as original_paged
 from .originals.sglang import LogicalHostPool as Original
-from .paged import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from .trace import Operation, StartState, Trace, TraceError, describe_slots, load
+from .paged import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
+from .trace import SWA, Operation, StartState, Trace, TraceError, _pages_per_rank, describe_slots, load
 
 # The pool kinds replay builds, by the name a trace's header gives.
-REPLAYS = ("LogicalHostPool", "PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator")
+REPLAYS = ("LogicalHostPool", "PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator", "SWATokenToKVPoolAllocator")
 # The most memory a replay builds its pools with, unless --max-pool-bytes says otherwise: a trace's header
 # names the pool, and a file of a few bytes may name one of terabytes.
 MAX_POOL_BYTES = 1 << 30
@@ -58,11 +59,15 @@ class Divergence:
 def pool_bytes(trace: Trace, with_original: bool = False) -> int:
     """The memory a replay of ``trace`` builds its pools with: hostpool_nb's state, and the original's slots."""
     if trace.ranked:
-        pages = trace.pages_per_rank
-        rank = _layout.state_length(pages + 1, trace.track) + _layout.group_length(pages)
-        need = trace.dp_size * rank * 8
-        if with_original:
-            need += trace.dp_size * pages * 4 * 3  # its int32 free and release lists, and a merge's concatenation
+        sides = [trace.pages_per_rank] + ([trace.swa_pages_per_rank] if trace.pool == SWA else [])
+        need = 0
+        for pages in sides:
+            rank = _layout.state_length(pages + 1, trace.track) + _layout.group_length(pages)
+            need += trace.dp_size * rank * 8
+            if with_original:
+                need += trace.dp_size * pages * 4 * 3  # its int32 free and release lists, a merge's concatenation
+        if trace.pool == SWA:
+            need += trace.dp_size * trace.mapping_length * 4 * (2 if with_original else 1)
         return need
     num_pages = trace.size // trace.page_size
     need = _layout.state_length(num_pages, trace.track) * 8
@@ -108,6 +113,8 @@ def _fresh_allocator(trace: Trace, track: bool) -> Any:
     checked as one allocator's, also the states only ``clear()`` of another
     rank leads to (pages pending outside a group, or pending and free).
     """
+    if trace.pool == SWA:
+        return _fresh_swa(trace, track)
     token = trace.pool == "TokenToKVPoolAllocator"
     ps, dp = trace.page_size, trace.dp_size
     args: dict[str, Any] = {"size": trace.size, "dp_size": dp, "strict": trace.strict, "track": track}
@@ -135,6 +142,37 @@ def _fresh_allocator(trace: Trace, track: bool) -> Any:
         pool.__setstate__(saved)
     except HostPoolError as exc:
         raise TraceError(f"the trace's start state is not one the recorded allocator can be in: {exc}") from None
+    return pool
+
+
+def _rank_states(trace: Trace, starts: tuple[StartState, ...], size: int, track: bool) -> PagedState:
+    """One side's lists as the snapshot a sliding-window allocator's sub-allocator restores."""
+    ps = trace.page_size
+    pages = _pages_per_rank(trace.pool, size, ps, trace.dp_size)
+    none = np.empty(0, dtype=np.int64)
+    shape = (pages + 1, ps, ps > 1, track)
+    ranks = tuple(_layout.state_of_lists(shape, (s.free, s.released, none), 0) for s in starts)
+    sites = tuple(Tracker().table() for _ in ranks) if track else None
+    return PagedState("token" if ps == 1 else "paged", size, ps, trace.dp_size, ranks, sites)
+
+
+def _fresh_swa(trace: Trace, track: bool) -> Any:
+    """A sliding-window allocator of the recorded shape, in the state the recording began from (checked)."""
+    kv = SimpleNamespace(full_kv_pool=None, swa_kv_pool=None)
+    pool = SWATokenToKVPoolAllocator(trace.size, trace.size_swa, kv, trace.page_size, trace.dp_size, track=track)
+    if trace.starts is None or trace.swa_starts is None or trace.mappings is None:
+        return pool
+    state = SWAState(
+        _rank_states(trace, trace.starts, trace.size, track),
+        _rank_states(trace, trace.swa_starts, trace.size_swa, track),
+        tuple(m.astype(np.int32) for m in trace.mappings),
+    )
+    try:
+        pool.restore_state(state)
+    except HostPoolError as exc:
+        raise TraceError(f"the trace's start state is not one the recorded allocator can be in: {exc}") from None
+    if trace.starts[0].group_depth:
+        pool.free_group_begin()
     return pool
 
 
@@ -188,17 +226,27 @@ def _ranked_call(pool: Any, op: Operation, backups: dict[int, Any]) -> Any:
         "alloc_extend": lambda: pool.alloc_extend(*batch, op.arg, r),
         "alloc_decode": lambda: pool.alloc_decode(*batch, r),
         "free": lambda: pool.free(op.slots, r),
+        "free_swa": lambda: pool.free_swa(op.slots, r),
         "merge_and_sort_free": lambda: pool.merge_and_sort_free(r),
         "clear": lambda: pool.clear(None if r < 0 else r),
         "backup": lambda: backups.__setitem__(op.arg, pool.backup_state()),
-        "restore": lambda: pool.restore_state(backups[op.arg] if op.state is None else _snapshot_of(pool, op.state)),
+        "restore": lambda: pool.restore_state(backups[op.arg] if op.state is None else _snapshot_of(pool, op)),
     }
     call = calls.get(op.name) or getattr(pool, op.name)  # free_group_begin, free_group_end
     return call()
 
 
-def _snapshot_of(pool: Any, lists: tuple[StartState, ...]) -> Any:
+def _snapshot_of(pool: Any, op: Operation) -> Any:
     """What ``pool`` (hostpool_nb's allocator, or the original) restores for a snapshot's recorded lists."""
+    lists = op.state or ()
+    if isinstance(pool, SWATokenToKVPoolAllocator):
+        dp = pool.dp_size
+        dims = Trace(SWA, pool.size_full, pool.page_size, "", pool.track, (), None, dp)
+        return SWAState(
+            _rank_states(dims, lists[:dp], pool.size_full, pool.track),
+            _rank_states(dims, lists[dp:], pool.size_swa, pool.track),
+            tuple(np.asarray(m, dtype=np.int32) for m in op.mappings or ()),
+        )
     if isinstance(pool, (PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator)):
         shape = (pool._pages + 1, pool.page_size, pool._sorted, pool.track)
         none = np.empty(0, dtype=np.int64)
@@ -253,7 +301,7 @@ def _compare(op: Operation, value: Any, exc: BaseException | None) -> Divergence
         got_slots = value if op.name != "alloc_many" or value is None else value[0]
         if not _same_slots(want_slots, got_slots):
             return Divergence(op.index, op.name, describe_slots(want_slots), describe_slots(got_slots))
-    if op.name in ("free", "merge") and value != op.result:
+    if op.name in ("free", "merge", "free_swa") and value != op.result:
         return Divergence(op.index, op.name, f"{op.result}", f"{value}")
     return None
 
@@ -291,10 +339,25 @@ def _pool_steps(trace: Trace) -> list[tuple[int, Any]]:
     return steps
 
 
+def _swa_original_problem(trace: Trace) -> str | None:
+    snapshots = sorted({op.name for op in trace.operations if op.name in ("backup", "restore")})
+    if snapshots:
+        return f"it has {'/'.join(snapshots)} calls, which the original raises NotImplementedError for"
+    refused = [op for op in trace.operations if op.name in ("alloc_extend", "alloc_decode") and op.result < 0]
+    if refused and trace.page_size > 1:
+        return (
+            f"operation {refused[0].index} ({refused[0].name}) was refused; where the SWA side was the short "
+            "one, the original takes the full side's pages and frees them again, and its lists differ from then on"
+        )
+    return None
+
+
 def original_problem(trace: Trace) -> str | None:
     """Why the original algorithm cannot replay ``trace`` (it has no such calls), or ``None``."""
+    if trace.pool == SWA:
+        return _swa_original_problem(trace)
     if trace.ranked:
-        return None  # the allocators' originals have every call a trace of them holds
+        return None  # the paged allocators' originals have every call a trace of them holds
     if trace.merge != "fifo":
         return f"the pool merges {trace.merge!r}; the original merges in FIFO order only"
     if trace.start is not None and (trace.start.group_depth or trace.start.pending.shape[0]):
@@ -396,10 +459,11 @@ def _ranked_plan(trace: Trace, with_errors: bool, like: Any) -> list[tuple[str, 
             "alloc_extend": (*batch, op.arg, r),
             "alloc_decode": (*batch, r),
             "free": (op.slots, r),
+            "free_swa": (op.slots, r),
             "merge_and_sort_free": (r,),
             "clear": (None if r < 0 else r,),
             "backup": (op.arg,),
-            "restore": (op.arg if op.state is None else _snapshot_of(like, op.state),),
+            "restore": (op.arg if op.state is None else _snapshot_of(like, op),),
         }
         plan.append((op.name, args.get(op.name, ()), op))
     return plan
@@ -424,6 +488,8 @@ def _original_allocator_at_start(trace: Trace) -> Any:
     """The original allocator, each rank in the state the recording began from."""
     ps, dp, token = trace.page_size, trace.dp_size, trace.pool == "TokenToKVPoolAllocator"
     pool: Any
+    if trace.pool == SWA:
+        return _original_swa_at_start(trace)
     if token:
         pool = original_paged.TokenToKVPoolAllocator(trace.size, None, dp)
     else:
@@ -436,6 +502,26 @@ def _original_allocator_at_start(trace: Trace) -> Any:
             pool.release_pages[r] = s.released.astype(np.int32)
         pool.free_group[r] = [s.pending * ps] if s.pending.shape[0] else []
         pool.is_not_in_free_group = not s.group_depth
+    return pool
+
+
+def _original_swa_at_start(trace: Trace) -> Any:
+    """The original sliding-window allocator, each side of each rank and each mapping as the recording found them."""
+    ps = trace.page_size
+    kv = SimpleNamespace(full_kv_pool=None, swa_kv_pool=None)
+    pool = original_paged.SWATokenToKVPoolAllocator(trace.size, trace.size_swa, kv, ps, trace.dp_size)
+    if trace.starts is None or trace.swa_starts is None or trace.mappings is None:
+        return pool
+    for sub, starts in ((pool.full_attn_allocator, trace.starts), (pool.swa_attn_allocator, trace.swa_starts)):
+        for r, s in enumerate(starts):
+            if ps == 1:
+                sub.free_slots[r] = np.concatenate([s.free, s.released]).astype(np.int32)
+            else:
+                sub.free_pages[r] = s.free.astype(np.int32)
+                sub.release_pages[r] = s.released.astype(np.int32)
+    for mine, saved in zip(pool._maps, trace.mappings, strict=True):
+        mine[:] = saved
+    pool.is_not_in_free_group = not trace.starts[0].group_depth
     return pool
 
 
@@ -492,12 +578,12 @@ def time_trace(
         "hostpool_nb": _ranked_plan(trace, True, makers["hostpool_nb"]()) if trace.ranked else _pool_steps(trace)
     }
     problem = original_problem(trace)
-    if trace.ranked:  # the original allocator runs on numpy alone
+    if problem is not None:
+        notes.append(f"the original algorithm is not timed: {problem}")
+    elif trace.ranked:  # the original allocator runs on numpy alone
         makers["numpy"] = functools.partial(_original_allocator_at_start, trace)
         plans["numpy"] = _ranked_plan(trace, False, makers["numpy"]())
         _check_original_ranked(makers["numpy"](), plans["numpy"])
-    elif problem is not None:
-        notes.append(f"the original algorithm is not timed: {problem}")
     else:
         if with_torch is None:
             with_torch = importlib.util.find_spec("torch") is not None

@@ -20,7 +20,9 @@ that the file holds that many bytes, before reading a byte of data):
     ``data`` (the lengths of the next two arrays, so a truncated file is
     caught), then ``dp_size`` (int64: the allocator's data-parallel ranks,
     1 for a host pool), ``strict`` and ``debug_mode`` (bool: the paged
-    allocators' constructor flags, false for a host pool).
+    allocators' constructor flags, false for a host pool) and ``size_swa``
+    (int64: a sliding-window allocator's SWA slots, 0 for any other kind;
+    its ``size`` is the full side's).
 ``ops``, one fixed-size record per call, in the order the calls changed the pool
     ``op`` (uint8: see :data:`OPS`), ``error`` (uint8: 0 for none, else an
     index into :data:`ERRORS`), ``unreadable`` (bool: the call's argument
@@ -52,14 +54,19 @@ that the file holds that many bytes, before reading a byte of data):
     free, released, pending]`` (page counts; the depth of a paged
     allocator is 1 inside a free group, else 0), then the page ids of the
     free list, the release list and the pending list, each in its order.
-    Replay starts from it.
+    A sliding-window allocator's holds, per rank, its full side's state,
+    its SWA side's, then its mapping (``size // dp_size + page_size``
+    numbers). Replay starts from it.
 
 The calls each kind records (:data:`CALLS`): a host pool's ``alloc``,
 ``alloc_many``, ``free``, ``clear``, ``merge``, free groups, ``backup``
 and ``restore``; the paged allocators' ``alloc``, ``alloc_extend``,
 ``alloc_decode``, ``free``, ``merge_and_sort_free``, ``clear``, free
 groups, ``backup`` and ``restore`` (the token allocator has no batch
-calls and no merge). Tags are not recorded: they change no result.
+calls and no merge); the sliding-window allocator's ``alloc``,
+``alloc_extend``, ``alloc_decode``, ``free``, ``free_swa``, ``clear``, free
+groups, ``backup`` and ``restore``. Tags are not recorded: they change no
+result.
 
 Version 2 (the header without ``dp_size``, ``strict`` and ``debug_mode``,
 the ops without ``rank``: host pools only) and version 1 (no ``start``
@@ -106,6 +113,7 @@ OPS = (
     "alloc_extend",
     "alloc_decode",
     "merge_and_sort_free",
+    "free_swa",
 )
 ERRORS = ("", "TypeError", "HostPoolError", "AlignmentError", "PartialPageError", "SlotRangeError", "DoubleFreeError")
 _GROUPS_AND_SNAPSHOTS = ("clear", "free_group_begin", "free_group_end", "backup", "restore")
@@ -121,8 +129,10 @@ CALLS = {
         *_GROUPS_AND_SNAPSHOTS,
     ),
     "TokenToKVPoolAllocator": ("alloc", "free", *_GROUPS_AND_SNAPSHOTS),
+    "SWATokenToKVPoolAllocator": ("alloc", "alloc_extend", "alloc_decode", "free", "free_swa", *_GROUPS_AND_SNAPSHOTS),
 }
-RANKED = ("PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator")  # kinds whose calls name a dp_rank
+SWA = "SWATokenToKVPoolAllocator"
+RANKED = ("PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator", SWA)  # kinds whose calls name a dp_rank
 _OP_FIELDS = [
     ("op", "u1"),
     ("error", "u1"),
@@ -143,7 +153,9 @@ _HEADER_FIELDS = [
     ("data", "<i8"),
 ]
 OP_DTYPE = np.dtype([*_OP_FIELDS, ("rank", "<i4")])
-HEADER_DTYPE = np.dtype([*_HEADER_FIELDS, ("dp_size", "<i8"), ("strict", "?"), ("debug_mode", "?")])
+HEADER_DTYPE = np.dtype(
+    [*_HEADER_FIELDS, ("dp_size", "<i8"), ("strict", "?"), ("debug_mode", "?"), ("size_swa", "<i8")]
+)
 OP_DTYPE_2 = np.dtype(_OP_FIELDS)  # versions 1 and 2
 HEADER_DTYPE_2 = np.dtype(_HEADER_FIELDS)
 
@@ -166,7 +178,9 @@ class Operation:
     alloc_extend's ``(prefix_lens, seq_lens, last_loc)`` or
     alloc_decode's ``(seq_lens, last_loc)``. ``state`` is, for an
     allocator's ``restore`` of a snapshot taken before the recording began
-    (``arg`` -1), the lists it restored, per rank.
+    (``arg`` -1), the lists it restored, per rank (a sliding-window
+    allocator's: every rank's full side, then every rank's SWA side, and
+    ``mappings`` each rank's mapping).
     """
 
     index: int
@@ -181,6 +195,7 @@ class Operation:
     rank: int = 0
     batch: tuple[NDArray[np.int64], ...] | None = None
     state: tuple[StartState, ...] | None = None
+    mappings: tuple[NDArray[np.int64], ...] | None = None
 
     @property
     def replayable(self) -> bool:
@@ -230,6 +245,9 @@ class Trace:
     dp_size: int = 1
     strict: bool = False
     debug_mode: bool = False
+    size_swa: int = 0
+    swa_starts: tuple[StartState, ...] | None = None
+    mappings: tuple[NDArray[np.int64], ...] | None = None
 
     @property
     def start(self) -> StartState | None:
@@ -243,10 +261,18 @@ class Trace:
 
     @property
     def pages_per_rank(self) -> int:
-        """Pages of each rank (of the host pool), as the recorded pool's constructor computes them."""
-        if self.pool == "TokenToKVPoolAllocator":
-            return self.size // self.dp_size
-        return self.size // self.page_size // self.dp_size
+        """Pages of each rank (of the host pool; of the full side), as the recorded constructor computes them."""
+        return _pages_per_rank(self.pool, self.size, self.page_size, self.dp_size)
+
+    @property
+    def swa_pages_per_rank(self) -> int:
+        """Pages of each rank of a sliding-window allocator's SWA side."""
+        return _pages_per_rank(self.pool, self.size_swa, self.page_size, self.dp_size)
+
+    @property
+    def mapping_length(self) -> int:
+        """The length of each rank's full-to-SWA mapping of a sliding-window allocator."""
+        return self.size // self.dp_size + self.page_size
 
     def __len__(self) -> int:
         return len(self.operations)
@@ -255,6 +281,12 @@ class Trace:
     def replayable(self) -> int:
         """How many operations the record holds enough of to replay."""
         return sum(op.replayable for op in self.operations)
+
+
+def _pages_per_rank(kind: str, size: int, page_size: int, dp_size: int) -> int:
+    if page_size == 1 and kind in RANKED:  # the token allocator, and the sliding-window one's token sides
+        return size // dp_size
+    return size // page_size // dp_size
 
 
 _MEMBERS = ("header", "ops", "data", "messages")  # and "start", from version 2 on
@@ -411,10 +443,15 @@ def _check(path: Any, arrays: dict[str, NDArray[Any]]) -> Trace:
         raise TraceError(f"{where}: it records a {kind} of dp_size={dp_size}; only the allocators have ranks")
     ranks = ops["rank"] if ranked_format else np.zeros(ops.shape[0], dtype=np.int32)
     strict, debug_mode = (bool(h["strict"]), bool(h["debug_mode"])) if ranked_format else (False, False)
-    trace = Trace(kind, size, page_size, merge, bool(h["track"]), (), None, dp_size, strict, debug_mode)
+    size_swa = int(h["size_swa"]) if ranked_format else 0
+    if size_swa < 0 or (size_swa > 0) != (kind == SWA):
+        raise TraceError(f"{where}: it records a {kind} with size_swa={size_swa}")
+    trace = Trace(kind, size, page_size, merge, bool(h["track"]), (), None, dp_size, strict, debug_mode, size_swa)
     trace = dataclasses.replace(trace, operations=tuple(_operations(where, trace, arrays, ranks)))
     if "start" not in arrays:
         return trace
+    if kind == SWA:
+        return _swa_starts(where, arrays["start"], trace)
     return dataclasses.replace(trace, starts=_starts(where, arrays["start"], trace))
 
 
@@ -423,7 +460,7 @@ _ALLOCATING = ("alloc", "alloc_many", "alloc_extend", "alloc_decode")  # their r
 
 def _arguments(name: str, arg: int, head: int | None) -> int:
     """How many numbers of ``data`` a call's arguments take (``head``: alloc_extend's first, its request count)."""
-    if name in ("alloc_many", "free"):
+    if name in ("alloc_many", "free", "free_swa"):
         return arg
     if name == "alloc_extend":
         return -1 if head is None or head < 0 else 1 + 3 * head
@@ -435,7 +472,7 @@ def _split(name: str, numbers: NDArray[np.int64], n_args: int, served: bool) -> 
     args, slots = numbers[:n_args], (numbers[n_args:] if served else None)
     if name == "alloc_many":
         return args, slots, None
-    if name == "free":
+    if name in ("free", "free_swa"):
         return None, args, None
     if name == "alloc_extend":
         n = (n_args - 1) // 3
@@ -485,9 +522,15 @@ def _operations(where: str, shape: Trace, arrays: dict[str, Any], ranks: Any) ->
         sizes, slots, batch = (
             (None, None, None) if unreadable else _split(name, data[offset : offset + count], n_args, served)
         )
-        state = None
+        state = mappings = None
         if whole and not unreadable:
-            state = _starts(f"{where}: operation {i} (restore)", data[offset : offset + count], shape)
+            words = data[offset : offset + count]
+            if kind == SWA:  # both sides' lists, then the mappings
+                restored = _swa_starts(f"{where}: operation {i} (restore)", words, shape)
+                state = (*restored.starts, *restored.swa_starts)  # type: ignore[misc]  # both parsed
+                mappings = restored.mappings
+            else:
+                state = _starts(f"{where}: operation {i} (restore)", words, shape)
             slots = None
         result.append(
             Operation(
@@ -503,9 +546,60 @@ def _operations(where: str, shape: Trace, arrays: dict[str, Any], ranks: Any) ->
                 rank=int(rank),
                 batch=batch,
                 state=state,
+                mappings=mappings,
             )
         )
     return result
+
+
+def _swa_starts(where: str, words: NDArray[Any], trace: Trace) -> Trace:
+    """A sliding-window allocator's ``start``: per rank its full side's state, its SWA side's, its mapping."""
+    if words.dtype != np.int64 or words.ndim != 1:
+        raise TraceError(f"{where}: its start array is not a pool's state (dtype {words.dtype}, shape {words.shape})")
+    full: list[StartState] = []
+    swa: list[StartState] = []
+    mappings: list[NDArray[np.int64]] = []
+    at, m = 0, trace.mapping_length
+    for r in range(trace.dp_size):
+        for side, pages, into in (("full", trace.pages_per_rank, full), ("SWA", trace.swa_pages_per_rank, swa)):
+            state, at = _one_start(f"{where}: its start state of rank {r}'s {side} side", words, at, (True, pages))
+            into.append(state)
+        mapping = words[at : at + m]
+        if mapping.shape[0] != m or (m and (int(mapping.min()) < 0 or int(mapping.max()) > _INT32_MAX)):
+            raise TraceError(f"{where}: its start state of rank {r} has no mapping of {m} int32 slots")
+        mappings.append(mapping)
+        at += m
+    if at != words.shape[0]:
+        raise TraceError(f"{where}: its start array holds {words.shape[0] - at} numbers after the last rank's state")
+    if len({s.group_depth for s in full}) > 1:
+        raise TraceError(f"{where}: its start state's ranks disagree on whether a free group is open")
+    return dataclasses.replace(trace, starts=tuple(full), swa_starts=tuple(swa), mappings=tuple(mappings))
+
+
+_INT32_MAX = 2**31 - 1
+
+
+def _one_start(where: str, words: NDArray[np.int64], at: int, shape: tuple[bool, int]) -> tuple[StartState, int]:
+    """The state at ``words[at:]`` (an allocator's rank when ``shape[0]``, of ``shape[1]`` pages), and where it ends."""
+    ranked, num_pages = shape
+    if words.shape[0] - at < _START_HEADER:
+        raise TraceError(f"{where} is cut short (the start array's shape is {words.shape})")
+    depth, nfree, nrel, npend = (int(v) for v in words[at : at + _START_HEADER])
+    at += _START_HEADER
+    left = words.shape[0] - at
+    total = nfree + nrel + npend
+    too_many = nfree + nrel > num_pages or npend > num_pages
+    if min(depth, nfree, nrel, npend) < 0 or too_many or total > left:
+        raise TraceError(
+            f"{where} lists {total} pages as {nfree} free, {nrel} released and {npend} pending, of {num_pages} pages"
+        )
+    listed = words[at : at + total]
+    _check_listed(where, listed[: nfree + nrel], ranked, num_pages)
+    _check_listed(where, listed[nfree + nrel :], ranked, num_pages)
+    if depth not in (0, 1):
+        raise TraceError(f"{where} is {depth} free groups deep; an allocator's do not nest")
+    state = StartState(listed[:nfree], listed[nfree : nfree + nrel], listed[nfree + nrel :], depth)
+    return state, at + total
 
 
 def _starts(where: str, words: NDArray[Any], trace: Trace) -> tuple[StartState, ...]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import pickle
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -65,7 +66,7 @@ def test_every_call_of_the_paged_allocator_is_recorded(tmp_path: Path) -> None:
     a = PagedTokenToKVPoolAllocator(128, 4, None, dp_size=2)
     got = paged_session(a, tmp_path / "t.npz")
     header = arrays(tmp_path / "t.npz")["header"][0]
-    assert header.tolist() == (3, "PagedTokenToKVPoolAllocator", 128, 4, "sorted", False, 14, 39, 2, False, False)
+    assert header.tolist() == (3, "PagedTokenToKVPoolAllocator", 128, 4, "sorted", False, 14, 39, 2, False, False, 0)
     extend, decode, alloc = got["extend"].tolist(), got["decode"].tolist(), got["alloc"].tolist()
     assert extend == [4, 5, 6, 7, 8, 9, 12, 13, 14]  # rank 1: pages 1, 2 for the first request, 3 for the second
     assert decode == [10]
@@ -417,11 +418,6 @@ def test_a_start_state_no_allocator_can_be_in_is_exit_2(tmp_path: Path, capsys: 
     assert err.count("\n") == 1
 
 
-def test_the_sliding_window_allocator_does_not_record() -> None:
-    # Its state is two allocators and a mapping no trace holds yet: it has no recording(), rather than one that lies.
-    assert not hasattr(SWATokenToKVPoolAllocator, "recording")
-
-
 # -- what a recording changes: nothing -----------------------------------------------------------
 
 
@@ -447,3 +443,148 @@ def test_an_allocator_pickles_and_copies_while_recording(tmp_path: Path) -> None
             assert not set(b._recorded) & set(vars(b))  # the copy does not record into the file
             assert b.alloc(4).tolist() == [12, 13, 14, 15]  # type: ignore[union-attr]
     assert len(T.load(tmp_path / "a.npz")) == 1
+
+
+# -- the sliding-window allocator: both sides and the mapping ----------------------------------------
+
+
+def hybrid() -> Any:
+    return SimpleNamespace(full_kv_pool=None, swa_kv_pool=None)
+
+
+def test_every_call_of_the_sliding_window_allocator_is_recorded(tmp_path: Path) -> None:
+    a = SWATokenToKVPoolAllocator(64, 32, hybrid(), page_size=4, dp_size=2)  # per rank: 8 full, 4 SWA pages
+    held = a.alloc(4, 1)
+    assert held is not None
+    with a.recording(tmp_path / "t.npz"):
+        e = a.alloc_extend([0], [6], [-1], 6)
+        d = a.alloc_decode([7], [int(e[-1])])  # type: ignore[index]  # served
+        assert a.free_swa(e[:4]) == 4  # type: ignore[index]
+        assert a.free(e) == 2  # type: ignore[arg-type]
+        a.clear()
+    header = arrays(tmp_path / "t.npz")["header"][0].tolist()
+    assert header == (3, "SWATokenToKVPoolAllocator", 64, 4, "sorted", False, 5, 23, 2, False, False, 32)
+    assert (
+        ops_of(tmp_path / "t.npz")
+        == [
+            ("alloc_extend", 0, 6, 6, [[0], [6], [-1]], e.tolist(), None),  # type: ignore[union-attr]
+            ("alloc_decode", 0, 1, 1, [[7], [int(e[-1])]], d.tolist(), None),  # type: ignore[index,union-attr]
+            ("free_swa", 0, 4, 4, None, e[:4].tolist(), None),  # type: ignore[index]
+            ("free", 0, 6, 2, None, e.tolist(), None),  # type: ignore[union-attr]
+            ("clear", -1, 0, 0, None, None, None),
+        ]
+    )
+    trace = T.load(tmp_path / "t.npz")
+    assert [s.free.tolist() for s in trace.starts] == [list(range(1, 9)), list(range(2, 9))]  # type: ignore[union-attr]
+    assert [s.free.tolist() for s in trace.swa_starts] == [[1, 2, 3, 4], [2, 3, 4]]  # type: ignore[union-attr]
+    mapped = trace.mappings[1]  # type: ignore[index]
+    assert mapped[held].tolist() == [4, 5, 6, 7]  # rank 1's request, mapped when the recording began
+    assert R.replay(trace) == (5, 0, None)
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+@pytest.mark.parametrize("track", [False, True])
+def test_a_sliding_window_recording_replays_on_a_fresh_allocator_and_on_the_original(
+    ps: int, track: bool, tmp_path: Path
+) -> None:
+    rng = np.random.default_rng(ps)
+    # The SWA side as large as the full one: no batch is refused, which the original could not follow (below).
+    a = SWATokenToKVPoolAllocator(512 * ps, 512 * ps, hybrid(), page_size=ps, dp_size=2, track=track)
+    held: list[list[Any]] = [[], []]
+    with a.recording(tmp_path / "t.npz"):
+        for _ in range(400):
+            r = int(rng.integers(0, 2))
+            if ps > 1 and rng.random() < 0.3:
+                n = int(rng.integers(1, 3))
+                seq = rng.integers(1, 12, n)
+                out = a.alloc_extend(np.zeros(n, np.int64), seq, np.full(n, -1), int(seq.sum()), r)
+                if out is not None:
+                    held[r].append(out)
+            elif rng.random() < 0.5:
+                out = a.alloc(int(rng.integers(1, 4)) * ps, r)
+                if out is not None:
+                    held[r].append(out)
+            elif held[r]:
+                slots = held[r].pop(int(rng.integers(0, len(held[r]))))
+                if rng.random() < 0.4:
+                    a.free_swa(slots[:1], r)
+                group = rng.random() < 0.3
+                if group:
+                    a.free_group_begin()
+                a.free(slots, r)
+                if group:
+                    a.free_group_end()
+    trace = T.load(tmp_path / "t.npz")
+    assert len(trace) > 300
+    assert R.replay(trace) == (len(trace), 0, None)
+    timing = R.time_trace(trace, repeats=1)  # the original's allocations checked first
+    assert set(timing.per_op) == {"hostpool_nb", "numpy"}
+
+
+def test_a_sliding_window_recording_cannot_begin_with_frees_pending(tmp_path: Path) -> None:
+    a = SWATokenToKVPoolAllocator(64, 32, hybrid())
+    x = a.alloc(4)
+    a.free_group_begin()
+    a.free(x)
+    with pytest.raises(HostPoolError, match="records from a state with no frees pending in a free group"):
+        a.recording(tmp_path / "t.npz").__enter__()
+    assert list(tmp_path.iterdir()) == []  # no file, not even the temporary one
+    assert not set(a._recorded) & set(vars(a))
+    a.free_group_end()
+    a.free_group_begin()  # a group with nothing pending yet: recordable
+    with a.recording(tmp_path / "t.npz"):
+        a.free(a.alloc(4))
+        a.free_group_end()
+    trace = T.load(tmp_path / "t.npz")
+    assert trace.start is not None and trace.start.group_depth == 1  # noqa: PT018 - the group was open
+    assert R.replay(trace) == (3, 0, None)
+
+
+def test_a_sliding_window_trace_with_snapshots_replays_and_says_why_the_original_is_not_timed(tmp_path: Path) -> None:
+    a = SWATokenToKVPoolAllocator(64, 32, hybrid(), page_size=4)
+    with a.recording(tmp_path / "t.npz"):
+        state = a.backup_state()
+        a.alloc(8)
+        a.restore_state(state)
+        a.alloc(4)
+    trace = T.load(tmp_path / "t.npz")
+    assert R.replay(trace) == (4, 0, None)
+    timing = R.time_trace(trace, repeats=1)
+    assert set(timing.per_op) == {"hostpool_nb"}
+    assert "NotImplementedError" in timing.notes[-1]
+
+
+@pytest.mark.parametrize("case", ["mapping short", "size_swa on a paged trace", "no size_swa"])
+def test_a_damaged_sliding_window_trace(case: str, tmp_path: Path) -> None:
+    a = SWATokenToKVPoolAllocator(64, 32, hybrid(), page_size=4)
+    with a.recording(tmp_path / "good.npz"):
+        a.alloc(4)
+    got = arrays(tmp_path / "good.npz")
+    bad = tmp_path / "bad.npz"
+    header = got["header"].copy()
+    if case == "mapping short":
+        rewrite(tmp_path / "good.npz", bad, start=got["start"][:-1])
+        text = "its start state of rank 0 has no mapping of 68 int32 slots"
+    elif case == "size_swa on a paged trace":
+        header["pool"] = "PagedTokenToKVPoolAllocator"
+        rewrite(tmp_path / "good.npz", bad, header=header)
+        text = "it records a PagedTokenToKVPoolAllocator with size_swa=32"
+    else:
+        header["size_swa"] = 0
+        rewrite(tmp_path / "good.npz", bad, header=header)
+        text = "it records a SWATokenToKVPoolAllocator with size_swa=0"
+    with pytest.raises(T.TraceError) as info:
+        T.load(bad)
+    assert str(info.value) == f"{bad} is damaged: {text}"
+
+
+def test_a_batch_refused_on_a_sliding_window_trace_leaves_the_original_untimed(tmp_path: Path) -> None:
+    a = SWATokenToKVPoolAllocator(64, 8, hybrid(), page_size=4)  # 16 full pages, 2 SWA pages
+    with a.recording(tmp_path / "t.npz"):
+        assert a.alloc_extend([0], [12], [-1], 12) is None  # the SWA side is short
+        assert a.alloc(4) is not None
+    trace = T.load(tmp_path / "t.npz")
+    assert R.replay(trace) == (2, 0, None)
+    timing = R.time_trace(trace, repeats=1)
+    assert set(timing.per_op) == {"hostpool_nb"}
+    assert "operation 0 (alloc_extend) was refused" in timing.notes[-1]

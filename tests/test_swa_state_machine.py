@@ -28,6 +28,9 @@ pages; the machine does not make such calls (a test in
 from __future__ import annotations
 
 import copy
+import os
+import shutil
+import tempfile
 from types import SimpleNamespace
 from typing import Any
 
@@ -43,7 +46,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from hostpool_nb import DoubleFreeError
+from hostpool_nb import DoubleFreeError, HostPoolError
+from hostpool_nb import replay as R
+from hostpool_nb import trace as T
 from hostpool_nb.originals import paged as oracle_mod
 from hostpool_nb.paged import SWATokenToKVPoolAllocator
 from tests.paged_model import oracle_allocated, pending_pages
@@ -83,6 +88,47 @@ class SWAMachine(RuleBasedStateMachine):
         self.pending: list[list[list[int]]] = [[] for _ in range(dp)]  # slots freed in the open group
         self.backups: list[tuple[Any, Any, list[list[list[int]]]]] = []
         self.mapping = self.lib.full_to_swa_index_mapping  # the same object for the allocator's life
+        self.recording: tuple[Any, str] | None = None
+
+    # -- recordings: a stretch of the run, replayed on a fresh allocator (and the original, if it can) -------
+
+    @rule()
+    def record(self) -> None:
+        if self.recording is not None:
+            self.end_recording()
+            return
+        if not hasattr(self, "tmp"):
+            self.tmp = tempfile.mkdtemp(prefix="swa-machine-")
+        path = os.path.join(self.tmp, "t.npz")
+        block = self.lib.recording(path)
+        if any(self.pending):
+            with pytest.raises(HostPoolError, match="no frees pending"):
+                block.__enter__()
+            self.events.add("recording refused with frees pending")
+            return
+        block.__enter__()
+        self.recording = (block, path)
+
+    def end_recording(self) -> None:
+        block, path = self.recording  # type: ignore[misc]  # recording
+        self.recording = None
+        block.__exit__(None, None, None)
+        trace = T.load(path)
+        done, skipped, divergence = R.replay(trace)
+        assert divergence is None, f"the recording's replay: {divergence}"
+        assert (done, skipped) == (len(trace), 0)
+        if R.original_problem(trace) is None:
+            original = R._original_allocator_at_start(trace)
+            R._check_original_ranked(original, R._ranked_plan(trace, False, original))
+            self.events.add("recording replayed on the original")
+        os.unlink(path)
+        self.events.add("recording replayed")
+
+    def teardown(self) -> None:
+        if self.recording is not None:
+            self.end_recording()
+        if hasattr(self, "tmp"):
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -326,6 +372,9 @@ def check(got: Any, want: Any) -> None:
 
 SWA_EVENTS = {
     "tracked",
+    "recording replayed",
+    "recording replayed on the original",
+    "recording refused with frees pending",
     "alloc",
     "alloc refused",
     "free",

@@ -44,6 +44,7 @@ HEADER_DTYPE = np.dtype(
         ("dp_size", "<i8"),
         ("strict", "?"),
         ("debug_mode", "?"),
+        ("size_swa", "<i8"),
     ]
 )
 OP_DTYPE = np.dtype(
@@ -282,7 +283,7 @@ def test_the_file_is_an_npz_numpy_reads_without_pickle(tmp_path: Path) -> None:
         header, ops, data, messages, start = (archive[k] for k in ("header", "ops", "data", "messages", "start"))
     assert header.dtype == HEADER_DTYPE
     assert header.shape == (1,)
-    assert header[0].tolist() == (3, "LogicalHostPool", 64, 16, "sorted", True, 4, 130, 1, False, False)
+    assert header[0].tolist() == (3, "LogicalHostPool", 64, 16, "sorted", True, 4, 130, 1, False, False, 0)
     # The pool as the recording found it: no group, 4 free pages, none released or pending; the free list.
     assert start.dtype == np.dtype("<i8")
     assert start.tolist() == [0, 4, 0, 0, 0, 1, 2, 3]
@@ -306,6 +307,7 @@ def test_the_file_is_an_npz_numpy_reads_without_pickle(tmp_path: Path) -> None:
         "alloc_extend",
         "alloc_decode",
         "merge_and_sort_free",
+        "free_swa",
     )
     assert T.ERRORS == (
         "",
@@ -791,7 +793,7 @@ def damaged(good: Path, tmp_path: Path, case: str) -> tuple[Path, str]:
     if case in ("op-code-high", "op-code-zero", "error-code", "message-index"):
         ops = got["ops"].copy()
         field, value = {
-            "op-code-high": ("op", 13),
+            "op-code-high": ("op", 14),
             "op-code-zero": ("op", 0),
             "error-code": ("error", 7),
             "message-index": ("message", 1),
@@ -1156,7 +1158,7 @@ def test_a_trace_of_a_pool_kind_replay_does_not_build_is_exit_2(tmp_path: Path, 
     header = arrays(good)["header"].copy()
     header["pool"] = "HostPagePool"
     bad = rewrite(good, tmp_path / "host.npz", header=header)
-    builds = "LogicalHostPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator"
+    builds = "LogicalHostPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, SWATokenToKVPoolAllocator"
     with pytest.raises(T.TraceError) as info:
         R.replay(T.load(bad))
     assert str(info.value) == f"it records a HostPagePool; replay builds {builds} only"
