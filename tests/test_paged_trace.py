@@ -588,3 +588,24 @@ def test_a_batch_refused_on_a_sliding_window_trace_leaves_the_original_untimed(t
     timing = R.time_trace(trace, repeats=1)
     assert set(timing.per_op) == {"hostpool_nb"}
     assert "operation 0 (alloc_extend) was refused" in timing.notes[-1]
+
+
+def test_replay_bounds_the_memory_an_allocators_trace_would_build(tmp_path: Path, capsys: Any) -> None:
+    a = PagedTokenToKVPoolAllocator(1 << 16, 16, None, dp_size=2, track=True)  # 2048 pages per rank
+    s = SWATokenToKVPoolAllocator(1 << 16, 1 << 14, hybrid(), page_size=16, dp_size=2, track=True)
+    for pool, name in ((a, "paged.npz"), (s, "swa.npz")):
+        with pool.recording(tmp_path / name):
+            pool.alloc(16)
+    paged, swa = T.load(tmp_path / "paged.npz"), T.load(tmp_path / "swa.npz")
+    need = R.pool_bytes(paged)
+    assert need >= 2 * 2048 * (4 + 1 + 16)  # per rank and page: a ring entry, an owner byte, two tracking words
+    assert R.pool_bytes(paged, with_original=True) >= need + 2 * 2048 * 4 * 2  # the original's int32 lists
+    mappings = 2 * swa.mapping_length * 4
+    swa_need = R.pool_bytes(swa)
+    assert swa_need >= need + 2 * 512 * (4 + 1 + 16) + mappings  # the SWA side's 512 pages a rank, the mappings
+    assert R.pool_bytes(swa, with_original=True) >= swa_need + mappings  # the original's mappings too
+    code = R.main([str(tmp_path / "swa.npz"), "--max-pool-bytes", str(swa_need - 1)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"needs {swa_need:,} bytes to replay, more than the {swa_need - 1:,} allowed" in err
+    assert R.main([str(tmp_path / "swa.npz"), "--max-pool-bytes", str(swa_need)]) == 0
