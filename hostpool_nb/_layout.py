@@ -246,6 +246,13 @@ def listed(st: NDArray[np.int64], start: int = 0, count: int | None = None) -> N
     return pages[start:] if count is None else pages[start : start + count]
 
 
+def lists_of(st: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """The free, release and pending lists' page ids, each in its order, as int64 (new arrays)."""
+    nfree, nrel = int(st[H_NFREE]), int(st[H_NREL])
+    ids = listed(st).astype(np.int64)
+    return ids[:nfree], ids[nfree : nfree + nrel], ids[nfree + nrel :]
+
+
 def state_of_lists(
     shape: tuple[int, int, bool, bool],
     lists: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]],

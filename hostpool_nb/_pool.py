@@ -717,11 +717,7 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         }
 
     def _trace_start(self) -> NDArray[np.int64]:
-        st = self._st
-        nfree, nrel = int(st[_layout.H_NFREE]), int(st[_layout.H_NREL])
-        ids = _layout.listed(st).astype(np.int64)
-        lists = (ids[:nfree], ids[nfree : nfree + nrel], ids[nfree + nrel :])
-        return start_words([(int(st[_layout.H_GROUP_DEPTH]), *lists)])
+        return start_words([(int(self._st[_layout.H_GROUP_DEPTH]), *_layout.lists_of(self._st))])
 
     def leak_report(self, limit: int = 20, *, exclude: Any = None) -> str:
         """A readable table of what is allocated now and where, for logs and test failures.

@@ -177,18 +177,39 @@ class _Calls:
         """The pool's lock, read at each call: a fork may replace it in a child (``_fork.py``)."""
         return self.pool.lock
 
+    def _served(self, op: str, arg: int | None, numbers: tuple[Any, ...] | None, out: Any, rank: int | None) -> None:
+        """Record an allocation that returned ``out`` (slots, or ``None``)."""
+        slots = _slots_of(out)
+        if slots is None:
+            self.rec.add(op, arg, -1, numbers, rank=rank)
+        else:
+            self.rec.add(op, arg, slots.shape[0], None if numbers is None else (*numbers, slots), rank=rank)
+
+    def _freeing(self, op: str, free_index: Any, args: tuple[Any, ...], rank: int | None) -> Any:
+        """A call that frees ``free_index`` (free, free_swa): the slots as read, then its count or its error."""
+        with self.lock:
+            try:
+                slots: NDArray[np.int64] | None = _slots_of_input(free_index)
+            except Exception:  # noqa: BLE001 - unreadable input: the pool decides, the record skips it
+                slots = None
+            arg, numbers = (None, ()) if slots is None else (slots.shape[0], (slots,))
+            try:
+                n = self.method(free_index, *args)
+            except Exception as exc:
+                self.rec.add(op, arg, 0, numbers, exc, rank=rank)
+                raise
+            self.rec.add(op, arg, n, numbers, rank=rank)
+            return n
+
     def alloc(self, need_size: Any, *, tag: Any = None) -> Any:
         with self.lock:
+            arg = _int_or_none(need_size)
             try:
                 out = self.method(need_size, tag=tag)
             except Exception as exc:
-                self.rec.add("alloc", _int_or_none(need_size), 0, (), exc)
+                self.rec.add("alloc", arg, 0, (), exc)
                 raise
-            slots = _slots_of(out)
-            if slots is None:
-                self.rec.add("alloc", _int_or_none(need_size), -1)
-            else:
-                self.rec.add("alloc", _int_or_none(need_size), slots.shape[0], (slots,))
+            self._served("alloc", arg, (), out, 0)
             return out
 
     def alloc_many(self, sizes: Any, *, tag: Any = None) -> Any:
@@ -208,19 +229,7 @@ class _Calls:
             return got
 
     def free(self, indices: Any) -> Any:
-        with self.lock:
-            try:
-                slots: NDArray[np.int64] | None = _slots_of_input(indices)
-            except Exception:  # noqa: BLE001 - unreadable input: the pool decides, the record skips it
-                slots = None
-            arg, numbers = (None, ()) if slots is None else (slots.shape[0], (slots,))
-            try:
-                n = self.method(indices)
-            except Exception as exc:
-                self.rec.add("free", arg, 0, numbers, exc)
-                raise
-            self.rec.add("free", arg, n, numbers)
-            return n
+        return self._freeing("free", indices, (), 0)
 
     def backup_state(self) -> Any:
         with self.lock:
@@ -262,14 +271,6 @@ class _RankedCalls(_Calls):
         """The rank as recorded: an int in ``[0, dp_size)``, else ``None`` (the call is not replayable)."""
         r = _int_or_none(dp_rank)
         return r if r is not None and 0 <= r < self.pool.dp_size else None
-
-    def _served(self, op: str, arg: int | None, numbers: tuple[Any, ...] | None, out: Any, rank: int | None) -> None:
-        """Record an allocation that returned ``out`` (slots, or ``None``)."""
-        slots = _slots_of(out)
-        if slots is None:
-            self.rec.add(op, arg, -1, numbers, rank=rank)
-        else:
-            self.rec.add(op, arg, slots.shape[0], None if numbers is None else (*numbers, slots), rank=rank)
 
     def alloc(self, need_size: Any, dp_rank: Any = 0, *, tag: Any = None) -> Any:
         with self.lock:
@@ -318,36 +319,10 @@ class _RankedCalls(_Calls):
             return out
 
     def free(self, free_index: Any, dp_rank: Any = 0) -> Any:
-        with self.lock:
-            try:
-                slots: NDArray[np.int64] | None = _slots_of_input(free_index)
-            except Exception:  # noqa: BLE001 - unreadable input: the allocator decides, the record skips it
-                slots = None
-            arg, numbers = (None, ()) if slots is None else (slots.shape[0], (slots,))
-            rank = self._rank(dp_rank)
-            try:
-                n = self.method(free_index, dp_rank)
-            except Exception as exc:
-                self.rec.add("free", arg, 0, numbers, exc, rank=rank)
-                raise
-            self.rec.add("free", arg, n, numbers, rank=rank)
-            return n
+        return self._freeing("free", free_index, (dp_rank,), self._rank(dp_rank))
 
     def free_swa(self, free_index: Any, dp_rank: Any = 0) -> Any:
-        with self.lock:
-            try:
-                slots: NDArray[np.int64] | None = _slots_of_input(free_index)
-            except Exception:  # noqa: BLE001 - unreadable input: the allocator decides, the record skips it
-                slots = None
-            arg, numbers = (None, ()) if slots is None else (slots.shape[0], (slots,))
-            rank = self._rank(dp_rank)
-            try:
-                n = self.method(free_index, dp_rank)
-            except Exception as exc:
-                self.rec.add("free_swa", arg, 0, numbers, exc, rank=rank)
-                raise
-            self.rec.add("free_swa", arg, n, numbers, rank=rank)
-            return n
+        return self._freeing("free_swa", free_index, (dp_rank,), self._rank(dp_rank))
 
     def merge_and_sort_free(self, dp_rank: Any = 0) -> None:
         with self.lock:

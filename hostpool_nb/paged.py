@@ -565,10 +565,19 @@ class _RankedAllocator(Recordable, ArrayStatePool):
 
 
 def _lists_of(st: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """A rank's free and release lists (page ids, in order), as int64."""
-    nfree, nrel = int(st[_layout.H_NFREE]), int(st[_layout.H_NREL])
-    ids = _layout.listed(st).astype(np.int64)
-    return ids[:nfree], ids[nfree : nfree + nrel]
+    """A rank's free and release lists (its pending list is empty: a rank's pending pages are its group's)."""
+    free, released, _ = _layout.lists_of(st)
+    return free, released
+
+
+def _swa_words(depth: int, full: Any, swa: Any, mappings: Any) -> NDArray[np.int64]:
+    """A sliding-window allocator's trace words: per rank its full side's lists, its SWA side's, its mapping."""
+    none = np.empty(0, dtype=np.int64)
+    parts = []
+    for f, w, m in zip(full, swa, mappings, strict=True):
+        parts.append(start_words([(depth, *_lists_of(f), none), (depth, *_lists_of(w), none)]))
+        parts.append(np.asarray(m, dtype=np.int64))
+    return np.concatenate(parts)
 
 
 def _is_words(value: Any) -> bool:
@@ -1562,18 +1571,7 @@ class SWATokenToKVPoolAllocator(Recordable, ArrayStatePool):
 
     # -- recording (``pool.recording(path)``, from Recordable) -------------------------------
 
-    _recorded = (
-        "alloc",
-        "alloc_extend",
-        "alloc_decode",
-        "free",
-        "free_swa",
-        "clear",
-        "free_group_begin",
-        "free_group_end",
-        "backup_state",
-        "restore_state",
-    )
+    _recorded = (*_RankedAllocator._recorded, "alloc_extend", "alloc_decode", "free_swa")
 
     def _trace_shape(self) -> dict[str, Any]:
         return {
@@ -1593,14 +1591,8 @@ class SWATokenToKVPoolAllocator(Recordable, ArrayStatePool):
                 "an SWATokenToKVPoolAllocator records from a state with no frees pending in a free group: "
                 "start the recording before the group's frees, or after free_group_end()"
             )
-        depth = int(self._in_group)
-        none = np.empty(0, dtype=np.int64)
-        parts = []
-        for r in range(self.dp_size):
-            stf, _, sts, _ = self._states(r)
-            parts.append(start_words([(depth, *_lists_of(stf), none), (depth, *_lists_of(sts), none)]))
-            parts.append(self._maps[r].astype(np.int64))
-        return np.concatenate(parts)
+        full, swa = self.full_attn_allocator._st, self.swa_attn_allocator._st
+        return _swa_words(int(self._in_group), full, swa, self._maps)
 
     def _trace_state(self, state: Any) -> NDArray[np.int64] | None:
         """A snapshot's lists and mappings in ``start``'s layout, or ``None`` if it is not one of this shape."""
@@ -1610,16 +1602,10 @@ class SWATokenToKVPoolAllocator(Recordable, ArrayStatePool):
             or not len(state._mappings) == len(state.full._ranks) == len(state.swa._ranks) == dp
         ):
             return None
-        none = np.empty(0, dtype=np.int64)
-        parts = []
         try:
-            for r in range(self.dp_size):
-                sides = (state.full._ranks[r], state.swa._ranks[r])
-                parts.append(start_words([(0, *_lists_of(words), none) for words in sides]))
-                parts.append(np.asarray(state._mappings[r], dtype=np.int64))
-        except (ValueError, IndexError):
+            return _swa_words(0, state.full._ranks, state.swa._ranks, state._mappings)
+        except (ValueError, IndexError):  # a state restore_state refuses: its record is its error alone
             return None
-        return np.concatenate(parts)
 
     # -- snapshots, invariants ------------------------------------------------------------
 

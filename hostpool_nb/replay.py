@@ -34,7 +34,7 @@ from ._tracking import HISTORY_MARK, Tracker
 from .originals import paged as original_paged
 from .originals.sglang import LogicalHostPool as Original
 from .paged import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
-from .trace import SWA, Operation, StartState, Trace, TraceError, _pages_per_rank, describe_slots, load
+from .trace import SWA, Operation, StartState, Trace, TraceError, describe_slots, load
 
 # The pool kinds replay builds, by the name a trace's header gives.
 REPLAYS = ("LogicalHostPool", "PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator", "SWATokenToKVPoolAllocator")
@@ -124,18 +124,16 @@ def _fresh_allocator(trace: Trace, track: bool) -> Any:
     if trace.starts is None:
         return cls(kvcache=None, **args)
     pages = trace.pages_per_rank
-    shape = (pages + 1, ps, not token, track)
-    none = np.empty(0, dtype=np.int64)
-    ranks = tuple(_layout.state_of_lists(shape, (s.free, s.released, none), 0) for s in trace.starts)
+    lists = _lists_state("token" if token else "paged", (trace.size, ps, dp, pages), trace.starts, track)
     saved = {
         "format": FORMATS["PagedAllocator"],
         "args": args,
         "kvcache": None,
-        "ranks": ranks,
+        "ranks": lists._ranks,
         "groups": tuple(_layout.group_of_pages(pages, s.pending) for s in trace.starts),
         "group_frees": [[s.pending * ps] if s.pending.shape[0] else [] for s in trace.starts],
         "in_group": bool(trace.starts[0].group_depth),
-        "sites": tuple(Tracker().table() for _ in ranks) if track else None,
+        "sites": lists.sites,
     }
     pool = cls.__new__(cls)
     try:
@@ -145,15 +143,30 @@ def _fresh_allocator(trace: Trace, track: bool) -> Any:
     return pool
 
 
-def _rank_states(trace: Trace, starts: tuple[StartState, ...], size: int, track: bool) -> PagedState:
-    """One side's lists as the snapshot a sliding-window allocator's sub-allocator restores."""
-    ps = trace.page_size
-    pages = _pages_per_rank(trace.pool, size, ps, trace.dp_size)
+def _lists_state(kind: str, shape: tuple[int, int, int, int], lists: tuple[StartState, ...], track: bool) -> PagedState:
+    """A ``kind`` ("paged", "token") allocator's snapshot whose ranks hold ``lists``' free and release lists.
+
+    ``shape`` is the allocator's ``(size, page_size, dp_size, pages per rank)``;
+    pending pages are not a snapshot's (its free group is not part of it).
+    """
+    size, ps, dp, pages = shape
     none = np.empty(0, dtype=np.int64)
-    shape = (pages + 1, ps, ps > 1, track)
-    ranks = tuple(_layout.state_of_lists(shape, (s.free, s.released, none), 0) for s in starts)
+    words = (pages + 1, ps, kind == "paged", track)
+    ranks = tuple(_layout.state_of_lists(words, (s.free, s.released, none), 0) for s in lists)
     sites = tuple(Tracker().table() for _ in ranks) if track else None
-    return PagedState("token" if ps == 1 else "paged", size, ps, trace.dp_size, ranks, sites)
+    return PagedState(kind, size, ps, dp, ranks, sites)
+
+
+def _sub_state(sub: Any, lists: tuple[StartState, ...]) -> PagedState:
+    """What hostpool_nb's paged or token allocator ``sub`` restores for recorded lists."""
+    return _lists_state(sub._snapshot_kind, (sub.size, sub.page_size, sub.dp_size, sub._pages), lists, sub.track)
+
+
+def _original_state(sub: Any, lists: tuple[StartState, ...]) -> Any:
+    """What the original paged or token allocator ``sub`` restores for recorded lists."""
+    if isinstance(sub, original_paged.TokenToKVPoolAllocator):
+        return [np.concatenate([s.free, s.released]).astype(np.int32) for s in lists]
+    return [s.free.astype(np.int32) for s in lists], [s.released.astype(np.int32) for s in lists]
 
 
 def _fresh_swa(trace: Trace, track: bool) -> Any:
@@ -162,13 +175,8 @@ def _fresh_swa(trace: Trace, track: bool) -> Any:
     pool = SWATokenToKVPoolAllocator(trace.size, trace.size_swa, kv, trace.page_size, trace.dp_size, track=track)
     if trace.starts is None or trace.swa_starts is None or trace.mappings is None:
         return pool
-    state = SWAState(
-        _rank_states(trace, trace.starts, trace.size, track),
-        _rank_states(trace, trace.swa_starts, trace.size_swa, track),
-        tuple(m.astype(np.int32) for m in trace.mappings),
-    )
     try:
-        pool.restore_state(state)
+        pool.restore_state(_swa_state(pool, (*trace.starts, *trace.swa_starts), trace.mappings))
     except HostPoolError as exc:
         raise TraceError(f"the trace's start state is not one the recorded allocator can be in: {exc}") from None
     if trace.starts[0].group_depth:
@@ -240,22 +248,20 @@ def _snapshot_of(pool: Any, op: Operation) -> Any:
     """What ``pool`` (hostpool_nb's allocator, or the original) restores for a snapshot's recorded lists."""
     lists = op.state or ()
     if isinstance(pool, SWATokenToKVPoolAllocator):
-        dp = pool.dp_size
-        dims = Trace(SWA, pool.size_full, pool.page_size, "", pool.track, (), None, dp)
-        return SWAState(
-            _rank_states(dims, lists[:dp], pool.size_full, pool.track),
-            _rank_states(dims, lists[dp:], pool.size_swa, pool.track),
-            tuple(np.asarray(m, dtype=np.int32) for m in op.mappings or ()),
-        )
+        return _swa_state(pool, lists, op.mappings or ())
     if isinstance(pool, (PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator)):
-        shape = (pool._pages + 1, pool.page_size, pool._sorted, pool.track)
-        none = np.empty(0, dtype=np.int64)
-        ranks = tuple(_layout.state_of_lists(shape, (s.free, s.released, none), 0) for s in lists)
-        sites = tuple(Tracker().table() for _ in ranks) if pool.track else None
-        return PagedState(pool._snapshot_kind, pool.size, pool.page_size, pool.dp_size, ranks, sites)
-    if isinstance(pool, original_paged.TokenToKVPoolAllocator):
-        return [np.concatenate([s.free, s.released]).astype(np.int32) for s in lists]
-    return [s.free.astype(np.int32) for s in lists], [s.released.astype(np.int32) for s in lists]
+        return _sub_state(pool, lists)
+    return _original_state(pool, lists)
+
+
+def _swa_state(pool: Any, lists: tuple[StartState, ...], mappings: tuple[NDArray[np.int64], ...]) -> SWAState:
+    """A sliding-window allocator's snapshot: ``lists`` every rank's full side, then every rank's SWA side."""
+    dp = pool.dp_size
+    return SWAState(
+        _sub_state(pool.full_attn_allocator, lists[:dp]),
+        _sub_state(pool.swa_attn_allocator, lists[dp:]),
+        tuple(np.asarray(m, dtype=np.int32) for m in mappings),
+    )
 
 
 def _run(pool: Any, op: Operation, backups: dict[int, Any]) -> tuple[Any, BaseException | None]:
@@ -486,39 +492,31 @@ def _run_ranked(pool: Any, plan: list[tuple[str, tuple[Any, ...], Operation]]) -
 
 def _original_allocator_at_start(trace: Trace) -> Any:
     """The original allocator, each rank in the state the recording began from."""
-    ps, dp, token = trace.page_size, trace.dp_size, trace.pool == "TokenToKVPoolAllocator"
+    ps, dp = trace.page_size, trace.dp_size
     pool: Any
     if trace.pool == SWA:
         return _original_swa_at_start(trace)
-    if token:
+    if trace.pool == "TokenToKVPoolAllocator":
         pool = original_paged.TokenToKVPoolAllocator(trace.size, None, dp)
     else:
         pool = original_paged.PagedTokenToKVPoolAllocator(trace.size, ps, None, trace.debug_mode, dp)
-    for r, s in enumerate(trace.starts or ()):
-        if token:
-            pool.free_slots[r] = np.concatenate([s.free, s.released]).astype(np.int32)
-        else:
-            pool.free_pages[r] = s.free.astype(np.int32)
-            pool.release_pages[r] = s.released.astype(np.int32)
+    if trace.starts is None:
+        return pool
+    pool.restore_state(_original_state(pool, trace.starts))
+    for r, s in enumerate(trace.starts):
         pool.free_group[r] = [s.pending * ps] if s.pending.shape[0] else []
-        pool.is_not_in_free_group = not s.group_depth
+    pool.is_not_in_free_group = not trace.starts[0].group_depth
     return pool
 
 
 def _original_swa_at_start(trace: Trace) -> Any:
     """The original sliding-window allocator, each side of each rank and each mapping as the recording found them."""
-    ps = trace.page_size
     kv = SimpleNamespace(full_kv_pool=None, swa_kv_pool=None)
-    pool = original_paged.SWATokenToKVPoolAllocator(trace.size, trace.size_swa, kv, ps, trace.dp_size)
+    pool = original_paged.SWATokenToKVPoolAllocator(trace.size, trace.size_swa, kv, trace.page_size, trace.dp_size)
     if trace.starts is None or trace.swa_starts is None or trace.mappings is None:
         return pool
     for sub, starts in ((pool.full_attn_allocator, trace.starts), (pool.swa_attn_allocator, trace.swa_starts)):
-        for r, s in enumerate(starts):
-            if ps == 1:
-                sub.free_slots[r] = np.concatenate([s.free, s.released]).astype(np.int32)
-            else:
-                sub.free_pages[r] = s.free.astype(np.int32)
-                sub.release_pages[r] = s.released.astype(np.int32)
+        sub.restore_state(_original_state(sub, starts))
     for mine, saved in zip(pool._maps, trace.mappings, strict=True):
         mine[:] = saved
     pool.is_not_in_free_group = not trace.starts[0].group_depth
