@@ -384,6 +384,38 @@ def _window_intrinsic(np_dtype: np.dtype[Any], where: Callable[..., tuple[int, i
     return cast("Callable[..., Any]", intrinsic(typer))
 
 
+def _trailing_zeros_in_python(x: int) -> int:
+    """The number of zero bits below the lowest set bit of a nonzero int64 (plain Python, for the JIT off)."""
+    x = int(x) & ((1 << 64) - 1)
+    return (x & -x).bit_length() - 1
+
+
+def _trailing_zeros_intrinsic() -> Callable[[int], int]:
+    """:data:`trailing_zeros` in kernels: LLVM's ``cttz``, one instruction, inlined where it is called."""
+    from numba.core import types as _types  # noqa: PLC0415
+    from numba.extending import intrinsic  # noqa: PLC0415
+
+    types: Any = _types
+
+    def typer(typingctx: Any, x: Any) -> Any:
+        if not isinstance(x, types.Integer):
+            return None  # numba's typing error names the call
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            value = context.cast(builder, args[0], sig.args[0], types.int64)
+            return builder.cttz(value, context.get_constant(types.boolean, True))  # x == 0 never asked
+
+        return types.int64(x), codegen
+
+    typer.__name__ = typer.__qualname__ = "trailing_zeros"
+    return cast("Callable[[int], int]", intrinsic(typer))
+
+
+# The index of the lowest set bit of a nonzero int64: how far a run's slots count up, from a
+# mask of the slots that do not (kernels build one per 64 slots). An intrinsic, so not a callee to compile.
+trailing_zeros: Callable[[int], int] = _trailing_zeros_in_python if JIT_DISABLED else _trailing_zeros_intrinsic()
+
+
 def twin(func: _F, signature: str, *, name: str, nogil: bool, constants: dict[str, Any] | None = None) -> _F:
     """Compile a kernel's Python function a second time, as ``name``, with other options.
 

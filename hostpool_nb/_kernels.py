@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from ._jit import as_callee as _as_callee
 from ._jit import callee as _callee
 from ._jit import kernel as _jit
+from ._jit import trailing_zeros
 from ._jit import twin as _twin
 from ._layout import (
     E_CORRUPT,
@@ -149,66 +150,61 @@ def run_width(length: int) -> int:
 # Eight owner flags in one word of the state: a flag value repeated in every byte.
 _EVERY_BYTE = 0x0101010101010101
 _HIGH_BITS = 0x8080808080808080 - (1 << 64)  # the high bit of every byte, as an int64: no uint64 mixed in
-# Runs shorter than this are tested and flagged a byte at a time: for them
-# the word loop and the two edge loops cost more than they save.
-_WORDS_FROM = 64
-# Runs shorter than this are taken by loops written out in the kernel, on
-# views; longer ones through the word loops of the callees below.
-_VIEWS_UP_TO = 256
+_ALLOCATED_WORD = OWNER_ALLOCATED * _EVERY_BYTE
+# Masks of a word's bytes, built from int64 values: page ids read from the int32
+# ring would make int32 masks when numpy runs the kernels (NUMBA_DISABLE_JIT=1).
+_ALL_BYTES = np.int64(-1)
+_LOW_BYTE = np.int64(1)
+_FLAGS_PER_WORD = 8
+
+
+# The owner flags start on a word of ``st``, so flags ``8q .. 8q + 7`` are the
+# word ``st[base + q]``, page ``8q + b`` its byte ``b`` (little-endian). A run
+# of pages is tested and flagged eight at a time, its first and last words
+# masked to the run: no loop per byte, so no branch on a run's length at
+# the edges either (docs/architecture.md).
 
 
 @_callee()
-def _flags_are(st: NDArray[np.int64], owner: NDArray[np.uint8], start: int, length: int, want: int) -> bool:
-    """Whether pages ``start .. start + length - 1`` are all flagged ``want``.
+def _word_masks(start: int, length: int) -> tuple[int, int, int, int]:
+    """The words of pages ``start .. start + length - 1`` (``length >= 1``): first, last, and their masks.
 
-    A short run byte by byte in one small loop; a long one eight flags at a
-    time: the bytes up to the first multiple of 8 one by one, then whole
-    words, then the rest. The owner flags start on a word of ``st``, so
-    flags ``8q .. 8q + 7`` are the word ``st[base + q]``, read as it is
-    (byte by byte, LLVM widens each byte to a 64-bit lane; and no view of
-    another dtype to compile).
+    Each mask keeps the run's bytes of its word; a run within one word gets
+    one mask for both (first and last are the same word).
     """
-    if length < _WORDS_FROM:
-        flags = owner[start : start + length]  # a slice: no negative-index test per flag
-        bad = 0
-        for p in range(length):
-            bad |= flags[p] ^ want
-        return bad == 0
-    end = start + length
-    lo = (start + 7) & ~7
-    hi = end & ~7
-    bad = 0
-    for p in range(start, lo):
-        bad |= owner[p] ^ want
-    for p in range(hi, end):
-        bad |= owner[p] ^ want
-    base = HEADER + (st[H_NPAGES] + 1) // 2  # the ring's int64 words end here (_layout.py)
-    words = st[base + (lo >> 3) : base + (hi >> 3)]
-    pattern = want * _EVERY_BYTE
-    for q in range(words.shape[0]):
-        bad |= words[q] ^ pattern
-    return bad == 0
+    lo = start >> 3
+    hi = (start + length - 1) >> 3
+    first = _ALL_BYTES << ((start & 7) << 3)
+    top = ((start + length - 1) & 7) + 1  # how many of the last word's low bytes are the run's
+    last = _ALL_BYTES if top == _FLAGS_PER_WORD else (_LOW_BYTE << (top << 3)) - 1
+    if lo == hi:
+        first &= last
+        last = first
+    return lo, hi, first, last
 
 
 @_callee()
-def _set_flags(st: NDArray[np.int64], owner: NDArray[np.uint8], start: int, length: int, flag: int) -> None:
-    """Flag pages ``start .. start + length - 1`` as ``flag``: a short run in one fill, a long one by words."""
-    if length < _WORDS_FROM:
-        flags = owner[start : start + length]
-        for p in range(length):
-            flags[p] = flag
-        return
-    end = start + length
-    lo = (start + 7) & ~7
-    hi = end & ~7
-    for p in range(start, lo):
-        owner[p] = flag
-    for p in range(hi, end):
-        owner[p] = flag
-    base = HEADER + (st[H_NPAGES] + 1) // 2  # the ring's int64 words end here (_layout.py)
-    words = st[base + (lo >> 3) : base + (hi >> 3)]
+def _flags_are(st: NDArray[np.int64], start: int, length: int, want: int) -> bool:
+    """Whether pages ``start .. start + length - 1`` (``length >= 1``) are all flagged ``want``."""
+    words = st[HEADER + (st[H_NPAGES] + 1) // 2 :]  # the ring's int64 words end here (_layout.py)
+    lo, hi, first, last = _word_masks(start, length)
+    pattern = want * _EVERY_BYTE
+    bad = ((words[lo] ^ pattern) & first) | ((words[hi] ^ pattern) & last)
+    for q in range(lo + 1, hi):
+        bad |= words[q] ^ pattern
+    ok: bool = bad == 0
+    return ok
+
+
+@_callee()
+def _set_flags(st: NDArray[np.int64], start: int, length: int, flag: int) -> None:
+    """Flag pages ``start .. start + length - 1`` (``length >= 1``) as ``flag``, and no other."""
+    words = st[HEADER + (st[H_NPAGES] + 1) // 2 :]
+    lo, hi, first, last = _word_masks(start, length)
     pattern = flag * _EVERY_BYTE
-    for q in range(words.shape[0]):
+    words[lo] = (words[lo] & ~first) | (pattern & first)
+    words[hi] = (words[hi] & ~last) | (pattern & last)
+    for q in range(lo + 1, hi):
         words[q] = pattern
 
 
@@ -221,7 +217,10 @@ def set_runs(st: NDArray[np.int64], pos: int, entries: int, flag: int) -> None:
     left = entries
     while left > 0:
         length = run_at(ring, pos, left)
-        _set_flags(st, owner, ring[pos], length, flag)
+        if length == 1:  # a lone page: its byte, no masks to make
+            owner[ring[pos]] = flag
+        else:
+            _set_flags(st, ring[pos], length, flag)
         w = run_width(length)
         pos = pos + w if pos + w < n else pos + w - n
         left -= w
@@ -276,6 +275,7 @@ def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArra
     owner = owner_view(st)
     ring = ring_view(st)
     n = ring.shape[0]
+    words = st[HEADER + (n + 1) // 2 :]  # the owner flags, eight to a word (_flags_are)
     nfree: int = st[H_NFREE]
     into_released = need > nfree
     avail: int = st[H_EFREE] + st[H_EREL] if into_released else st[H_EFREE]
@@ -323,27 +323,30 @@ def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArra
         if p < 0 or length > n - p:
             bad = True
             break
-        if take < _VIEWS_UP_TO:
-            # Written out on views: a call per run cost more than the loops (docs/architecture.md).
-            flags = owner[p : p + take]
-            wrong = 0
-            for q in range(take):
-                wrong |= flags[q]  # OWNER_FREE is 0
-            if wrong != 0:
-                bad = True
-                break
-            for q in range(take):
-                flags[q] = OWNER_ALLOCATED
-            dst = out[got * page_size : (got + take) * page_size]
-            first = p * page_size
-            for j in range(take * page_size):
-                dst[j] = first + j
-        else:
-            if not _flags_are(st, owner, p, take, OWNER_FREE):
-                bad = True
-                break
-            _set_flags(st, owner, p, take, OWNER_ALLOCATED)
-            _fill_run(out, got * page_size, take * page_size, p * page_size)
+        # The loops of _flags_are, _set_flags and _fill_run written out: calls
+        # per run cost more than the loops (docs/architecture.md).
+        lo, hi, first, last = _word_masks(p, take)
+        wrong = (words[lo] & first) | (words[hi] & last)  # OWNER_FREE is 0
+        for q in range(lo + 1, hi):
+            wrong |= words[q]
+        if wrong != 0:
+            bad = True
+            break
+        words[lo] = (words[lo] & ~first) | (_ALLOCATED_WORD & first)
+        words[hi] = (words[hi] & ~last) | (_ALLOCATED_WORD & last)
+        for q in range(lo + 1, hi):
+            words[q] = _ALLOCATED_WORD
+        # A view (LLVM vectorises the fill) rounded up to 16 slots while the
+        # rest of ``out`` has room: later runs overwrite the excess, and the
+        # loop never ends in a remainder of its own (docs/architecture.md).
+        at = got * page_size
+        span = take * page_size
+        if at + span + 15 < need * page_size:
+            span = (span + 15) & ~15
+        dst = out[at : at + span]
+        start = p * page_size
+        for j in range(span):
+            dst[j] = start + j
         got += take
         if take < length:
             break
@@ -357,7 +360,7 @@ def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArra
         while done < got:
             length = run_at(ring, q, left)
             part = min(length, got - done)
-            _set_flags(st, owner, ring[q], part, OWNER_FREE)
+            _set_flags(st, ring[q], part, OWNER_FREE)
             done += part
             w = run_width(length)
             q = q + w if q + w < n else q + w - n
@@ -517,12 +520,14 @@ def refuse(st: NDArray[np.int64]) -> int:
 # at a time, in input order, which also finds the exact position of a fault;
 # consecutive pages still become one run on the ring.
 
-# A run is followed entry by entry for its first ``_RUN_PROBE`` entries, then
-# ``_RUN_BLOCK`` entries at a time: one branch per block, in a loop LLVM
-# vectorises (64 is as fast as one plain pass; larger blocks gain nothing).
+# A free probes the slot ``_RUN_PROBE - 1`` ahead before it measures a run, so
+# that input without runs (a shuffled free list) pays one comparison per slot.
+# A run is measured ``_RUN_BLOCK`` slots at a time: a mask of the slots that
+# do not continue it, built without a branch (LLVM vectorises the fixed-size
+# loop), and its lowest set bit is where the run ends: one branch per block
+# and one at the run's end, whatever its length (docs/architecture.md).
 _RUN_PROBE = 8
 _RUN_BLOCK = 64
-_RUN_STEP = 16
 
 # A stretch of at least ``_LONG_SLOTS`` slots (and two pages) is taken as a
 # run; anything shorter goes a page at a time. Taking a run costs calls,
@@ -542,19 +547,23 @@ def _run_length(ids: NDArray[np.int64], start: int, limit: int, first: int) -> i
     """How many of ``ids[start:start + limit]`` count up by one from ``first`` (at least 1).
 
     ``first`` is the caller's read of ``ids[start]``, which the run is
-    measured against (never a second read). The first entries are compared
-    one by one, so that input without runs (a shuffled free list) pays
-    about one comparison per entry; a run that lasts is followed in
-    vectorised blocks of ``_RUN_BLOCK``.
+    measured against (never a second read); every other entry is read once.
+    The first block is a mask (most runs end in it); later ones are first
+    tested whole, which costs less per entry, and the block that fails the
+    test is masked.
     """
     k = 1
-    while k < limit and k < _RUN_PROBE:
-        if ids[start + k] != first + k:
-            return k
-        k += 1
-    while k + _RUN_BLOCK <= limit:
+    if k + _RUN_BLOCK <= limit:
         # A slice view: indexing ``ids[start + t]`` directly kept numba's
         # negative-index test in the loop, which stopped LLVM vectorising it.
+        block = ids[start + k : start + k + _RUN_BLOCK]
+        off = 0  # bit t: entry k + t does not continue the run
+        for t in range(_RUN_BLOCK):
+            off |= np.int64(block[t] != first + k + t) << t
+        if off != 0:
+            return k + trailing_zeros(off)
+        k += _RUN_BLOCK
+    while k + _RUN_BLOCK <= limit:
         block = ids[start + k : start + k + _RUN_BLOCK]
         acc = 0
         for t in range(_RUN_BLOCK):
@@ -562,17 +571,11 @@ def _run_length(ids: NDArray[np.int64], start: int, limit: int, first: int) -> i
         if acc != 0:
             break
         k += _RUN_BLOCK
-    while k + _RUN_STEP <= limit:  # the rest of a short run, or of the block that broke, 16 at a time
-        block = ids[start + k : start + k + _RUN_STEP]
-        acc = 0
-        for t in range(_RUN_STEP):
-            acc |= block[t] ^ (first + k + t)
-        if acc != 0:
-            break
-        k += _RUN_STEP
-    while k < limit and ids[start + k] == first + k:
-        k += 1
-    return k
+    block = ids[start + k : start + min(k + _RUN_BLOCK, limit)]  # the block that failed, or what is left
+    off = 0
+    for t in range(block.shape[0]):
+        off |= np.int64(block[t] != first + k + t) << t
+    return k + trailing_zeros(off) if off != 0 else max(limit, 1)
 
 
 # -- short calls -------------------------------------------------------------
@@ -621,6 +624,7 @@ def alloc_short(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     owner = owner_view(st)
     ring = ring_view(st)
     n = ring.shape[0]
+    words = st[HEADER + (n + 1) // 2 :]  # the owner flags, eight to a word (_flags_are)
     into_released = need > nfree
     avail: int = st[H_EFREE] + st[H_EREL] if into_released else st[H_EFREE]
     head: int = st[H_HEAD]
@@ -658,18 +662,35 @@ def alloc_short(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
         if p < 0 or length > n - p:
             bad = True
             break
-        flags = owner[p : p + take]
-        wrong = 0
-        for q in range(take):
-            wrong |= flags[q]  # OWNER_FREE is 0
+        # The run's flags, eight to a word: _word_masks, _flags_are and _set_flags written out.
+        lo = p >> 3
+        hi = (p + take - 1) >> 3
+        first = _ALL_BYTES << ((p & 7) << 3)
+        top = ((p + take - 1) & 7) + 1
+        last = _ALL_BYTES if top == _FLAGS_PER_WORD else (_LOW_BYTE << (top << 3)) - 1
+        if lo == hi:
+            first &= last
+            last = first
+        wrong = (words[lo] & first) | (words[hi] & last)  # OWNER_FREE is 0
+        for q in range(lo + 1, hi):
+            wrong |= words[q]
         if wrong != 0:
             bad = True
             break
-        for q in range(take):
-            flags[q] = OWNER_ALLOCATED
-        dst = out[got * page_size : (got + take) * page_size]  # a view: LLVM vectorises the fill
+        words[lo] = (words[lo] & ~first) | (_ALLOCATED_WORD & first)
+        words[hi] = (words[hi] & ~last) | (_ALLOCATED_WORD & last)
+        for q in range(lo + 1, hi):
+            words[q] = _ALLOCATED_WORD
+        # A view (LLVM vectorises the fill) rounded up to 16 slots while the
+        # rest of ``out`` has room: later runs overwrite the excess, and the
+        # loop never ends in a remainder of its own (docs/architecture.md).
+        at = got * page_size
+        span = take * page_size
+        if at + span + 15 < need * page_size:
+            span = (span + 15) & ~15
+        dst = out[at : at + span]
         first = p * page_size
-        for j in range(take * page_size):
+        for j in range(span):
             dst[j] = first + j
         got += take
         if take < length:
@@ -756,6 +777,7 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     c = 0  # pages staged
     entries = 0  # entries staged
     if page_size == 1 and _SHORT_CLASS != 0:  # page ids are slot ids; runs as in free_p1, written out
+        words = st[HEADER + (n + 1) // 2 :]  # the owner flags, eight to a word (_flags_are)
         reach = _RUN_PROBE - 1
         skip = 0
         while c < count:
@@ -764,25 +786,41 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
                 status = fail(E_RANGE, c)
                 break
             if c >= skip and c + reach < count and slots[c + reach] == p + reach:
+                # _run_length, _word_masks, _flags_are and _set_flags written out (all masks, no test first:
+                # a short call's runs end in their first blocks).
                 run = 1
                 limit = count - c if count - c < n - p else n - p  # not min(): its overload is a compile of its own
-                while run + _RUN_STEP <= limit:
-                    block = slots[c + run : c + run + _RUN_STEP]
-                    acc = 0
-                    for t in range(_RUN_STEP):
-                        acc |= block[t] ^ (p + run + t)
-                    if acc != 0:
+                off = 0
+                while run + _RUN_BLOCK <= limit:
+                    block = slots[c + run : c + run + _RUN_BLOCK]
+                    for t in range(_RUN_BLOCK):
+                        off |= np.int64(block[t] != p + run + t) << t
+                    if off != 0:
                         break
-                    run += _RUN_STEP
-                while run < limit and slots[c + run] == p + run:
-                    run += 1
-                flags = owner[p : p + run]
-                wrong = 0
-                for q in range(run):
-                    wrong |= flags[q] ^ OWNER_ALLOCATED
+                    run += _RUN_BLOCK
+                if off == 0:
+                    block = slots[c + run : c + limit]
+                    for t in range(block.shape[0]):
+                        off |= np.int64(block[t] != p + run + t) << t
+                run = run + trailing_zeros(off) if off != 0 else limit
+                lo = p >> 3
+                hi = (p + run - 1) >> 3
+                first = _ALL_BYTES << ((p & 7) << 3)
+                top = ((p + run - 1) & 7) + 1
+                last = _ALL_BYTES if top == _FLAGS_PER_WORD else (_LOW_BYTE << (top << 3)) - 1
+                if lo == hi:
+                    first &= last
+                    last = first
+                held = OWNER_ALLOCATED * _EVERY_BYTE
+                wrong = ((words[lo] ^ held) & first) | ((words[hi] ^ held) & last)
+                for q in range(lo + 1, hi):
+                    wrong |= words[q] ^ held
                 if wrong == 0 and run > 1:
-                    for q in range(run):
-                        flags[q] = mark
+                    pattern = mark * _EVERY_BYTE
+                    words[lo] = (words[lo] & ~first) | (pattern & first)
+                    words[hi] = (words[hi] & ~last) | (pattern & last)
+                    for q in range(lo + 1, hi):
+                        words[q] = pattern
                     # A run is measured to its end (or the pool's), so the next
                     # slot never continues it: nothing to join.
                     ring[pos] = p
@@ -1074,8 +1112,8 @@ def free_pn(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
                 # Whole pages of a run are one run of slots: measured in one
                 # vectorised pass over every slot. A page cut short ends it.
                 run = _run_length(slots, start, min(count - c, n - p) * page_size, first) // page_size
-                if run > 0 and _flags_are(st, owner, p, run, OWNER_ALLOCATED):
-                    _set_flags(st, owner, p, run, mark)
+                if run > 0 and _flags_are(st, p, run, OWNER_ALLOCATED):
+                    _set_flags(st, p, run, mark)
                     pos, entries, first_page, length = _stage(ring, pos, entries, first_page, length, p, run)
                     c += run
                     continue
@@ -1187,8 +1225,8 @@ def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
 
     Where the slot ``_RUN_PROBE - 1`` ahead continues this one, the run is
     measured (:func:`_run_length`) and, when every page of it is
-    allocated, taken whole: its flags tested and set on a view, one run
-    staged.
+    allocated, taken whole: its flags tested and set eight to a word, one
+    run staged.
     Other slots are staged one entry each (:func:`_stage_lone`): a short
     run costs less as lone pages than measured.
     """
@@ -1211,13 +1249,8 @@ def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
         p = slots[c]  # the only read of this element (a run's ids all derive from it)
         if c >= skip and 0 <= p < n and c + reach < count and slots[c + reach] == p + reach:
             run = _run_length(slots, c, min(count - c, n - p), p)
-            flags = owner[p : p + run]
-            wrong = 0
-            for q in range(run):
-                wrong |= flags[q] ^ OWNER_ALLOCATED
-            if wrong == 0 and run > 1:
-                for q in range(run):
-                    flags[q] = mark
+            if run > 1 and _flags_are(st, p, run, OWNER_ALLOCATED):
+                _set_flags(st, p, run, mark)
                 # Measured to its end (or the pool's): the next slot never continues it.
                 pos = put_run(ring, pos, p, run)
                 entries += 2

@@ -440,6 +440,36 @@ PLANTED = [
         "        nxt = pos + 1 if pos + 1 < ring.shape[0] else 0\n        e: int = ring[nxt]\n",
         "        nxt = pos + 1 if pos + 1 < ring.shape[0] else pos\n        e: int = ring[nxt]\n",
     ),
+    (
+        "a run's end found one slot late (the first block's mask, frees of runs above 1,023 slots)",
+        "hostpool_nb/_kernels.py",
+        "            return k + trailing_zeros(off)\n        k += _RUN_BLOCK\n",
+        "            return k + trailing_zeros(off) + 1\n        k += _RUN_BLOCK\n",
+    ),
+    (
+        "a run's end found one slot late (the short free's mask)",
+        "hostpool_nb/_kernels.py",
+        "                run = run + trailing_zeros(off) if off != 0 else limit\n",
+        "                run = run + trailing_zeros(off) + 1 if off != 0 else limit\n",
+    ),
+    (
+        "a run's last flag word masked one page short",
+        "hostpool_nb/_kernels.py",
+        "    top = ((start + length - 1) & 7) + 1  # how many",
+        "    top = ((start + length - 1) & 7)  # how many",
+    ),
+    (
+        "a run's slots written rounded down, its last ones left as they were (run kernels)",
+        "hostpool_nb/_kernels.py",
+        "            span = (span + 15) & ~15\n        dst = out[at : at + span]\n        start = p * page_size\n",
+        "            span = span & ~15\n        dst = out[at : at + span]\n        start = p * page_size\n",
+    ),
+    (
+        "a run's slots written rounded down, its last ones left as they were (short kernel)",
+        "hostpool_nb/_kernels.py",
+        "            span = (span + 15) & ~15\n        dst = out[at : at + span]\n        first = p * page_size\n",
+        "            span = span & ~15\n        dst = out[at : at + span]\n        first = p * page_size\n",
+    ),
 ]
 
 

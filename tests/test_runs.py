@@ -316,14 +316,14 @@ def _naive_run_length(ids: np.ndarray, start: int, limit: int, first: int) -> in
     return k
 
 
-@pytest.mark.parametrize("limit", [1, 2, 7, 8, 9, 63, 64, 65, 71, 72, 73, 200])
-@pytest.mark.parametrize("brk", [None, 1, 5, 7, 8, 9, 40, 71, 72, 73, 150])
+@pytest.mark.parametrize("limit", [1, 2, 7, 8, 9, 63, 64, 65, 66, 71, 72, 73, 128, 129, 130, 193, 200, 270])
+@pytest.mark.parametrize("brk", [None, 1, 5, 7, 8, 9, 40, 63, 64, 65, 71, 72, 73, 128, 129, 150, 192, 193, 250])
 @pytest.mark.parametrize("start", [0, 3])
 @pytest.mark.parametrize("dtype", [np.int64, np.int32], ids=["slots", "ring"])
 def test_run_length_stops_at_the_first_break_or_the_limit(
     limit: int, brk: int | None, start: int, dtype: type[np.integer[Any]]
 ) -> None:
-    """Across the one-by-one probe, the vectorised blocks and the tail after them.
+    """In the first block's mask, in a later block's test and mask, at every block's edges, in the tail.
 
     For both of its compiled forms: a caller's int64 slots and the ring's
     int32 page ids.
@@ -398,7 +398,7 @@ def test_a_run_that_continues_past_the_last_page_is_out_of_range(
 def test_flags_are_and_set_flags_cover_exactly_the_range(
     n_extra: int, start: int, length: int, want: int, flag: int, wrong: list[int]
 ) -> None:
-    """Across the byte path and the word path with its edges: the range's flags, none outside it.
+    """Eight flags to a word, the first and last words masked to the range: the range's flags, none outside it.
 
     The word path reads the flags as words of the state array, so they are
     a real state's (whose ring, before them, must not be touched either).
@@ -412,9 +412,36 @@ def test_flags_are_and_set_flags_cover_exactly_the_range(
     before = st.copy()
     all_wanted = bool(np.all(owner[start : start + length] == want))
     event("all as wanted" if all_wanted else "some not")
-    assert bool(callable_from_python(K._flags_are)(st, owner, start, length, want)) == all_wanted
+    assert bool(callable_from_python(K._flags_are)(st, start, length, want)) == all_wanted
     assert np.array_equal(st, before)
-    callable_from_python(K._set_flags)(st, owner, start, length, flag)
+    callable_from_python(K._set_flags)(st, start, length, flag)
     expected = before.copy()
     L.owner_flags(expected, n)[start : start + length] = flag
     assert np.array_equal(st, expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st_.integers(-(2**63), 2**63 - 1).filter(lambda x: x != 0))
+def test_trailing_zeros_is_the_lowest_set_bits_index(x: int) -> None:
+    """In a kernel (LLVM's cttz) and in plain Python (the JIT off): where a run's mask says it ends."""
+    from hostpool_nb._jit import _trailing_zeros_in_python
+
+    want = next(i for i in range(64) if (x >> i) & 1)
+    assert _trailing_zeros_in_python(np.int64(x)) == want
+    if JIT_DISABLED:
+        return
+    at = _jit_trailing_zeros()
+    assert at(np.int64(x)) == want
+
+
+@functools.cache
+def _jit_trailing_zeros() -> Callable[[Any], int]:
+    from numba import njit
+
+    from hostpool_nb._jit import trailing_zeros
+
+    def lowest_bit(x: int) -> int:
+        return trailing_zeros(x)
+
+    compiled: Callable[[Any], int] = njit("i8(i8)", cache=False)(lowest_bit)
+    return compiled
