@@ -505,12 +505,13 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
             slots = as_slots(indices)
         # One test for the hot path: a plain pool (a tracking pool's limit is
         # -1) and a call short enough to keep the GIL (_kernels.GIL_SLOTS).
-        if slots.size <= self._plain_limit:
-            kernel = self._free_short if slots.size <= _SHORT_SLOTS else self._k.free_gil
+        size = slots.size  # an attribute of numpy's: read once
+        if size <= self._plain_limit:
+            kernel = self._free_short if size <= _SHORT_SLOTS else self._k.free_gil
         elif self._tracker is not None:
             return self._free_tracked(slots)
         else:
-            kernel = self._sized(self._free_kernels, slots.size)
+            kernel = self._sized(self._free_kernels, size)
         # The kernel refuses a length that is not a multiple of page_size
         # (before any change) and returns the number of slots freed, a
         # Python int (_jit.entry_point).
