@@ -99,7 +99,25 @@ _STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
 _INT32_MAX = 2**31 - 1
 
 
-class _RankedAllocator(Recordable, ArrayStatePool):
+class _KVCacheForwarding:
+    """What every device allocator does with the ``kvcache`` it was given: hands it back, forwards copies to it."""
+
+    _kvcache: Any
+
+    def get_kvcache(self) -> Any:
+        """The ``kvcache`` given to the constructor (the SWA allocator's: the hybrid KV pool)."""
+        return self._kvcache
+
+    def get_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
+        """Forwarded to ``kvcache.get_cpu_copy``."""
+        return self._kvcache.get_cpu_copy(*args, **kwargs)
+
+    def load_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
+        """Forwarded to ``kvcache.load_cpu_copy``."""
+        return self._kvcache.load_cpu_copy(*args, **kwargs)
+
+
+class _RankedAllocator(_KVCacheForwarding, Recordable, ArrayStatePool):
     """What both allocators share: ranks, the lock, free groups, snapshots, kvcache forwarding.
 
     Each rank ``r`` has its own state arrays (``_paged_kernels.py``); one
@@ -490,18 +508,6 @@ class _RankedAllocator(Recordable, ArrayStatePool):
         view = _layout.listed(self._st[r], start, count)  # a copy
         view.flags.writeable = False
         return view
-
-    def get_kvcache(self) -> Any:
-        """The ``kvcache`` given to the constructor."""
-        return self._kvcache
-
-    def get_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
-        """Forwarded to ``kvcache.get_cpu_copy``."""
-        return self._kvcache.get_cpu_copy(*args, **kwargs)
-
-    def load_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
-        """Forwarded to ``kvcache.load_cpu_copy``."""
-        return self._kvcache.load_cpu_copy(*args, **kwargs)
 
     # -- freeing -----------------------------------------------------------------
 
@@ -1080,7 +1086,7 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         return self._free(free_index, dp_rank, _paged_kernels.FREE_TOKENS)
 
 
-class SWATokenToKVPoolAllocator(Recordable, ArrayStatePool):
+class SWATokenToKVPoolAllocator(_KVCacheForwarding, Recordable, ArrayStatePool):
     """sglang-jax's sliding-window allocator: a full and an SWA sub-allocator, and the mapping between them.
 
     For hybrid models that mix full and sliding-window attention: each
@@ -1198,10 +1204,6 @@ class SWATokenToKVPoolAllocator(Recordable, ArrayStatePool):
     def is_not_in_free_group(self) -> bool:
         """``True`` outside a free group."""
         return not self._in_group
-
-    def get_kvcache(self) -> Any:
-        """The hybrid KV pool given to the constructor."""
-        return self._kvcache
 
     def full_available_size(self, dp_rank: Any = 0) -> int:
         """The full sub-allocator's ``available_size(dp_rank)``."""

@@ -13,12 +13,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_import_does_not_load_torch() -> None:
+    """Nor do the integrations: each imports torch (sglang's) only when installed, and no engine at all."""
     code = (
         "import json, sys\n"
         "import hostpool_nb\n"
+        "import hostpool_nb.integrations.sglang, hostpool_nb.integrations.sgl_jax, hostpool_nb.originals.engines\n"
         "pool = hostpool_nb.LogicalHostPool(32, 16)\n"
         "pool.free(pool.alloc(16))\n"  # the kernels run without pulling torch in either
-        "print(json.dumps({'torch': sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')),"
+        "print(json.dumps({'torch': sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'jax', 'sglang')),"
         " 'file': hostpool_nb.__file__}))\n"
     )
     done = subprocess.run(

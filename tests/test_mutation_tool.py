@@ -67,7 +67,7 @@ def test_the_interval_holds_the_score_and_narrows_with_the_sample(killed: int, d
 
 
 def test_every_module_of_the_library_is_in_exactly_one_group_whose_tests_exist() -> None:
-    """The groups drift as modules land: each module (but the package's front and the warm-up command) in one."""
+    """The groups drift as modules land: each module (but the packages' fronts and the warm-up command) in one."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
     root = Path(__file__).resolve().parent.parent
@@ -79,7 +79,8 @@ def test_every_module_of_the_library_is_in_exactly_one_group_whose_tests_exist()
         for word in group["test-command"].split():
             if word.startswith("tests/"):
                 assert (root / word).is_file(), (group["name"], word)
-    modules = {f"hostpool_nb/{p.name}" for p in (root / "hostpool_nb").glob("*.py")}
-    modules -= {"hostpool_nb/__init__.py", "hostpool_nb/warmup.py"}
+    package = root / "hostpool_nb"
+    modules = {p.relative_to(root).as_posix() for p in [*package.glob("*.py"), *package.glob("integrations/*.py")]}
+    modules -= {"hostpool_nb/__init__.py", "hostpool_nb/warmup.py", "hostpool_nb/integrations/__init__.py"}
     assert sorted(m for m in modules if m not in where) == []
     assert {m: g for m, g in where.items() if len(g) != 1} == {}

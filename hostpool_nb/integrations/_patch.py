@@ -1,0 +1,227 @@
+"""Putting classes where an engine looks them up, taking them back, and saying what is in place.
+
+An engine names its classes in one module (``sgl_jax.srt.mem_cache.allocator``)
+and other modules import them by name (``from ... import
+PagedTokenToKVPoolAllocator``). ``install`` checks every target first (the
+module imports, the attribute is a class, hostpool_nb's replacement offers
+its whole public surface: ``_surface.py``) and changes nothing unless all
+pass; then it sets each attribute, and the same attribute of every module
+of the engine already imported that holds the original by name. Modules
+imported later read the replaced attribute. ``uninstall`` puts back every
+attribute that still holds what ``install`` put there.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._surface import surface_of, surface_problems
+
+_log = logging.getLogger("hostpool_nb")
+
+
+class IntegrationError(ImportError):
+    """The engine is not installed, or its classes are not what the integration expects: nothing was replaced.
+
+    An ``ImportError``: like a failed ``from module import name``, it says
+    that the engine does not provide what was asked of it, naming the
+    module or attribute.
+    """
+
+    __module__ = "hostpool_nb.integrations"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One class an engine looks up: ``module.attribute``, and how to make hostpool_nb's stand-in for it.
+
+    ``replacement(original)`` returns the class to put there; ``needs`` are
+    members the original must have for that replacement to serve it (the
+    host pools' mixin keeps the original's own methods and needs these).
+    With ``surface=True`` the replacement must offer the original's whole
+    public surface.
+    """
+
+    module: str
+    attribute: str
+    replacement: Callable[[type], type]
+    needs: tuple[str, ...] = ()
+    surface: bool = True
+
+    @property
+    def where(self) -> str:
+        return f"{self.module}.{self.attribute}"
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """An attribute ``install`` set: ``where`` (``module.attribute``) held ``original``, now ``replacement``."""
+
+    __module__ = "hostpool_nb.integrations"
+
+    engine: str
+    where: str
+    original: type
+    replacement: type
+
+    def __str__(self) -> str:
+        mine = f"{self.replacement.__module__}.{self.replacement.__qualname__}"
+        return f"{self.engine}: {self.where} -> {mine}"
+
+
+_SAID = 5  # problems an error names; the rest are "..."
+_LOCK = threading.Lock()
+_INSTALLED: dict[str, list[Replacement]] = {}
+
+
+def _import(engine: str, module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise IntegrationError(
+            f"{engine} is not importable here: import {module} failed ({error}); install {engine} first, or "
+            f"try the stand-in engine (hostpool_nb.originals.engines.stand_in_engine({engine!r}))",
+            name=module,
+        ) from error
+
+
+def _planned(engine: str, targets: tuple[Target, ...]) -> list[tuple[Target, Any, type, type]]:
+    """Every target checked, its replacement made; an ``IntegrationError`` naming the first that does not fit."""
+    plan = []
+    for target in targets:
+        module = _import(engine, target.module)
+        original = getattr(module, target.attribute, None)
+        if not isinstance(original, type):
+            what = "missing" if original is None else f"a {type(original).__name__}, not a class"
+            raise IntegrationError(
+                f"{engine}: {target.where} is {what}; this version of {engine} is not one hostpool_nb's "
+                f"integration knows (tested with: docs). Nothing was replaced.",
+                name=target.module,
+            )
+        if original.__module__.startswith(__package__ + "."):
+            raise IntegrationError(
+                f"{engine}: {target.where} holds hostpool_nb's {original.__qualname__} already, put there by "
+                "another copy of hostpool_nb's integrations: uninstall it there first. Nothing was replaced.",
+                name=target.module,
+            )
+        for need in target.needs:
+            if not hasattr(original, need):
+                raise IntegrationError(
+                    f"{engine}: {target.where}.{need} is missing, which hostpool_nb's replacement needs. "
+                    "Nothing was replaced.",
+                    name=target.module,
+                )
+        replacement = target.replacement(original)
+        if target.surface:
+            problems = surface_problems(surface_of(original), surface_of(replacement), target.where)
+            if problems:
+                raise IntegrationError(
+                    f"{engine}: hostpool_nb's {replacement.__qualname__} does not offer what {target.where} does: "
+                    + "; ".join(problems[:_SAID])
+                    + ("; ..." if len(problems) > _SAID else "")
+                    + ". Nothing was replaced.",
+                    name=target.module,
+                )
+        plan.append((target, module, original, replacement))
+    return plan
+
+
+def install(engine: str, package: str, targets: tuple[Target, ...]) -> dict[str, type]:
+    """Replace ``targets`` (and the engine's by-name imports of them); ``{where: original}`` of what was replaced.
+
+    Installed already: nothing changes and the same mapping is returned.
+    """
+    with _LOCK:
+        done = _INSTALLED.get(engine)
+        if done is not None and all(_in_place(r) for r in done):
+            return {r.where: r.original for r in done}
+        # Some were replaced or unloaded since: the rest back first, then install afresh over what is there.
+        earlier = {r.where: r.original for r in done} if done is not None else {}
+        _restore(engine)
+        plan = _planned(engine, targets)
+        replaced: list[Replacement] = []
+        originals: dict[int, type] = {}
+        for target, module, original, replacement in plan:
+            setattr(module, target.attribute, replacement)
+            replaced.append(Replacement(engine, target.where, original, replacement))
+            originals[id(original)] = replacement
+            if target.where in earlier:  # what the engine's modules imported by name before another patch
+                originals.setdefault(id(earlier[target.where]), replacement)
+        replaced += _rebind_imported_names(engine, package, originals, {t.module for t in targets})
+        _INSTALLED[engine] = replaced
+        return {r.where: r.original for r in replaced}
+
+
+def _rebind_imported_names(
+    engine: str, package: str, originals: dict[int, type], defining: set[str]
+) -> list[Replacement]:
+    """The engine's modules imported so far that hold an original by name, pointed at its replacement."""
+    found = []
+    for name, module in list(sys.modules.items()):
+        if name in defining or not (name == package or name.startswith(package + ".")):
+            continue
+        attributes = getattr(module, "__dict__", None)  # None where an import is blocked (sys.modules[name] = None)
+        for attribute, value in list((attributes or {}).items()):
+            replacement = originals.get(id(value)) if isinstance(value, type) else None
+            if replacement is not None:
+                setattr(module, attribute, replacement)
+                found.append(Replacement(engine, f"{name}.{attribute}", value, replacement))
+    return found
+
+
+def _in_place(r: Replacement) -> bool:
+    """Whether the module ``r`` names is loaded and its attribute still holds ``r``'s replacement."""
+    module_name, _, attribute = r.where.rpartition(".")
+    module = sys.modules.get(module_name)
+    return module is not None and getattr(module, attribute, None) is r.replacement
+
+
+def _restore(engine: str) -> dict[str, type]:
+    """Under the lock: the originals back where ``engine``'s replacements still are; what was put back."""
+    restored = {}
+    for r in _INSTALLED.pop(engine, []):
+        if _in_place(r):
+            module_name, _, attribute = r.where.rpartition(".")
+            setattr(sys.modules[module_name], attribute, r.original)
+            restored[r.where] = r.original
+    return restored
+
+
+def uninstall(engine: str) -> dict[str, type]:
+    """Put back what ``install`` replaced, where it is still in place; ``{where: original}`` of what was put back."""
+    with _LOCK:
+        return _restore(engine)
+
+
+def status() -> list[Replacement]:
+    """Every attribute the integrations replaced that still holds hostpool_nb's class, engine by engine."""
+    with _LOCK:
+        return [r for replaced in _INSTALLED.values() for r in replaced if _in_place(r)]
+
+
+def announcing(base: type, engine: str, describe: Callable[[Any], str], module: str, name: str | None = None) -> type:
+    """A subclass of ``base`` that logs one INFO line when it is constructed: that hostpool_nb is in use, and how.
+
+    Named as ``base`` (or ``name``) and defined in ``module``, the
+    integration's, where the caller binds it: so it pickles by reference.
+    Its ``__init__`` wraps ``base``'s (the same signature, as
+    ``inspect.signature`` reads it).
+    """
+
+    init: Any = vars(base).get("__init__") or getattr(base, "__init__")  # noqa: B009 - the class's own, as wrapped
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        _log.info("hostpool_nb in use: %s builds %s", engine, describe(self))
+
+    made = type(name or base.__name__, (base,), {"__init__": __init__, "__doc__": base.__doc__, "__module__": module})
+    made.__qualname__ = made.__name__
+    return made

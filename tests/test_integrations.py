@@ -1,0 +1,445 @@
+"""hostpool_nb.integrations: install, uninstall and status on stand-in engines at the engines' module paths.
+
+The stand-ins (``hostpool_nb.originals.engines``) hold the originals under
+sglang's and sglang-jax's module paths, and one module of the engine that
+imported them by name, as the engines' own modules do.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import pickle
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st_
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+import hostpool_nb
+from hostpool_nb import HostPagePool, paged
+from hostpool_nb.integrations import IntegrationError, Replacement, sgl_jax, status
+from hostpool_nb.integrations._surface import (
+    Parameters,
+    parameters_of,
+    surface_of,
+    surface_of_source,
+    surface_problems,
+)
+from hostpool_nb.originals import host_tier
+from hostpool_nb.originals import paged as original_paged
+from hostpool_nb.originals.engines import ENGINES, StandIn, stand_in_engine
+
+ALLOCATORS = ("TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator", "SWATokenToKVPoolAllocator")
+HOST_POOLS = ("LRUHostKVPool", "QueueHostKVPool")
+RUNNER = "sgl_jax.srt.model_executor.model_runner"
+
+
+class HybridKV:
+    """What the SWA allocator is given: a hybrid pool with its two pools."""
+
+    full_kv_pool = None
+    swa_kv_pool = None
+
+
+@pytest.fixture
+def engine() -> Iterator[StandIn]:
+    with stand_in_engine("sgl_jax") as made:
+        yield made
+    assert status() == []  # the stand-in's end uninstalls
+
+
+def _originals() -> dict[str, type]:
+    return {
+        **{f"{sgl_jax.ALLOCATORS}.{n}": getattr(original_paged, n) for n in ALLOCATORS},
+        **{f"{sgl_jax.HOST_POOLS}.{n}": getattr(host_tier, n) for n in HOST_POOLS},
+        **{f"{RUNNER}.{n}": getattr(original_paged, n) for n in ALLOCATORS},
+        **{f"{RUNNER}.{n}": getattr(host_tier, n) for n in HOST_POOLS},
+    }
+
+
+def _held(where: str) -> Any:
+    module, _, attribute = where.rpartition(".")
+    return getattr(sys.modules[module], attribute)
+
+
+def test_install_replaces_every_class_and_every_import_by_name(engine: StandIn) -> None:
+    replaced = sgl_jax.install()
+    assert replaced == _originals()
+    for where in replaced:
+        mine = _held(where)
+        assert mine.__module__ == "hostpool_nb.integrations.sgl_jax"
+        assert mine is getattr(sgl_jax, where.rpartition(".")[2])
+    for name in ALLOCATORS:
+        assert issubclass(_held(f"{sgl_jax.ALLOCATORS}.{name}"), getattr(paged, name))
+    for name in HOST_POOLS:
+        cls = _held(f"{sgl_jax.HOST_POOLS}.{name}")
+        assert issubclass(cls, paged.HostKVPoolMixin)
+        assert issubclass(cls, getattr(host_tier, name))  # the engine's own class, its data plane kept
+    assert sorted(str(r) for r in status()) == sorted(
+        f"sgl_jax: {w} -> hostpool_nb.integrations.sgl_jax.{w.rpartition('.')[2]}" for w in replaced
+    )
+
+
+def test_each_pool_the_engine_builds_says_so_once(engine: StandIn, caplog: pytest.LogCaptureFixture) -> None:
+    sgl_jax.install()
+    caplog.set_level(logging.INFO, logger="hostpool_nb")
+    built = [
+        engine.build("PagedTokenToKVPoolAllocator", 1 << 12, 16, None, dp_size=2),
+        engine.build("TokenToKVPoolAllocator", 1 << 10, None, track=True),
+        engine.build("SWATokenToKVPoolAllocator", 1 << 12, 1 << 10, HybridKV(), 16),
+        engine.build("LRUHostKVPool", 64),
+        engine.build("QueueHostKVPool", 32),
+    ]
+    lines = [r.getMessage() for r in caplog.records if r.name == "hostpool_nb"]
+    assert lines == [
+        "hostpool_nb in use: sgl_jax builds PagedTokenToKVPoolAllocator (hostpool_nb.paged): size=4096, "
+        "page_size=16, dp_size=2, tracking off",
+        "hostpool_nb in use: sgl_jax builds TokenToKVPoolAllocator (hostpool_nb.paged): size=1024, "
+        "page_size=1, dp_size=1, tracking on",
+        "hostpool_nb in use: sgl_jax builds SWATokenToKVPoolAllocator (hostpool_nb.paged): size=4096, "
+        "size_swa=1024, page_size=16, dp_size=1, tracking off",
+        "hostpool_nb in use: sgl_jax builds LRUHostKVPool on a HostPagePool (hostpool_nb): 64 pages, "
+        "tracking off (generations catch stale frees)",
+        "hostpool_nb in use: sgl_jax builds QueueHostKVPool on a HostPagePool (hostpool_nb): 32 pages, "
+        "tracking off (generations catch stale frees)",
+    ]
+    assert all(r.levelno == logging.INFO for r in caplog.records if r.name == "hostpool_nb")
+    # And they are hostpool_nb's pools, serving as the originals would.
+    slots = built[0].alloc_extend([0], [20], [-1], 20)
+    assert slots is not None
+    assert slots.tolist() == list(range(16, 36))
+    assert isinstance(built[3]._host_pages, HostPagePool)
+    assert built[3].alloc(3).tolist() == [0, 1, 2]
+    assert built[4].reserve() == 0
+
+
+def test_installing_twice_changes_nothing(engine: StandIn) -> None:
+    first = sgl_jax.install()
+    held = {where: _held(where) for where in first}
+    assert sgl_jax.install() == first
+    assert {where: _held(where) for where in first} == held
+
+
+def test_uninstall_puts_back_every_original(engine: StandIn) -> None:
+    replaced = sgl_jax.install()
+    assert sgl_jax.uninstall() == replaced
+    for where, original in replaced.items():
+        assert _held(where) is original
+    assert status() == []
+    assert sgl_jax.uninstall() == {}  # again: nothing to put back
+
+
+def test_uninstall_leaves_what_someone_else_put_there(engine: StandIn) -> None:
+    sgl_jax.install()
+    theirs = type("Theirs", (), {})
+    sys.modules[sgl_jax.ALLOCATORS].TokenToKVPoolAllocator = theirs
+    restored = sgl_jax.uninstall()
+    assert f"{sgl_jax.ALLOCATORS}.TokenToKVPoolAllocator" not in restored
+    assert sys.modules[sgl_jax.ALLOCATORS].TokenToKVPoolAllocator is theirs
+    assert len(restored) == len(_originals()) - 1
+
+
+def test_a_module_imported_after_install_gets_hostpool_nbs_class(engine: StandIn) -> None:
+    sgl_jax.install()
+    late = types.ModuleType("sgl_jax.srt.late")
+    exec("from sgl_jax.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator", vars(late))
+    assert late.PagedTokenToKVPoolAllocator is sgl_jax.PagedTokenToKVPoolAllocator
+
+
+def test_an_allocator_built_through_the_integration_pickles(engine: StandIn) -> None:
+    sgl_jax.install()
+    made = engine.build("PagedTokenToKVPoolAllocator", 1 << 10, 16, None)
+    made.alloc(32)
+    copy = pickle.loads(pickle.dumps(made))
+    assert type(copy) is sgl_jax.PagedTokenToKVPoolAllocator
+    assert copy.available_size() == made.available_size()
+
+
+def _nothing_replaced() -> None:
+    for where, original in _originals().items():
+        assert _held(where) is original, where
+    assert status() == []
+
+
+def test_a_missing_class_is_an_error_naming_it_and_nothing_is_replaced(engine: StandIn) -> None:
+    del sys.modules[sgl_jax.ALLOCATORS].SWATokenToKVPoolAllocator
+    with pytest.raises(IntegrationError, match=r"sgl_jax\.srt\.mem_cache\.allocator\.SWATokenToKVPoolAllocator is "):
+        sgl_jax.install()
+    for where, original in _originals().items():
+        if not where.endswith(".allocator.SWATokenToKVPoolAllocator"):
+            assert _held(where) is original
+    assert status() == []
+
+
+def test_an_older_engine_whose_constructor_takes_a_dtype_is_refused(engine: StandIn) -> None:
+    """sglang-jax 0.0.1.post1's allocators take ``(size, page_size, dtype, kvcache, debug_mode)``."""
+
+    class Older(original_paged.PagedTokenToKVPoolAllocator):
+        def __init__(self, size: int, page_size: int, dtype: Any, kvcache: Any, debug_mode: bool = False) -> None:
+            super().__init__(size, page_size, kvcache, debug_mode)
+
+    sys.modules[sgl_jax.ALLOCATORS].PagedTokenToKVPoolAllocator = Older
+    with pytest.raises(IntegrationError, match=r"PagedTokenToKVPoolAllocator\.__init__: positional parameter 2 is"):
+        sgl_jax.install()
+    assert sys.modules[sgl_jax.ALLOCATORS].PagedTokenToKVPoolAllocator is Older
+    assert sys.modules[sgl_jax.ALLOCATORS].TokenToKVPoolAllocator is original_paged.TokenToKVPoolAllocator
+    assert status() == []
+
+
+def test_a_host_class_without_what_the_mixin_needs_is_refused(engine: StandIn) -> None:
+    bare = type("QueueHostKVPool", (), {"reserve": lambda self: 0, "available_size": lambda self: 0})
+    sys.modules[sgl_jax.HOST_POOLS].QueueHostKVPool = bare
+    with pytest.raises(IntegrationError, match=r"host_kv_pool\.QueueHostKVPool\.release is missing"):
+        sgl_jax.install()
+    assert status() == []
+    assert sys.modules[sgl_jax.ALLOCATORS].TokenToKVPoolAllocator is original_paged.TokenToKVPoolAllocator
+
+
+def test_an_engine_that_is_not_there_is_an_import_error_saying_so() -> None:
+    assert "sgl_jax" not in sys.modules
+    with pytest.raises(ImportError, match=r"sgl_jax is not importable here: import sgl_jax\.srt\.mem_cache\.allocator"):
+        sgl_jax.install()
+    assert issubclass(IntegrationError, ImportError)
+    assert status() == []
+
+
+def test_stand_in_engine_takes_only_the_engines_it_knows() -> None:
+    for bad in ("sglang-jax", "", "torch"):
+        with (
+            pytest.raises(ValueError, match=r"engine must be one of \('sglang', 'sgl_jax'\), got engine="),
+            stand_in_engine(bad),
+        ):
+            pass
+    assert ENGINES == ("sglang", "sgl_jax")
+
+
+def test_the_stand_ins_leave_sys_modules_as_they_found_it() -> None:
+    before = {name for name in sys.modules if name.split(".")[0] in ENGINES}
+    for name in ENGINES:
+        with stand_in_engine(name):
+            importlib.import_module(f"hostpool_nb.integrations.{name}")
+            assert name in sys.modules
+    assert {name for name in sys.modules if name.split(".")[0] in ENGINES} == before
+
+
+def test_the_errors_and_records_are_public() -> None:
+    assert IntegrationError.__module__ == "hostpool_nb.integrations"
+    assert Replacement.__module__ == "hostpool_nb.integrations"
+
+
+# -- sglang (hostpool_nb.torch, so torch) -----------------------------------------------------
+
+
+@pytest.mark.torch
+def test_sglang_builds_hostpool_nbs_torch_pool(caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("torch")
+    from hostpool_nb.integrations import sglang
+    from hostpool_nb.torch import LogicalHostPool
+
+    with stand_in_engine("sglang") as made:
+        replaced = sglang.install()
+        assert set(replaced) == {
+            "sglang.srt.mem_cache.memory_pool_host.LogicalHostPool",
+            "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler.LogicalHostPool",
+        }
+        caplog.set_level(logging.INFO, logger="hostpool_nb")
+        pool = made.build("LogicalHostPool", 1024, 16, "layer_first")
+        assert isinstance(pool, LogicalHostPool)
+        assert pool.alloc(32).tolist() == list(range(32))
+        assert [r.getMessage() for r in caplog.records if r.name == "hostpool_nb"] == [
+            "hostpool_nb in use: sglang builds LogicalHostPool (hostpool_nb.torch): size=1024, page_size=16, "
+            "tracking off"
+        ]
+        assert sglang.uninstall() == replaced
+    assert status() == []
+
+
+def test_sglang_without_torch_is_refused_before_anything_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hostpool_nb.integrations import sglang
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch fails, as where it is not installed
+    monkeypatch.delitem(sys.modules, "hostpool_nb.torch", raising=False)
+    monkeypatch.setattr(sglang, "_made", {})
+    with stand_in_engine("sglang") as made:
+        with pytest.raises(IntegrationError, match=r"installs hostpool_nb\.torch\.LogicalHostPool, which needs torch"):
+            sglang.install()
+        assert made.module.LogicalHostPool.__module__ == "hostpool_nb.originals.engines"
+        assert status() == []
+
+
+# -- the surface comparison ---------------------------------------------------------------------
+
+
+def _params(positional: tuple[tuple[str, str], ...] = (), keyword_only: tuple[tuple[str, str], ...] = ()) -> Parameters:
+    return Parameters(positional, keyword_only, var_positional=False, var_keyword=False)
+
+
+@pytest.mark.parametrize(
+    ("theirs", "mine", "problem"),
+    [
+        (_params((("n", "<required>"),)), _params((("n", "<required>"),), (("tag", "None"),)), None),
+        (_params((("n", "<required>"),)), _params((("size", "<required>"),)), "positional parameter 0 is 'size'"),
+        (_params((("n", "1"),)), _params((("n", "2"),)), "parameter 'n' defaults to 2, not 1"),
+        (_params((("n", "1"),)), _params(), "positional parameter 0 (n) is missing"),
+        (_params(), _params((("n", "<required>"),)), "positional parameter 'n' is required"),
+        (_params((), (("k", "False"),)), _params(), "keyword-only parameter 'k' is missing"),
+        (_params((), (("k", "False"),)), _params((("k", "False"),)), None),
+        (_params(), _params((), (("k", "<required>"),)), "keyword-only parameter 'k' is required"),
+        (Parameters((), (), True, False), _params(), "*args is not taken"),
+        (Parameters((), (), False, True), _params(), "**kwargs is not taken"),
+        (_params((("a", "<required>"),), (("k", "1"),)), Parameters((), (), True, True), None),
+    ],
+)
+def test_parameters_are_compatible_when_every_call_still_is(
+    theirs: Parameters, mine: Parameters, problem: str | None
+) -> None:
+    found = theirs.problems(mine)
+    assert (found == []) if problem is None else any(problem in p for p in found), found
+
+
+SOURCE = """
+class Pool:
+    shared = None
+    flag: bool = False
+    _private = 1
+
+    def __init__(self, size: int, page_size: int, layout: str = "layer_first"):
+        self.size = size
+
+    def alloc(self, need_size: int):
+        ...
+
+    def hook(self, a, b, *, is_draft: bool = False):
+        ...
+
+    @property
+    def shape(self):
+        ...
+
+    def _inner(self):
+        ...
+"""
+
+
+class Pool:
+    shared = None
+    flag: bool = False
+    _private = 1
+
+    def __init__(self, size: int, page_size: int, layout: str = "layer_first") -> None:
+        self.size = size
+
+    def alloc(self, need_size: int) -> None: ...
+
+    def hook(self, a: Any, b: Any, *, is_draft: bool = False) -> None: ...
+
+    @property
+    def shape(self) -> None: ...
+
+    def _inner(self) -> None: ...
+
+
+def test_a_class_read_from_source_has_the_surface_of_the_same_class_imported() -> None:
+    assert surface_of_source(SOURCE, "Pool") == surface_of(Pool)
+    assert set(surface_of(Pool)) == {"__init__", "alloc", "hook", "shape", "shared", "flag"}
+    with pytest.raises(LookupError, match="no class Missing"):
+        surface_of_source(SOURCE, "Missing")
+
+
+def test_surface_problems_name_the_attribute() -> None:
+    class Mine:
+        shared = None
+
+        def __init__(self, size: int, page_size: int, layout: str = "head_first") -> None: ...
+
+        def alloc(self, need_size: int, *, tag: Any = None) -> None: ...
+
+    found = surface_problems(surface_of(Pool), surface_of(Mine), "engine.Pool")
+    assert sorted(found) == [
+        "engine.Pool.__init__: parameter 'layout' defaults to 'head_first', not 'layer_first'",
+        "engine.Pool.flag is missing",
+        "engine.Pool.hook is missing",
+        "engine.Pool.shape is missing",
+    ]
+    assert parameters_of(Mine.alloc).keyword_only == (("tag", "None"),)
+
+
+@pytest.mark.parametrize("name", [*ALLOCATORS, "LogicalHostPool"])
+def test_hostpool_nbs_classes_offer_the_originals_surface(name: str) -> None:
+    """What install() checks, for every class it installs, against the stand-ins it is tested on."""
+    from hostpool_nb.originals import engines
+
+    theirs = getattr(original_paged, name, None) or engines.LogicalHostPool
+    mine = getattr(paged, name, None) or hostpool_nb.LogicalHostPool
+    assert surface_problems(surface_of(theirs), surface_of(mine), name) == []
+
+
+# -- install and uninstall in any order, against a model ------------------------------------------
+
+
+class Integrations(RuleBasedStateMachine):
+    """install, uninstall, build and another patcher, in any order, on the stand-in sglang-jax."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._engine = stand_in_engine("sgl_jax")
+        self.engine = self._engine.__enter__()
+        self.installed = False
+        self.overwritten: set[str] = set()  # attributes someone else set after install
+
+    @rule()
+    def install(self) -> None:
+        replaced = sgl_jax.install()
+        if self.overwritten:  # installed afresh over what is there now: the other library's classes
+            for where in self.overwritten:
+                assert replaced[where] is not getattr(original_paged, where.rpartition(".")[2])
+            self.overwritten = set()
+        self.installed = True
+        assert set(replaced) == set(_originals())
+        for where in replaced:
+            assert _held(where).__module__ == "hostpool_nb.integrations.sgl_jax"
+
+    @rule()
+    def uninstall(self) -> None:
+        restored = sgl_jax.uninstall()
+        want = set(_originals()) - self.overwritten if self.installed else set()
+        assert set(restored) == want
+        self.installed = False
+        self.overwritten = set()
+
+    @rule(name=st_.sampled_from(ALLOCATORS))
+    def overwrite(self, name: str) -> None:
+        if not self.installed:
+            return
+        # Another library's patch over ours, as thorough: a class of its own, as able as the engine's,
+        # in the defining module and where the engine imported it by name.
+        theirs = type(name, (getattr(original_paged, name),), {})
+        for module in (sgl_jax.ALLOCATORS, RUNNER):
+            setattr(sys.modules[module], name, theirs)
+            self.overwritten.add(f"{module}.{name}")
+
+    @rule()
+    def build(self) -> None:
+        made = self.engine.build("TokenToKVPoolAllocator", 64, None)
+        assert (type(made) is sgl_jax.TokenToKVPoolAllocator) == self.installed
+        assert np.asarray(made.alloc(4)).tolist() == [1, 2, 3, 4]
+
+    @invariant()
+    def status_matches(self) -> None:
+        if not hasattr(self, "engine"):
+            return
+        want = set(_originals()) - self.overwritten if self.installed else set()
+        assert {r.where for r in status()} == want
+
+    def teardown(self) -> None:
+        self._engine.__exit__(None, None, None)
+
+
+Integrations.TestCase.settings = settings(max_examples=40, stateful_step_count=12, deadline=None)
+TestIntegrations = Integrations.TestCase
