@@ -28,7 +28,8 @@ def test_the_pages_have_examples() -> None:
 
 
 def _needs_torch(code: str) -> bool:
-    return "hostpool_nb.torch" in code or "import torch" in code
+    # sglang's integration installs hostpool_nb.torch's pool.
+    return "hostpool_nb.torch" in code or "import torch" in code or "integrations import sglang" in code
 
 
 @pytest.mark.parametrize(
@@ -98,6 +99,13 @@ def test_docstring_examples_pass(name: str) -> None:
 
 # Modules whose public classes carry examples, and how many lines at least.
 EXAMPLES = {"hostpool_nb.torch": 5, "hostpool_nb._pool": 5, "hostpool_nb._host": 5, "hostpool_nb.paged": 4}
+
+
+def test_the_sglang_page_names_the_release_the_integration_pins() -> None:
+    from hostpool_nb.integrations.sglang import TESTED_VERSION
+
+    page = (ROOT / "docs" / "sglang.md").read_text()
+    assert f"**Versions.** sglang {TESTED_VERSION}:" in page
 
 
 def test_every_module_is_checked() -> None:

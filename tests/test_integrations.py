@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import pickle
+import subprocess
 import sys
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -443,3 +446,57 @@ class Integrations(RuleBasedStateMachine):
 
 Integrations.TestCase.settings = settings(max_examples=40, stateful_step_count=12, deadline=None)
 TestIntegrations = Integrations.TestCase
+
+
+# -- spawned workers ------------------------------------------------------------------------------
+
+_ON_DISK = {  # a stand-in sglang-jax on disk, for processes that import it themselves
+    "sgl_jax/__init__.py": "",
+    "sgl_jax/srt/__init__.py": "",
+    "sgl_jax/srt/mem_cache/__init__.py": "",
+    "sgl_jax/srt/mem_cache/allocator.py": "from hostpool_nb.originals.paged import *  # noqa: F403\n",
+    "sgl_jax/srt/mem_cache/host_kv_pool.py": "from hostpool_nb.originals.host_tier import LRUHostKVPool, "
+    "QueueHostKVPool\n",
+    "sgl_jax/srt/model_executor/__init__.py": "",
+    "sgl_jax/srt/model_executor/model_runner.py": (
+        "from sgl_jax.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator\n\n\n"
+        "def run(queue):\n"
+        "    made = PagedTokenToKVPoolAllocator(1 << 10, 16, None)\n"
+        "    queue.put(type(made).__module__)\n"
+    ),
+}
+
+LAUNCHER = """
+import multiprocessing
+from hostpool_nb.integrations import sgl_jax
+
+sgl_jax.install()  # at the top level: a spawned worker imports this file again, and installs too
+
+if __name__ == "__main__":
+    from sgl_jax.srt.model_executor import model_runner
+
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    worker = context.Process(target=model_runner.run, args=(queue,))
+    worker.start()
+    print(queue.get(timeout=120))
+    worker.join(120)
+"""
+
+
+@pytest.mark.slow
+def test_a_spawned_worker_builds_hostpool_nbs_allocator_when_the_launcher_installs_at_top_level(
+    tmp_path: Path,
+) -> None:
+    """sglang-jax starts its schedulers as spawned processes: the docs' launcher pattern reaches them."""
+    for name, text in _ON_DISK.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "serve.py").write_text(LAUNCHER)
+    root = Path(hostpool_nb.__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    done = subprocess.run(
+        [sys.executable, "serve.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "hostpool_nb.integrations.sgl_jax"
