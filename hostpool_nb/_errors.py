@@ -14,19 +14,59 @@ from __future__ import annotations
 
 
 class HostPoolError(ValueError):
-    """Base class of the pool's argument errors; a ``ValueError``."""
+    """Base class of the pool's argument errors; a ``ValueError``.
+
+    Examples
+    --------
+    >>> from hostpool_nb import HostPoolError, LogicalHostPool
+    >>> pool = LogicalHostPool(64, 16)
+    >>> try:
+    ...     pool.alloc(-16)
+    ... except ValueError as error:  # sglang's except clauses still catch it
+    ...     print(type(error).__name__, isinstance(error, HostPoolError))
+    HostPoolError True
+    """
 
 
 class AlignmentError(HostPoolError):
-    """A size, an allocation or a free is not a whole number of pages."""
+    """A size, an allocation or a free is not a whole number of pages.
+
+    Examples
+    --------
+    >>> from hostpool_nb import LogicalHostPool
+    >>> LogicalHostPool(64, 16).alloc(8)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    hostpool_nb.AlignmentError: LogicalHostPool allocation must be page-aligned, ...
+    """
 
 
 class PartialPageError(HostPoolError):
-    """Freed slots are not whole pages, each in ascending order."""
+    """Freed slots are not whole pages, each in ascending order.
+
+    Examples
+    --------
+    >>> from hostpool_nb import LogicalHostPool
+    >>> pool = LogicalHostPool(64, 16)
+    >>> slots = pool.alloc(32)
+    >>> pool.free(slots[8:24])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    hostpool_nb.PartialPageError: free takes whole pages: indices[0] (flattened) ...
+    """
 
 
 class SlotRangeError(HostPoolError):
-    """A freed slot (or a host page id) lies outside the pool."""
+    """A freed slot (or a host page id) lies outside the pool.
+
+    Examples
+    --------
+    >>> from hostpool_nb import LogicalHostPool
+    >>> LogicalHostPool(64, 16).free(range(64, 80))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    hostpool_nb.SlotRangeError: free got slot 64 at indices[0] ..., outside [0, 64)
+    """
 
 
 class DoubleFreeError(HostPoolError):
@@ -42,6 +82,18 @@ class DoubleFreeError(HostPoolError):
     free of an allocated page: it is accepted, and releases the page under
     its new owner. Catching that would need a generation tag per
     allocation, carried by the caller; the pool keeps none.
+
+    Examples
+    --------
+    >>> from hostpool_nb import LogicalHostPool
+    >>> pool = LogicalHostPool(64, 16)
+    >>> slots = pool.alloc(16)
+    >>> pool.free(slots)
+    16
+    >>> pool.free(slots)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    hostpool_nb.DoubleFreeError: page 0 (slots 0..15), freed at indices[0] ...
     """
 
 
@@ -52,11 +104,31 @@ class PageStateError(HostPoolError, RuntimeError):
     pools raise ``RuntimeError`` for these caller mistakes, so code written
     against them (``except RuntimeError``) keeps working, while new code can
     catch this package's errors as for every other pool.
+
+    Examples
+    --------
+    >>> from hostpool_nb import HostPagePool, PageStateError
+    >>> pool = HostPagePool(4)
+    >>> try:
+    ...     pool.dec_lock_ref(0)  # a free page has no pins to take away
+    ... except RuntimeError as error:  # as sglang-jax's host pools raise it
+    ...     print(type(error).__name__, isinstance(error, PageStateError))
+    PageNotAllocatedError True
     """
 
 
 class PageDoubleFreeError(DoubleFreeError, PageStateError):
-    """A host page freed or released while it is free (twice, or never handed out)."""
+    """A host page freed or released while it is free (twice, or never handed out).
+
+    Examples
+    --------
+    >>> from hostpool_nb import HostPagePool
+    >>> pool = HostPagePool(4)
+    >>> pool.release(2)
+    Traceback (most recent call last):
+    ...
+    hostpool_nb.PageDoubleFreeError: double free of buffer_id=2
+    """
 
 
 class StaleFreeError(PageDoubleFreeError):
@@ -66,19 +138,64 @@ class StaleFreeError(PageDoubleFreeError):
     (``free(pages, generations=g)``, ``release(page, generation=g)``) and a
     page's generation has moved on: freeing it would release the page
     under its new owner.
+
+    Examples
+    --------
+    >>> from hostpool_nb import HostPagePool
+    >>> pool = HostPagePool(1)
+    >>> page = pool.reserve()
+    >>> mine = int(pool.generation[page])
+    >>> pool.release(page)
+    >>> pool.reserve()  # handed out again: a new generation
+    0
+    >>> pool.release(page, generation=mine)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    hostpool_nb.StaleFreeError: ...
     """
 
 
 class PinnedPageError(PageStateError):
-    """A pinned host page (``lock_ref > 0``) freed or released."""
+    """A pinned host page (``lock_ref > 0``) freed or released.
+
+    Examples
+    --------
+    >>> from hostpool_nb import HostPagePool
+    >>> pool = HostPagePool(4)
+    >>> page = pool.reserve()
+    >>> pool.inc_lock_ref(page)
+    >>> pool.release(page)
+    Traceback (most recent call last):
+    ...
+    hostpool_nb.PinnedPageError: release of locked buffer_id=0 (lock_ref=1)
+    """
 
 
 class PageNotAllocatedError(PageStateError):
-    """A pin count changed on a host page that is free."""
+    """A pin count changed on a host page that is free.
+
+    Examples
+    --------
+    >>> from hostpool_nb import HostPagePool
+    >>> HostPagePool(4).inc_lock_ref(1)
+    Traceback (most recent call last):
+    ...
+    hostpool_nb.PageNotAllocatedError: buffer_id=1 is not allocated (in free-list)
+    """
 
 
 class LockRefUnderflowError(PageStateError):
-    """``dec_lock_ref`` of a host page that is not pinned."""
+    """``dec_lock_ref`` of a host page that is not pinned.
+
+    Examples
+    --------
+    >>> from hostpool_nb import HostPagePool
+    >>> pool = HostPagePool(4)
+    >>> pool.dec_lock_ref(pool.reserve())
+    Traceback (most recent call last):
+    ...
+    hostpool_nb.LockRefUnderflowError: dec_lock_ref underflow on buffer_id=0
+    """
 
 
 class PoolForkedError(RuntimeError):
@@ -88,7 +205,18 @@ class PoolForkedError(RuntimeError):
     middle of that thread's call), so every call on it in the child raises
     this, rather than hang on the copied lock or act on a broken state.
     Make a new pool in the child, or fork before other threads use the
-    pool. See :mod:`hostpool_nb._fork`.
+    pool (docs/sglang.md, "Threads and fork").
+
+    Examples
+    --------
+    A ``RuntimeError``, and not an argument error: the caller did nothing
+    wrong in the child.
+
+    >>> from hostpool_nb import HostPoolError, PoolForkedError
+    >>> issubclass(PoolForkedError, RuntimeError)
+    True
+    >>> issubclass(PoolForkedError, HostPoolError)
+    False
     """
 
 
@@ -96,8 +224,17 @@ class KernelCacheWarning(UserWarning):
     """The kernels could not use numba's on-disk cache and were compiled in memory.
 
     Not an error: the pool works the same, but every start compiles the
-    kernels again (about 10 s). The message says how to get the cache back.
+    kernels again (seconds). The message says how to get the cache back.
     Issued at most once per process.
+
+    Examples
+    --------
+    A service that must not compile at start-up can make it an error:
+
+    >>> import warnings
+    >>> from hostpool_nb import KernelCacheWarning
+    >>> warnings.simplefilter("error", KernelCacheWarning)
+    >>> warnings.resetwarnings()
     """
 
 
@@ -116,3 +253,7 @@ __all__ = [
     "SlotRangeError",
     "StaleFreeError",
 ]
+
+# Tracebacks and reprs name the public path (hostpool_nb.DoubleFreeError), where every one is imported from.
+for _name in __all__:
+    globals()[_name].__module__ = "hostpool_nb"

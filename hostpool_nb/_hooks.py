@@ -24,8 +24,11 @@ class DataPlaneHooks:
     ``prepare_transfer_indices`` returns two of them, unchanged.
     """
 
+    #: sglang's ``HostPoolGroup`` reads it: ``None``, a pool that shares no allocation domain.
     shared_allocation_domain = None
+    #: sglang's ``HostPoolGroup`` reads it: ``False``, no page envelope stored.
     stores_page_envelope = False
+    #: sglang's ``HostPoolGroup`` reads it: ``None``, no storage format.
     storage_format_tag = None
 
     def destroy(self) -> None:

@@ -99,7 +99,7 @@ class HostPagePool(ArrayStatePool):
     >>> pool.free(pages)
     Traceback (most recent call last):
     ...
-    hostpool_nb._errors.PinnedPageError: free of locked page id=0 (lock_ref=1)
+    hostpool_nb.PinnedPageError: free of locked page id=0 (lock_ref=1)
     >>> pool.dec_lock_ref(pages[0]); pool.free(pages)
     3
     """
@@ -556,6 +556,21 @@ class HostKVPoolMixin:
     ``generations=`` / ``generation=`` to refuse stale frees. Should a
     ``_drop_pending`` raise, the pages are freed all the same and the rest
     still dropped; its first exception is raised at the end.
+
+    Examples
+    --------
+    >>> from hostpool_nb.originals.host_tier import QueueHostKVPool
+    >>> from hostpool_nb.paged import HostKVPoolMixin
+    >>> class FastQueue(HostKVPoolMixin, QueueHostKVPool):
+    ...     pass
+    >>> pool = FastQueue(4)
+    >>> pool.reserve(), pool.reserve(), pool.available_size()
+    (0, 1, 2)
+    >>> pool.release(0)
+    >>> pool.release(0)  # the original would append it to its free list twice
+    Traceback (most recent call last):
+    ...
+    hostpool_nb.PageDoubleFreeError: double free of buffer_id=0
     """
 
     _host_pages: HostPagePool

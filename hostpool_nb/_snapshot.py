@@ -64,6 +64,19 @@ class PoolState:
     sites : tuple of Site, or None
         A tracking pool's call sites and tags at the backup (the ids in the
         state index them); ``None`` for a pool that does not track.
+
+    Examples
+    --------
+    >>> from hostpool_nb import LogicalHostPool
+    >>> pool = LogicalHostPool(64, 16)
+    >>> state = pool.backup_state()
+    >>> state  # doctest: +NORMALIZE_WHITESPACE
+    PoolState(size=64, page_size=16, merge='fifo',
+              free_pages=4, released_pages=0, pending_pages=0)
+    >>> first = pool.alloc(32)
+    >>> pool.restore_state(state)
+    >>> bool((pool.alloc(32) == first).all())  # the same slots again
+    True
     """
 
     size: int
@@ -207,6 +220,17 @@ class PagedState:
     not the free group: restoring it leaves an open group, and the frees
     pending in it, as they are. A tracking allocator's state holds each
     rank's site table too (``sites``), which its pages' words index.
+
+    Examples
+    --------
+    >>> from hostpool_nb.paged import PagedTokenToKVPoolAllocator
+    >>> alloc = PagedTokenToKVPoolAllocator(size=64, page_size=4, kvcache=None)
+    >>> state = alloc.backup_state()
+    >>> alloc.alloc(8)
+    array([ 4,  5,  6,  7,  8,  9, 10, 11])
+    >>> alloc.restore_state(state)
+    >>> alloc.available_size()
+    64
     """
 
     kind: str
@@ -246,6 +270,18 @@ class SWAState:
     Both sub-allocators' states (``full``, ``swa``: :class:`PagedState`)
     and every rank's full-to-SWA mapping as of one moment. Its free group
     is not part of it, as for the other allocators.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> from hostpool_nb.paged import SWATokenToKVPoolAllocator
+    >>> kv = SimpleNamespace(full_kv_pool=None, swa_kv_pool=None)
+    >>> a = SWATokenToKVPoolAllocator(size=64, size_swa=16, kvcache=kv)
+    >>> state = a.backup_state()
+    >>> full = a.alloc(3)
+    >>> a.restore_state(state)
+    >>> a.available_size(), int(a.full_to_swa_index_mapping[full].sum())
+    (16, 0)
     """
 
     full: PagedState
@@ -288,6 +324,17 @@ class HostPageState:
     ``restore_state`` of it, on that pool or any of the same ``pool_size``,
     makes every later call behave as it would have at the backup: the free
     list's order, the allocated pages, their generations and pin counts.
+
+    Examples
+    --------
+    >>> from hostpool_nb import HostPagePool
+    >>> pool = HostPagePool(8)
+    >>> state = pool.backup_state()
+    >>> pool.alloc(3)
+    array([0, 1, 2])
+    >>> pool.restore_state(state)
+    >>> pool.available_size()
+    8
     """
 
     pool_size: int

@@ -38,6 +38,18 @@ class PoolStats:
         ``free`` calls that freed at least one page.
     peak_allocated_pages : int
         The most pages allocated at once.
+
+    Examples
+    --------
+    >>> from hostpool_nb import LogicalHostPool
+    >>> pool = LogicalHostPool(64, 16)
+    >>> pool.free(pool.alloc(32)[:16])
+    16
+    >>> stats = pool.stats()
+    >>> stats.allocated_pages, stats.released_pages, stats.free_pages
+    (1, 1, 2)
+    >>> stats.available_size
+    48
     """
 
     size: int
@@ -100,6 +112,15 @@ class HostPageStats:
         ``release`` and ``free`` calls that freed at least one page.
     clears : int
         ``clear()`` calls.
+
+    Examples
+    --------
+    >>> from hostpool_nb import HostPagePool
+    >>> pool = HostPagePool(8)
+    >>> pool.inc_lock_ref(pool.reserve())
+    >>> stats = pool.stats()
+    >>> stats.allocated_pages, stats.pinned_pages, stats.free_pages
+    (1, 1, 7)
     """
 
     pool_size: int

@@ -645,7 +645,7 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
     --------
     >>> from hostpool_nb.paged import PagedTokenToKVPoolAllocator
     >>> alloc = PagedTokenToKVPoolAllocator(size=64, page_size=4, kvcache=None)
-    >>> alloc.alloc_extend([0], [6], [-1], 6)  # a request of 6 tokens: pages 1 and 2
+    >>> alloc.alloc_extend([0], [6], [-1], 6)  # 6 tokens: pages 1 and 2
     array([4, 5, 6, 7, 8, 9], dtype=int32)
     >>> alloc.alloc_decode([7], [9])  # its 7th token continues page 2
     array([10], dtype=int32)
@@ -1004,6 +1004,23 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         :meth:`leak_report` and double-free messages (16 bytes of state per
         page). ``None`` (the default): if ``HOSTPOOL_NB_TRACK=1`` is in the
         environment, so tracking is turned on without editing the engine.
+
+    Examples
+    --------
+    >>> from hostpool_nb import DoubleFreeError
+    >>> from hostpool_nb.paged import TokenToKVPoolAllocator
+    >>> alloc = TokenToKVPoolAllocator(size=16, kvcache=None)
+    >>> slots = alloc.alloc(4)
+    >>> slots
+    array([1, 2, 3, 4], dtype=int32)
+    >>> alloc.free(slots[2:]), alloc.free(slots[:2])  # appended as given
+    (2, 2)
+    >>> alloc.alloc(16)[-4:]  # after the untouched ones, in the order freed
+    array([3, 4, 1, 2], dtype=int32)
+    >>> alloc.free(slots[:1]); alloc.free(slots[:1])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    hostpool_nb.DoubleFreeError: ...
     """
 
     _kind = "TokenToKVPoolAllocator"
@@ -1146,7 +1163,7 @@ class SWATokenToKVPoolAllocator(_KVCacheForwarding, Recordable, ArrayStatePool):
     >>> full = a.alloc(3)
     >>> full, a.full_to_swa_index_mapping[full]
     (array([1, 2, 3], dtype=int32), array([1, 2, 3], dtype=int32))
-    >>> a.free_swa(full[:1]), a.count_swa_mapped(full)  # the first token left the window
+    >>> a.free_swa(full[:1]), a.count_swa_mapped(full)  # the first left the window
     (1, 2)
     >>> a.free(full), a.available_size()
     (3, 16)

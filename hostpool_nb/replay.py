@@ -36,16 +36,35 @@ from .originals.sglang import LogicalHostPool as Original
 from .paged import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
 from .trace import SWA, Operation, StartState, Trace, TraceError, describe_slots, load
 
-# The pool kinds replay builds, by the name a trace's header gives.
+#: The pool kinds replay builds, by the name a trace's header gives.
 REPLAYS = ("LogicalHostPool", "PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator", "SWATokenToKVPoolAllocator")
-# The most memory a replay builds its pools with, unless --max-pool-bytes says otherwise: a trace's header
-# names the pool, and a file of a few bytes may name one of terabytes.
+#: The most memory a replay builds its pools with, unless ``--max-pool-bytes`` says otherwise: a trace's
+#: header names the pool, and a file of a few bytes may name one of terabytes.
 MAX_POOL_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
 class Divergence:
-    """The first operation whose replay differs from the record."""
+    """The first operation whose replay differs from the record.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from hostpool_nb import LogicalHostPool
+    >>> from hostpool_nb.trace import load
+    >>> path = os.path.join(tempfile.mkdtemp(), "serve.trace")
+    >>> pool = LogicalHostPool(64, 16)
+    >>> with pool.recording(path):
+    ...     slots = pool.alloc(32)
+    ...     freed = pool.free(slots[:16])
+    >>> trace = load(path)
+    >>> from hostpool_nb.replay import replay
+    >>> replay(trace)  # (replayed, skipped, the first difference or None)
+    (2, 0, None)
+    >>> from hostpool_nb.replay import Divergence
+    >>> print(Divergence(1, "free", "16", "DoubleFreeError"))
+    operation 1 (free): expected 16, got DoubleFreeError
+    """
 
     index: int
     name: str
@@ -319,7 +338,24 @@ _ALLOC, _FREE, _ALLOC_MANY, _OTHER, _RAISES = range(5)
 
 @dataclass
 class TraceTiming:
-    """Seconds per recorded operation, by implementation (``samples``: each repeat's), and what to know."""
+    """Seconds per recorded operation, by implementation (``samples``: each repeat's), and what to know.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from hostpool_nb import LogicalHostPool
+    >>> from hostpool_nb.trace import load
+    >>> path = os.path.join(tempfile.mkdtemp(), "serve.trace")
+    >>> pool = LogicalHostPool(64, 16)
+    >>> with pool.recording(path):
+    ...     slots = pool.alloc(32)
+    ...     freed = pool.free(slots[:16])
+    >>> trace = load(path)
+    >>> from hostpool_nb.replay import time_trace
+    >>> timing = time_trace(trace, repeats=1, with_torch=False)
+    >>> sorted(timing.per_op), timing.notes
+    (['hostpool_nb', 'numpy'], ['2 operations replayed'])
+    """
 
     per_op: dict[str, float]
     samples: dict[str, list[float]]

@@ -94,11 +94,14 @@ from numpy.typing import NDArray
 
 from ._errors import HostPoolError
 
+#: The trace format this version writes.
 VERSION = 3
-READS = (1, 2, 3)  # the versions load() reads
+#: The trace formats :func:`load` reads.
+READS = (1, 2, 3)
 _WITH_START = 2  # the first version whose traces hold the state they began from
 _WITH_RANKS = 3  # the first whose header and ops hold the ranks of an allocator (dp_size, strict, a rank per op)
 _START_HEADER = 4  # the start array's counts per rank: group depth, free, released, pending
+#: The calls a trace records, by their number in the file (an operation's ``ops`` field).
 OPS = (
     "",
     "alloc",
@@ -115,9 +118,10 @@ OPS = (
     "merge_and_sort_free",
     "free_swa",
 )
+#: The exceptions a recorded call may have raised, by their number in the file ("": none).
 ERRORS = ("", "TypeError", "HostPoolError", "AlignmentError", "PartialPageError", "SlotRangeError", "DoubleFreeError")
 _GROUPS_AND_SNAPSHOTS = ("clear", "free_group_begin", "free_group_end", "backup", "restore")
-# The calls a trace of each kind may hold. The allocators' page ids start at 1: page 0 is their padding page.
+#: The calls a trace of each pool kind may hold (a call its kind lacks makes the trace damaged).
 CALLS = {
     "LogicalHostPool": ("alloc", "alloc_many", "free", "merge", *_GROUPS_AND_SNAPSHOTS),
     "PagedTokenToKVPoolAllocator": (
@@ -132,7 +136,8 @@ CALLS = {
     "SWATokenToKVPoolAllocator": ("alloc", "alloc_extend", "alloc_decode", "free", "free_swa", *_GROUPS_AND_SNAPSHOTS),
 }
 SWA = "SWATokenToKVPoolAllocator"
-RANKED = ("PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator", SWA)  # kinds whose calls name a dp_rank
+#: The pool kinds whose calls name a ``dp_rank``: sglang-jax's allocators.
+RANKED = ("PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator", SWA)
 _OP_FIELDS = [
     ("op", "u1"),
     ("error", "u1"),
@@ -152,7 +157,9 @@ _HEADER_FIELDS = [
     ("ops", "<i8"),
     ("data", "<i8"),
 ]
+#: One operation's record in the file (version 3).
 OP_DTYPE = np.dtype([*_OP_FIELDS, ("rank", "<i4")])
+#: The file's header record (version 3): the pool's kind and constructor arguments.
 HEADER_DTYPE = np.dtype(
     [*_HEADER_FIELDS, ("dp_size", "<i8"), ("strict", "?"), ("debug_mode", "?"), ("size_swa", "<i8")]
 )
@@ -161,7 +168,20 @@ HEADER_DTYPE_2 = np.dtype(_HEADER_FIELDS)
 
 
 class TraceError(HostPoolError):
-    """A trace file that is not one this version wrote, or is damaged."""
+    """A trace file that is not one this version wrote, or is damaged.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from hostpool_nb.trace import load
+    >>> path = os.path.join(tempfile.mkdtemp(), "not.trace")
+    >>> with open(path, "wb") as f:
+    ...     _ = f.write(b"not a trace")
+    >>> load(path)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    hostpool_nb.trace.TraceError: ...
+    """
 
 
 @dataclass(frozen=True)
@@ -181,6 +201,21 @@ class Operation:
     (``arg`` -1), the lists it restored, per rank (a sliding-window
     allocator's: every rank's full side, then every rank's SWA side, and
     ``mappings`` each rank's mapping).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from hostpool_nb import LogicalHostPool
+    >>> from hostpool_nb.trace import load
+    >>> path = os.path.join(tempfile.mkdtemp(), "serve.trace")
+    >>> pool = LogicalHostPool(64, 16)
+    >>> with pool.recording(path):
+    ...     slots = pool.alloc(32)
+    ...     freed = pool.free(slots[:16])
+    >>> trace = load(path)
+    >>> op = trace.operations[1]
+    >>> op.name, op.result, op.slots.tolist() == list(range(16)), op.error
+    ('free', 16, True, None)
     """
 
     index: int
@@ -206,7 +241,24 @@ class Operation:
 @dataclass(frozen=True)
 class StartState:
     """A pool (or one rank of an allocator) as a recording found it: its lists' page ids, in order, and
-    the free groups open (an allocator's: 1 inside a group, else 0)."""
+    the free groups open (an allocator's: 1 inside a group, else 0).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from hostpool_nb import LogicalHostPool
+    >>> from hostpool_nb.trace import load
+    >>> path = os.path.join(tempfile.mkdtemp(), "serve.trace")
+    >>> pool = LogicalHostPool(64, 16)
+    >>> with pool.recording(path):
+    ...     slots = pool.alloc(32)
+    ...     freed = pool.free(slots[:16])
+    >>> trace = load(path)
+    >>> trace.start.free, trace.start.released.size, trace.start.group_depth
+    (array([0, 1, 2, 3]), 0, 0)
+    >>> trace.start.fresh  # a new pool: every page free, in order, nothing open
+    True
+    """
 
     free: NDArray[np.int64]
     released: NDArray[np.int64]
@@ -233,6 +285,22 @@ class Trace:
     it is ``None`` for a version 1 trace: it began on a fresh pool.
     ``dp_size``, ``strict`` and ``debug_mode`` are an allocator's
     constructor arguments (1, false, false for a host pool).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from hostpool_nb import LogicalHostPool
+    >>> from hostpool_nb.trace import load
+    >>> path = os.path.join(tempfile.mkdtemp(), "serve.trace")
+    >>> pool = LogicalHostPool(64, 16)
+    >>> with pool.recording(path):
+    ...     slots = pool.alloc(32)
+    ...     freed = pool.free(slots[:16])
+    >>> trace = load(path)
+    >>> trace.pool, trace.size, trace.page_size, len(trace)
+    ('LogicalHostPool', 64, 16, 2)
+    >>> [op.name for op in trace.operations]
+    ['alloc', 'free']
     """
 
     pool: str

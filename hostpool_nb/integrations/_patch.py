@@ -33,6 +33,15 @@ class IntegrationError(ImportError):
     An ``ImportError``: like a failed ``from module import name``, it says
     that the engine does not provide what was asked of it, naming the
     module or attribute.
+
+    Examples
+    --------
+    >>> from hostpool_nb.integrations import IntegrationError, sgl_jax
+    >>> try:
+    ...     sgl_jax.install()  # sglang-jax is not installed here
+    ... except ImportError as error:
+    ...     print(type(error).__name__, error.name)
+    IntegrationError sgl_jax.srt.mem_cache.allocator
     """
 
     __module__ = "hostpool_nb.integrations"
@@ -62,7 +71,20 @@ class Target:
 
 @dataclass(frozen=True)
 class Replacement:
-    """An attribute ``install`` set: ``where`` (``module.attribute``) held ``original``, now ``replacement``."""
+    """An attribute ``install`` set: ``where`` (``module.attribute``) held ``original``, now ``replacement``.
+
+    Examples
+    --------
+    >>> from hostpool_nb.integrations import sgl_jax, status
+    >>> from hostpool_nb.originals.engines import stand_in_engine
+    >>> with stand_in_engine("sgl_jax"):
+    ...     replaced = sgl_jax.install()
+    ...     first = status()[0]
+    >>> first.where
+    'sgl_jax.srt.mem_cache.allocator.TokenToKVPoolAllocator'
+    >>> first.original.__module__, first.replacement.__module__
+    ('hostpool_nb.originals.paged', 'hostpool_nb.integrations.sgl_jax')
+    """
 
     __module__ = "hostpool_nb.integrations"
 

@@ -32,7 +32,9 @@ from . import _patch
 from ._patch import Target, announcing
 
 ENGINE = "sgl_jax"
+#: Where sglang-jax defines its device allocators.
 ALLOCATORS = "sgl_jax.srt.mem_cache.allocator"
+#: Where sglang-jax defines its host pools.
 HOST_POOLS = "sgl_jax.srt.mem_cache.host_kv_pool"
 
 
@@ -110,12 +112,5 @@ def uninstall() -> dict[str, type]:
     return _patch.uninstall(ENGINE)
 
 
-__all__ = [
-    "ALLOCATORS",
-    "HOST_POOLS",
-    "PagedTokenToKVPoolAllocator",
-    "SWATokenToKVPoolAllocator",
-    "TokenToKVPoolAllocator",
-    "install",
-    "uninstall",
-]
+# The classes install() puts in place are attributes here too (so their instances pickle), not API of their own.
+__all__ = ["ALLOCATORS", "HOST_POOLS", "install", "uninstall"]

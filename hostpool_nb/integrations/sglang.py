@@ -22,8 +22,10 @@ from typing import Any
 from . import _patch
 from ._patch import IntegrationError, Target, announcing
 
-# The sglang release whose LogicalHostPool hostpool_nb's is checked against (CI downloads its wheel): bump on purpose.
+#: The sglang release whose ``LogicalHostPool`` hostpool_nb's is checked against (CI downloads its wheel):
+#: bumped on purpose.
 TESTED_VERSION = "0.5.23"
+#: Where sglang defines ``LogicalHostPool``: the module ``install()`` replaces it in.
 MODULE = "sglang.srt.mem_cache.memory_pool_host"
 ENGINE = "sglang"
 

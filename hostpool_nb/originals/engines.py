@@ -34,11 +34,20 @@ from .._hooks import DataPlaneHooks
 from . import host_tier, paged
 from . import sglang as _sglang
 
+#: The engines :func:`stand_in_engine` stands in for.
 ENGINES = ("sglang", "sgl_jax")
 
 
 class LogicalHostPool(DataPlaneHooks, _sglang.LogicalHostPool):
-    """sglang's host pool as sglang 0.5.23 shapes it: ``(size, page_size, layout)``, the data-plane hooks."""
+    """sglang's host pool as sglang 0.5.23 shapes it: ``(size, page_size, layout)``, the data-plane hooks.
+
+    Examples
+    --------
+    >>> from hostpool_nb.originals.engines import LogicalHostPool
+    >>> pool = LogicalHostPool(64, 16, "layer_first")
+    >>> pool.alloc(16)[:4], pool.get_ksize_per_token()
+    (array([0, 1, 2, 3]), 0)
+    """
 
     def __init__(self, size: int, page_size: int, layout: str = "layer_first") -> None:
         super().__init__(size, page_size)
@@ -46,7 +55,18 @@ class LogicalHostPool(DataPlaneHooks, _sglang.LogicalHostPool):
 
 
 class StandIn:
-    """The engine's module that builds its classes from names it imported: ``build(name, *args, **kwargs)``."""
+    """The engine's module that builds its classes from names it imported: ``build(name, *args, **kwargs)``.
+
+    Examples
+    --------
+    >>> from hostpool_nb.originals.engines import stand_in_engine
+    >>> with stand_in_engine("sglang") as engine:
+    ...     pool = engine.build("LogicalHostPool", 64, 16)
+    >>> engine.module.__name__
+    'sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler'
+    >>> type(pool).__module__
+    'hostpool_nb.originals.engines'
+    """
 
     def __init__(self, engine: str, builder: types.ModuleType) -> None:
         self.engine = engine

@@ -53,7 +53,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)  # as the original: its module's logger
 
-# Where sglang-jax's PD metrics live: host_pool_alloc(pool_name, n) and host_pool_free(pool_name, n).
+#: Where sglang-jax's PD metrics live: ``host_pool_alloc(pool_name, n)`` and ``host_pool_free(pool_name, n)``.
 PD_METRICS = "sgl_jax.srt.disaggregation.common.metrics"
 
 
@@ -69,6 +69,16 @@ class Metrics:
     ``calls`` lists every call in order when ``keep_calls`` (the tests'
     view; a benchmark's loops would fill it), ``fail`` makes every call
     raise, as a metrics backend that is down.
+
+    Examples
+    --------
+    >>> from hostpool_nb.originals.host_tier import QueueHostKVPool
+    >>> from hostpool_nb.originals.host_tier import stand_in_pd_metrics
+    >>> with stand_in_pd_metrics() as seen:
+    ...     pool = QueueHostKVPool(4, pool_name="pd")
+    ...     page = pool.reserve()
+    >>> seen.used_buffers("pd"), seen.calls
+    (1, [('host_pool_alloc', 'pd', 1)])
     """
 
     def __init__(self, keep_calls: bool = True) -> None:
@@ -172,7 +182,18 @@ class _HostPoolBase:
 
 
 class QueueHostKVPool(_HostPoolBase):
-    """One-shot staging slots: ``reserve`` the front id, ``release`` it back to the end."""
+    """One-shot staging slots: ``reserve`` the front id, ``release`` it back to the end.
+
+    Examples
+    --------
+    >>> from hostpool_nb.originals.host_tier import QueueHostKVPool
+    >>> pool = QueueHostKVPool(4)
+    >>> pool.reserve(), pool.reserve()
+    (0, 1)
+    >>> pool.release(0)
+    >>> pool.available_size()
+    3
+    """
 
     def reserve(self) -> int | None:
         with self._lock:
@@ -198,7 +219,22 @@ class QueueHostKVPool(_HostPoolBase):
 
 
 class LRUHostKVPool(_HostPoolBase):
-    """The HiCache L2 tier: pages hold data until released; pinned pages cannot be freed."""
+    """The HiCache L2 tier: pages hold data until released; pinned pages cannot be freed.
+
+    Examples
+    --------
+    >>> from hostpool_nb.originals.host_tier import LRUHostKVPool
+    >>> pool = LRUHostKVPool(4)
+    >>> pool.alloc(2).tolist()
+    [0, 1]
+    >>> pool.inc_lock_ref(0)
+    >>> pool.free([1, 0])  # frees page 1, then refuses the pinned page 0
+    Traceback (most recent call last):
+    ...
+    RuntimeError: free of locked page id=0 (lock_ref=1)
+    >>> pool.available_size()
+    3
+    """
 
     def __init__(self, pool_size: int, *, pool_name: str = "hicache") -> None:
         super().__init__(pool_size, pool_name=pool_name)
@@ -358,3 +394,6 @@ class LRUHostKVPool(_HostPoolBase):
             gen, payload = entry
             out.append(payload if current[buffer_id] == gen else None)
         return out
+
+
+__all__ = ["PD_METRICS", "LRUHostKVPool", "Metrics", "QueueHostKVPool", "pd_metric", "stand_in_pd_metrics"]

@@ -84,7 +84,15 @@ def _ceil_div(a: np.ndarray, b: int) -> np.ndarray:
 
 
 class PagedTokenToKVPoolAllocator(_Ranked):
-    """The paged allocator: page ids from 1, a release list, sort-merge."""
+    """The paged allocator: page ids from 1, a release list, sort-merge.
+
+    Examples
+    --------
+    >>> from hostpool_nb.originals.paged import PagedTokenToKVPoolAllocator
+    >>> alloc = PagedTokenToKVPoolAllocator(64, 4, None)
+    >>> alloc.alloc_extend([0], [6], [-1], 6)
+    array([4, 5, 6, 7, 8, 9], dtype=int32)
+    """
 
     def __init__(self, size: int, page_size: int, kvcache: Any, debug_mode: bool = False, dp_size: int = 1) -> None:
         self.size = size
@@ -229,7 +237,17 @@ class PagedTokenToKVPoolAllocator(_Ranked):
 
 
 class TokenToKVPoolAllocator(_Ranked):
-    """The token allocator: a free list, frees appended as given."""
+    """The token allocator: a free list, frees appended as given.
+
+    Examples
+    --------
+    >>> from hostpool_nb.originals.paged import TokenToKVPoolAllocator
+    >>> alloc = TokenToKVPoolAllocator(16, None)
+    >>> slots = alloc.alloc(2)
+    >>> alloc.free(slots); alloc.free(slots)  # a double free, accepted
+    >>> alloc.available_size()  # two slots listed twice
+    18
+    """
 
     def __init__(self, size: int, kvcache: Any, dp_size: int = 1) -> None:
         self.size = size
@@ -294,6 +312,16 @@ class SWATokenToKVPoolAllocator(_Ranked):
     rank ``r``'s pending frees and leaves the group, as the sub-allocators'
     ``clear``; the mapping is given to ``kvcache`` as its
     ``full_to_swa_index_mapping`` attribute.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> from hostpool_nb.originals.paged import SWATokenToKVPoolAllocator
+    >>> kv = SimpleNamespace(full_kv_pool=None, swa_kv_pool=None)
+    >>> a = SWATokenToKVPoolAllocator(64, 16, kv)
+    >>> full = a.alloc(3)
+    >>> a.full_to_swa_index_mapping[full]
+    array([1, 2, 3], dtype=int32)
     """
 
     def __init__(self, size: int, size_swa: int, kvcache: Any, page_size: int = 1, dp_size: int = 1) -> None:

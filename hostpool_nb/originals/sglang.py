@@ -53,7 +53,20 @@ _BACKENDS: dict[str, type[_Numpy] | type[_Torch]] = {"numpy": _Numpy, "torch": _
 
 
 class LogicalHostPool:
-    """The original pool's algorithm on ``backend`` arrays (``"numpy"`` or ``"torch"``)."""
+    """The original pool's algorithm on ``backend`` arrays (``"numpy"`` or ``"torch"``).
+
+    Examples
+    --------
+    A free slips through unchecked, as in the original:
+
+    >>> from hostpool_nb.originals.sglang import LogicalHostPool
+    >>> pool = LogicalHostPool(64, 16)
+    >>> slots = pool.alloc(16)
+    >>> pool.free(slots), pool.free(slots)  # a double free, accepted
+    (16, 16)
+    >>> pool.available_size()  # more than the pool holds
+    80
+    """
 
     def __init__(self, size: int, page_size: int, backend: str = "numpy") -> None:
         if size % page_size != 0:
