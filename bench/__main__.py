@@ -3,13 +3,16 @@
 Every workload runs hostpool_nb and the algorithm it replaces (on numpy,
 and on torch when torch imports) in the same process, interleaved; each
 figure is a median of repeats, each ratio baseline time / hostpool_nb time
-(above 1: hostpool_nb is faster). The default run takes about 3 minutes on
-2 cores, and half a minute more the first time, to compile the kernels;
---scale multiplies repeats, loop lengths and trace lengths, and from 2 on
-also times every allocation size in steps of 4 (--full is --scale 3, about
-13 minutes).
+(above 1: hostpool_nb is faster). The default run took 2.5 minutes on a
+2-core VM, and 40 s more the first time, to compile the kernels; --scale
+multiplies repeats, loop lengths and trace lengths, and from 2 on also
+times every allocation size in steps of 4 (--full is --scale 3, 12
+minutes there).
 --trace PATH times a trace recorded with pool.recording(PATH) as well; your
-own workload.
+own workload. The default run holds up to 1.5 GB of memory at its peak
+(--full: 3 GB): the 1M-slot pools of every implementation, side by side.
+Off a terminal (a CI log, | tee, > file) it prints a line as each workload
+ends; the table fits 80 columns (--wide: one line a row).
 """
 
 from __future__ import annotations
@@ -22,11 +25,27 @@ from pathlib import Path
 
 from . import host, kvtrace, memory, paged, pool, startup, tracking  # noqa: F401 - each registers its workloads
 from .core import TORCH, WORKLOADS, Context
-from .report import machine_info, machine_line, summary, table, wrap, write_json, write_plot
+from .report import WIDE, WIDTH, machine_info, machine_line, summary, table, wrap, write_json, write_plot
 from .timing import Progress
 
 PROG = "python -m bench"
 FULL_SCALE = 3.0
+
+
+def _is_terminal(stream: object) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except (OSError, ValueError):  # a closed or detached stream
+        return False
+
+
+def _say(text: str) -> None:
+    print(f"bench: {text}", flush=True)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} minutes" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,7 +81,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--plot", metavar="PATH", help="draw the round trips to a PNG (needs matplotlib)")
     ap.add_argument("--no-torch", action="store_true", help="leave the torch baseline out even if torch imports")
     ap.add_argument("--torch-threads", type=int, default=1, metavar="N", help="torch intra-op threads (default 1)")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar (shown only on a terminal)")
+    ap.add_argument(
+        "--no-progress", action="store_true", help="no progress bar on a terminal, no progress lines off one"
+    )
+    ap.add_argument("--wide", action="store_true", help="the table one line a row, about 110 columns wide")
     args = ap.parse_args(argv)
     chosen = args.full or args.scale is not None or args.only is not None  # what runs, said by an option
     if args.scale is None:
@@ -105,34 +127,49 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [WORKLOADS[n] for n in names]
     total = sum(max(w.seconds, 1.0) * args.scale for w in chosen)
     progress = Progress(total, enabled=not args.no_progress)
+    # Off a terminal there is no bar to watch: a line as each workload ends, into the log as it runs.
+    lines = not args.no_progress and not _is_terminal(sys.stdout)
     ctx = Context(args.scale, impls, progress.advance, progress.label)
     ctx.raw["trace_path"] = args.trace
     started = time.perf_counter()
     rows = []
     done = 0.0
+    if lines:
+        what = f"{len(chosen)} workload{'s' if len(chosen) != 1 else ''}"
+        _say(f"{what}, about {_minutes(total)} on 2 cores; a line as each ends")
     try:
         progress.label("compiling and loading kernels")
         from hostpool_nb import warmup
 
         warmup.compile_all(quiet=True)
-        for w in chosen:
+        for i, w in enumerate(chosen, 1):
             ctx.tick = lambda share, w=w: progress.advance(share * max(w.seconds, 1.0) * args.scale)
             rows += w.run(ctx)
             done += max(w.seconds, 1.0) * args.scale
             progress.reach(done)
+            if lines:
+                _say(f"{w.name} done ({i} of {len(chosen)}, {time.perf_counter() - started:.0f} s so far)")
     finally:
         progress.close()
     info = machine_info()
     elapsed = time.perf_counter() - started
-    print(wrap(f"hostpool_nb benchmark, scale {args.scale:g} ({elapsed:.0f} s); {machine_line(info)}"))
-    print("x numpy, x torch = baseline time / hostpool_nb time (above 1x: hostpool_nb is faster or smaller)")
-    print("target = the bound a figure should meet; met? = whether it did in this run (NO: it did not)")
+    width = WIDE if args.wide else WIDTH
+    print(wrap(f"hostpool_nb benchmark, scale {args.scale:g} ({elapsed:.0f} s); {machine_line(info)}", width=width))
+    print(
+        wrap(
+            "x numpy, x torch = baseline time / hostpool_nb time (above 1x: hostpool_nb is faster or smaller)",
+            width=width,
+        )
+    )
+    print(
+        wrap("target = the bound a figure should meet; met? = whether it did in this run (NO: it did not)", width=width)
+    )
     print()
-    print(table(rows, TORCH in impls))
+    print(table(rows, TORCH in impls, wide=args.wide))
     print()
-    print(wrap(summary(rows)))
+    print(wrap(summary(rows), width=width))
     for note in ctx.notes:
-        print(wrap(note, "- ", "  "))
+        print(wrap(note, "- ", "  ", width))
     if args.json:
         write_json(args.json, rows, ctx.notes, info, scale=args.scale, elapsed_s=elapsed)
     if args.plot:

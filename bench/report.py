@@ -23,15 +23,17 @@ import tabulate as _tabulate
 
 from .core import HOSTPOOL, IMPLS, NUMPY, TORCH, Row
 
-WIDTH = 100
-PARAMS_MAX = 26
+WIDTH = 80  # the report's columns: a terminal's, a CI log's
+WIDE = 110  # --wide: one line per row, with the workload's name on it
+PARAMS_MAX = 24  # a row's params, and its target, longer than these become footnotes
 TARGET_MAX = 16
+WIDE_TARGET_MAX = 28
 
 
-def wrap(text: str, first: str = "", rest: str = "") -> str:
-    """``text`` filled to :data:`WIDTH` columns; paths and names are never split."""
+def wrap(text: str, first: str = "", rest: str = "", width: int = WIDTH) -> str:
+    """``text`` filled to ``width`` columns; paths and names are never split."""
     return textwrap.fill(
-        text, WIDTH, initial_indent=first, subsequent_indent=rest, break_long_words=False, break_on_hyphens=False
+        text, width, initial_indent=first, subsequent_indent=rest, break_long_words=False, break_on_hyphens=False
     )
 
 
@@ -54,8 +56,22 @@ def fmt_ratio(r: float | None) -> str:
     return f"{r:.3g}x" if r < 100 else f"{r:,.0f}x"
 
 
-def table(rows: list[Row], torch_ran: bool) -> str:
-    """One table at most :data:`WIDTH` columns wide; long params and targets become footnotes."""
+def short_target(row: Row, torch_ran: bool) -> str:
+    """A row's target as the narrow table shows it: the bounds it can judge, one bound for both if equal."""
+    bounds = [(n, b) for n, b in row.bounds if n != TORCH or torch_ran]
+    if not row.bounds:
+        return row.target
+    if len(bounds) > 1 and len({b for _, b in bounds}) == 1:
+        return f">={bounds[0][1]:g}x both"
+    return ", ".join(f">={b:g}x {n}" for n, b in bounds)
+
+
+def table(rows: list[Row], torch_ran: bool, wide: bool = False) -> str:
+    """The results: :data:`WIDTH` columns, each workload's name a line above its rows; ``wide``: one line a row.
+
+    Without torch the torch column is left out of the narrow table; params
+    and targets too long for their column become footnotes.
+    """
     notes: list[str] = []
 
     def fit(text: str, limit: int) -> str:
@@ -64,25 +80,37 @@ def table(rows: list[Row], torch_ran: bool) -> str:
         notes.append(text)
         return f"[{len(notes)}]"
 
+    names = [NUMPY, TORCH] if wide or torch_ran else [NUMPY]
     lines = []
+    last = None
     for r in rows:
         ratios = r.ratios
         cells = [fmt_value(r.values.get(HOSTPOOL), r.unit)]
-        for name in (NUMPY, TORCH):
+        for name in names:
             shown = name in r.columns and (name != TORCH or torch_ran)
             cells.append(
                 fmt_ratio(ratios.get(name)) if shown else ("n/a" if name == TORCH and name in r.columns else "-")
             )
         met = {True: "yes", False: "NO", None: "-"}[r.met]
-        lines.append([r.workload, fit(r.params, PARAMS_MAX), *cells, fit(r.target, TARGET_MAX), met])
-    _tabulate.MIN_PADDING = 0  # columns as wide as their widest cell: the table fits WIDTH
+        if wide:
+            lines.append([r.workload, fit(r.params, PARAMS_MAX), *cells, fit(r.target, WIDE_TARGET_MAX), met])
+            continue
+        if r.workload != last:
+            lines.append([r.workload] + [""] * (len(cells) + 2))
+            last = r.workload
+        lines.append([fit(r.params, PARAMS_MAX), *cells, fit(short_target(r, torch_ran), TARGET_MAX), met])
+    _tabulate.MIN_PADDING = 0  # columns as wide as their widest cell
+    headers = [HOSTPOOL, *(f"x {n}" for n in names), "target", "met?"]
+    if not wide:  # a row's params indented under its workload's name: a mark, as cells are stripped
+        lines = [[cells[0] if cells[1] == "" else "- " + cells[0], *cells[1:]] for cells in lines]
     text = _tabulate.tabulate(
         lines,
-        headers=["workload", "params", HOSTPOOL, "x numpy", "x torch", "target", "met?"],
-        colalign=("left", "left", "right", "right", "right", "left", "left"),
+        headers=(["workload", "params"] if wide else ["workload / params"]) + headers,
+        colalign=("left", "left")[: 2 if wide else 1] + ("right",) * (1 + len(names)) + ("left", "left"),
         disable_numparse=True,
     )
-    foot = [wrap(t, f"[{i}] ", "    ") for i, t in enumerate(notes, 1)]
+    width = WIDE if wide else WIDTH
+    foot = [wrap(t, f"[{i}] ", "    ", width) for i, t in enumerate(notes, 1)]
     return "\n".join([text, *foot])
 
 
