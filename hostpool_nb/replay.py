@@ -707,12 +707,29 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         ours = timing.per_op["hostpool_nb"]
         for name, seconds in timing.per_op.items():
-            ratio = "" if name == "hostpool_nb" else f"  ({seconds / ours:.2f}x hostpool_nb's time)"
+            ratio = "" if name == "hostpool_nb" else f": {_ratio(seconds / ours)} {name}"
             label = name if name == "hostpool_nb" else f"original on {name}"
-            print(f"  {label:>19}: {seconds * 1e6:9.3f} us per operation, median of {args.repeats}{ratio}")
+            print(f"  {label:>17}: {_duration(seconds):>9} per operation (median of {args.repeats}){ratio}")
+        print("  x numpy, x torch = the original's time / hostpool_nb's (above 1x: hostpool_nb is faster)")
         for line in timing.notes[1:]:
             print(f"  {line}")
     return 0
+
+
+def _duration(seconds: float) -> str:
+    """Seconds as python -m bench prints them: three significant digits, in s, ms, µs or ns."""
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+_THOUSANDS = 100  # from here a ratio is a whole number, with thousands separated
+
+
+def _ratio(r: float) -> str:
+    """A ratio as python -m bench prints it: ``2.31x``, ``105x``, ``1,004x``."""
+    return f"{r:.3g}x" if r < _THOUSANDS else f"{r:,.0f}x"
 
 
 __all__ = [

@@ -38,13 +38,21 @@ def compile_all(quiet: bool = False) -> float:
     if not quiet:
         print(f"hostpool_nb: compiling or loading {len(KERNELS)} kernels...", file=sys.stderr, flush=True)
     loaded = compiled = 0
-    for made in list(KERNELS):
+    kernels = list(KERNELS)
+    for i, made in enumerate(kernels, 1):
+        began = time.perf_counter()
         dispatcher = made.dispatcher
         stats = getattr(dispatcher, "stats", None)
         if stats is not None and stats.cache_hits and not stats.cache_misses:
             loaded += 1
+            how = "loaded"
         else:
             compiled += 1
+            how = "compiled"
+        if not quiet:  # a line per kernel: a cold run takes a minute
+            name = f"{made.__module__.rpartition('.')[2]}.{made.__qualname__}"
+            took = time.perf_counter() - began
+            print(f"hostpool_nb: [{i}/{len(kernels)}] {name} {how} in {took:.2f} s", file=sys.stderr, flush=True)
     took = time.perf_counter() - started
     if not quiet:
         done = f"{compiled} compiled, {loaded} loaded from the cache"

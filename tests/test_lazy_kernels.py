@@ -318,6 +318,8 @@ def test_warmup_compiles_every_kernel_then_loads_them(tmp_path: Path) -> None:
     assert f"{count} kernels ready" in cold.stderr, cold.stderr
     assert f"({count} compiled, 0 loaded" in cold.stderr, cold.stderr
     assert "first use" not in cold.stderr  # warmup says what it does itself
+    assert cold.stderr.count(" compiled in ") == count  # a line per kernel as it goes: a cold run takes a minute
+    assert f"[{count}/{count}] " in cold.stderr
     indexed = list((tmp_path / "cache").rglob("*.nbi"))
     assert len(indexed) == count
     warm = subprocess.run([*command, "--quiet"], env=env, capture_output=True, text=True, timeout=300, check=False)

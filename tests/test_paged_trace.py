@@ -301,7 +301,7 @@ def test_replay_time_times_the_allocator_against_the_original(tmp_path: Path, ca
     lines = out.splitlines()
     assert lines[1].strip().startswith("hostpool_nb:")
     assert lines[2].strip().startswith("original on numpy:")
-    assert "x hostpool_nb's time" in lines[2]
+    assert lines[2].endswith("x numpy")
 
 
 def test_bench_trace_times_an_allocators_recording(tmp_path: Path) -> None:
