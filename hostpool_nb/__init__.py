@@ -1,10 +1,26 @@
-"""hostpool_nb: a torch-free host KV-cache slot allocator on Numba kernels.
+"""hostpool_nb: page allocators for LLM serving's KV caches, on numpy arrays changed only by Numba kernels.
 
-A drop-in for sglang's ``LogicalHostPool`` that keeps its free lists in numpy
-int64 arrays changed only by ``@njit`` kernels, hands out caller-owned numpy
-arrays, and raises a clear error for every misuse the original accepts.
-``import hostpool_nb`` never imports torch; ``hostpool_nb.torch`` is the
-optional adapter for code that passes torch tensors.
+Each gives the results of the allocator it replaces for every correct call,
+and raises a clear error, before anything changes, for every misuse the
+original accepts (a double free, a negative size, a partial page, a stale
+free). Three tiers:
+
+- the host tier's token slots: :class:`LogicalHostPool`, sglang's, torch-free
+  (:mod:`hostpool_nb.torch` for code that passes tensors);
+- the device tier: :mod:`hostpool_nb.paged`, sglang-jax's
+  ``PagedTokenToKVPoolAllocator``, ``TokenToKVPoolAllocator`` and
+  ``SWATokenToKVPoolAllocator``;
+- sglang-jax's host tier (HiCache L2, PD staging): :class:`HostPagePool`, with
+  pins and generations, and ``hostpool_nb.paged.HostKVPoolMixin`` to put an
+  engine's own host pool on it.
+
+Diagnostics: who holds each page (``track=True``, or ``HOSTPOOL_NB_TRACK=1``),
+double frees that name both call sites, leak reports, and recordings of a
+real workload to replay and time (:mod:`hostpool_nb.trace`,
+``python -m hostpool_nb.replay``). :mod:`hostpool_nb.integrations` swaps the
+allocators into sglang or sglang-jax with one call before the engine starts.
+
+``import hostpool_nb`` never imports torch or jax.
 """
 
 from ._errors import (
