@@ -64,24 +64,30 @@ def run_python(code: str, cache_dir: str | None = None, timeout: float = 600.0) 
     return dt
 
 
+def _cold(tmp: Path) -> Callable[[str], Callable[[], float]]:
+    """``cold(code)``: a runner of ``code`` in a fresh process with a new, empty numba cache under ``tmp`` each time."""
+    counter = iter(range(1 << 30))
+
+    def cold(code: str) -> Callable[[], float]:
+        def run() -> float:
+            d = str(tmp / f"cold{next(counter)}")
+            try:
+                return run_python(code, d)
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+
+        return run
+
+    return cold
+
+
 def measure_startup(repeats: int, with_torch: bool, names: list[str]) -> dict[str, list[float]]:
     """Samples of each start-up: ``warm``, each of :data:`FIRST_CALLS` ``names`` cold, ``torch``, ``python``."""
     tmp = Path(tempfile.mkdtemp(prefix="hostpool_nb_bench_"))
-    counter = iter(range(1 << 30))
+    cold = _cold(tmp)
     try:
         warm_dir = str(tmp / "warm")
         run_python(WARM, warm_dir)  # fills the warm cache
-
-        def cold(code: str) -> Callable[[], float]:
-            def run() -> float:
-                d = str(tmp / f"cold{next(counter)}")
-                try:
-                    return run_python(code, d)
-                finally:
-                    shutil.rmtree(d, ignore_errors=True)
-
-            return run
-
         runners: dict[str, Callable[[], float]] = {"warm": lambda: run_python(WARM, warm_dir)}
         runners.update({name: cold(FIRST_CALLS[name]) for name in names})
         if with_torch:
@@ -136,18 +142,7 @@ WARMUP = "import sys; from hostpool_nb.warmup import main; sys.exit(main(['--qui
 def ranges(repeats: int, warmup_repeats: int) -> list[tuple[str, list[float]]]:
     """(what, samples) for every start-up time the docs quote, each sample a fresh process."""
     tmp = Path(tempfile.mkdtemp(prefix="hostpool_nb_startup_"))
-    counter = iter(range(1 << 30))
-
-    def cold(code: str) -> Callable[[], float]:
-        def run() -> float:
-            d = str(tmp / f"cold{next(counter)}")
-            try:
-                return run_python(code, d)
-            finally:
-                shutil.rmtree(d, ignore_errors=True)
-
-        return run
-
+    cold = _cold(tmp)
     try:
         warm_dir = str(tmp / "warm")
         run_python(WARMUP, warm_dir)  # every kernel in the warm cache

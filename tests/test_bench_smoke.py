@@ -408,3 +408,13 @@ def test_compare_refuses_an_unknown_cell(capsys: pytest.CaptureFixture[str]) -> 
         compare.main(["HEAD", "--only-cells", "2:trace"])
     assert info.value.code == 2
     assert "--only-cells: unknown cell(s) 2:trace" in capsys.readouterr().err
+
+
+def test_the_startup_ranges_refuse_no_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import startup
+
+    for bad in (["--repeats", "0"], ["--warmup-repeats", "0"]):
+        with pytest.raises(SystemExit) as exited:
+            startup.main(bad)
+        assert exited.value.code == 2
+        assert "--repeats and --warmup-repeats must be at least 1" in capsys.readouterr().err
