@@ -124,7 +124,8 @@ def _planned(engine: str, targets: tuple[Target, ...]) -> list[tuple[Target, Any
             what = "missing" if original is None else f"a {type(original).__name__}, not a class"
             raise IntegrationError(
                 f"{engine}: {target.where} is {what}; this version of {engine} is not one hostpool_nb's "
-                f"integration knows (tested with: docs). Nothing was replaced.",
+                f"integration knows (help(hostpool_nb.integrations.{engine}) says which were tested). "
+                "Nothing was replaced.",
                 name=target.module,
             )
         if original.__module__.startswith(__package__ + "."):
