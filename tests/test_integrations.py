@@ -180,6 +180,43 @@ def test_a_missing_class_is_an_error_naming_it_and_nothing_is_replaced(engine: S
     assert status() == []
 
 
+def test_a_name_that_is_not_a_class_is_an_error_saying_what_it_is(engine: StandIn) -> None:
+    sys.modules[sgl_jax.ALLOCATORS].TokenToKVPoolAllocator = 3
+    with pytest.raises(IntegrationError, match=r"TokenToKVPoolAllocator is a int, not a class; this version"):
+        sgl_jax.install()
+    assert status() == []
+
+
+def test_a_class_lacking_much_names_the_first_five_differences(engine: StandIn) -> None:
+    class Many(original_paged.TokenToKVPoolAllocator):
+        def one(self) -> None: ...
+        def two(self) -> None: ...
+        def three(self) -> None: ...
+        def four(self) -> None: ...
+        def five(self) -> None: ...
+        def six(self) -> None: ...
+
+    sys.modules[sgl_jax.ALLOCATORS].TokenToKVPoolAllocator = Many
+    with pytest.raises(IntegrationError) as raised:
+        sgl_jax.install()
+    message = str(raised.value)
+    assert message.count(" is missing") == 5
+    assert message.endswith("; .... Nothing was replaced.")
+    del Many.six  # five differences: each named, nothing left to elide
+    with pytest.raises(IntegrationError) as raised:
+        sgl_jax.install()
+    assert str(raised.value).count(" is missing") == 5
+    assert str(raised.value).endswith("five is missing. Nothing was replaced.")
+
+
+def test_what_install_replaced_is_a_record_that_cannot_change(engine: StandIn) -> None:
+    sgl_jax.install()
+    first = status()[0]
+    with pytest.raises(AttributeError):
+        first.where = "elsewhere"  # type: ignore[misc]
+    assert hash(first) == hash(status()[0])
+
+
 def test_an_older_engine_whose_constructor_takes_a_dtype_is_refused(engine: StandIn) -> None:
     """sglang-jax 0.0.1.post1's allocators take ``(size, page_size, dtype, kvcache, debug_mode)``."""
 

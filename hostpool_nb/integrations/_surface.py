@@ -123,11 +123,10 @@ def _literal_text(node: ast.expr | None) -> str:
 
 def _parameters_of_def(node: ast.FunctionDef | ast.AsyncFunctionDef) -> Parameters:
     args = node.args
-    positional = [*args.posonlyargs, *args.args][1:]  # self
-    defaults: list[ast.expr | None] = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
-    defaults = defaults[-len(positional) :] if positional else []
+    every = [*args.posonlyargs, *args.args]  # defaults belong to the last of these
+    defaults: list[ast.expr | None] = [None] * (len(every) - len(args.defaults)) + list(args.defaults)
     return Parameters(
-        positional=tuple((a.arg, _literal_text(d)) for a, d in zip(positional, defaults, strict=True)),
+        positional=tuple((a.arg, _literal_text(d)) for a, d in zip(every[1:], defaults[1:], strict=True)),  # no self
         keyword_only=tuple((a.arg, _literal_text(d)) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)),
         var_positional=args.vararg is not None,
         var_keyword=args.kwarg is not None,

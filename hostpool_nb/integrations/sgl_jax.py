@@ -39,7 +39,7 @@ HOST_POOLS = "sgl_jax.srt.mem_cache.host_kv_pool"
 
 
 def _tracking(pool: Any) -> str:
-    return f"tracking {'on' if getattr(pool, 'track', False) else 'off'}"
+    return f"tracking {'on' if pool.track else 'off'}"
 
 
 def _describe_allocator(a: Any) -> str:
