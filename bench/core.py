@@ -93,7 +93,7 @@ class Context:
 class Workload:
     name: str
     run: Callable[[Context], list[Row]]
-    seconds: float  # a rough run time at scale 1, for the ETA
+    seconds: float  # its run time at scale 1 on a 2-core VM (2026-12-04), for the ETA
 
 
 # The order a run takes, and the table shows: the core pool first, then what was built on it.

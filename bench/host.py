@@ -238,7 +238,7 @@ def measure_mixin_cell(op: str, n: int, cfg: HostConfig) -> dict[str, dict[str, 
     return out
 
 
-@workload("host", seconds=14)
+@workload("host", seconds=6)
 def host_tier(ctx: Context) -> list[Row]:
     cfg = HostConfig(repeats=ctx.repeats(), min_loop_s=ctx.loop_s())
     if ctx.tiny:

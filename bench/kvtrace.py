@@ -207,7 +207,7 @@ def measure_trace(
     return interleaved({name: runner(make) for name, make in makers.items()}, repeats, tick)
 
 
-@workload("trace", seconds=25)
+@workload("trace", seconds=10)
 def kv_trace(ctx: Context) -> list[Row]:
     rows = []
     n_ops = ctx.size(int(30_000 * ctx.scale), 300)

@@ -77,7 +77,7 @@ def measure_memory(make: Callable[[int, int], Any], size: int, page_size: int = 
     return {"built": built / pages, "peak": peak / pages}
 
 
-@workload("memory", seconds=25)
+@workload("memory", seconds=4)
 def memory(ctx: Context) -> list[Row]:
     held: dict[str, float] = {}
     peak: dict[str, float] = {}

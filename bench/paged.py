@@ -118,7 +118,7 @@ def _requests(impls: dict[str, Any], pool_pages: int, lens: np.ndarray) -> dict[
     return {name: (a, np.asarray(got[name], dtype=np.int64)[ends]) for name, a in made.items()}
 
 
-@workload("paged", seconds=30)
+@workload("paged", seconds=17)
 def paged(ctx: Context) -> list[Row]:
     impls = implementations()
     rows = []
@@ -376,7 +376,7 @@ def _swa_subjects(call: str, impls: dict[str, Any], prefix: np.ndarray, seq: np.
     return subjects
 
 
-@workload("swa", seconds=20)
+@workload("swa", seconds=5)
 def swa(ctx: Context) -> list[Row]:
     size, size_swa = ctx.size(1 << 20, 1 << 14), ctx.size(1 << 18, 1 << 13)
     # Requests of up to 512 tokens: a window's worth, so that the batches fit the 256K-slot SWA side.

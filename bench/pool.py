@@ -147,7 +147,7 @@ def row_of(workload_name: str, params: str, samples: dict[str, list[float]], **e
     return Row(workload_name, params, "s", {n: median(s) for n, s in samples.items()}, samples=samples, extra=extra)
 
 
-@workload("roundtrip", seconds=40)
+@workload("roundtrip", seconds=12)
 def roundtrip(ctx: Context) -> list[Row]:
     rows = []
     max_ops = ctx.size(16384 if ctx.scale >= 2 else 4096, 16)
@@ -306,7 +306,7 @@ def _per_batch(loop: Callable[[str, int], None], name: str, n: int) -> float:
     return timed(loop, name, n) / n
 
 
-@workload("batch", seconds=12)
+@workload("batch", seconds=9)
 def batch(ctx: Context) -> list[Row]:
     rows = []
     size = ctx.size(MIB_SLOTS, 4096)

@@ -98,7 +98,7 @@ def measure_startup(repeats: int, with_torch: bool, names: list[str]) -> dict[st
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@workload("startup", seconds=100)
+@workload("startup", seconds=75)
 def startup(ctx: Context) -> list[Row]:
     ctx.label("start-up (fresh processes)")
     names = list(FIRST_CALLS)[:1] if ctx.tiny else list(FIRST_CALLS)  # the tests' run: the target row only

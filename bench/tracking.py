@@ -128,7 +128,7 @@ def site_table_bytes(page_size: int, n_tags: int) -> float:
     return (tracked - plain) / n_tags
 
 
-@workload("tracking", seconds=8)
+@workload("tracking", seconds=5)
 def tracking(ctx: Context) -> list[Row]:
     ctx.label("tracking")
     size = ctx.size(MIB_SLOTS, 1 << 14)
