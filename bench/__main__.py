@@ -26,18 +26,10 @@ from pathlib import Path
 from . import host, kvtrace, memory, paged, pool, startup, tracking  # noqa: F401 - each registers its workloads
 from .core import TORCH, WORKLOADS, Context
 from .report import WIDE, WIDTH, machine_info, machine_line, summary, table, wrap, write_json, write_plot
-from .timing import Progress
+from .timing import Progress, is_terminal
 
 PROG = "python -m bench"
 FULL_SCALE = 3.0
-
-
-def _is_terminal(stream: object) -> bool:
-    isatty = getattr(stream, "isatty", None)
-    try:
-        return bool(isatty and isatty())
-    except (OSError, ValueError):  # a closed or detached stream
-        return False
 
 
 def _say(text: str) -> None:
@@ -128,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(max(w.seconds, 1.0) * args.scale for w in chosen)
     progress = Progress(total, enabled=not args.no_progress)
     # Off a terminal there is no bar to watch: a line as each workload ends, into the log as it runs.
-    lines = not args.no_progress and not _is_terminal(sys.stdout)
+    lines = not args.no_progress and not is_terminal(sys.stdout)
     ctx = Context(args.scale, impls, progress.advance, progress.label)
     ctx.raw["trace_path"] = args.trace
     started = time.perf_counter()

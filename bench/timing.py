@@ -75,7 +75,7 @@ class Progress:
         stream = sys.stderr if stream is None else stream
         self._bar: Any = None
         self._done = 0.0
-        if not (enabled and _is_tty(stream)):
+        if not (enabled and is_terminal(stream)):
             return
         try:
             from tqdm import tqdm
@@ -113,7 +113,8 @@ class Progress:
             self._bar = None
 
 
-def _is_tty(stream: Any) -> bool:
+def is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is a terminal (a closed, detached or odd stream is not)."""
     isatty = getattr(stream, "isatty", None)
     try:
         return bool(isatty and isatty())
