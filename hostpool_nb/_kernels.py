@@ -190,8 +190,9 @@ def _flags_are(st: NDArray[np.int64], start: int, length: int, want: int) -> boo
     lo, hi, first, last = _word_masks(start, length)
     pattern = want * _EVERY_BYTE
     bad = ((words[lo] ^ pattern) & first) | ((words[hi] ^ pattern) & last)
-    for q in range(lo + 1, hi):
-        bad |= words[q] ^ pattern
+    middle = words[lo + 1 : hi]  # indexed from 0, LLVM vectorises it
+    for q in range(middle.shape[0]):
+        bad |= middle[q] ^ pattern
     ok: bool = bad == 0
     return ok
 
@@ -204,8 +205,9 @@ def _set_flags(st: NDArray[np.int64], start: int, length: int, flag: int) -> Non
     pattern = flag * _EVERY_BYTE
     words[lo] = (words[lo] & ~first) | (pattern & first)
     words[hi] = (words[hi] & ~last) | (pattern & last)
-    for q in range(lo + 1, hi):
-        words[q] = pattern
+    middle = words[lo + 1 : hi]  # indexed from 0, LLVM vectorises it
+    for q in range(middle.shape[0]):
+        middle[q] = pattern
 
 
 @_callee()
@@ -327,15 +329,16 @@ def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArra
         # per run cost more than the loops (docs/architecture.md).
         lo, hi, first, last = _word_masks(p, take)
         wrong = (words[lo] & first) | (words[hi] & last)  # OWNER_FREE is 0
-        for q in range(lo + 1, hi):
-            wrong |= words[q]
+        middle = words[lo + 1 : hi]  # indexed from 0, LLVM vectorises it
+        for q in range(middle.shape[0]):
+            wrong |= middle[q]
         if wrong != 0:
             bad = True
             break
         words[lo] = (words[lo] & ~first) | (_ALLOCATED_WORD & first)
         words[hi] = (words[hi] & ~last) | (_ALLOCATED_WORD & last)
-        for q in range(lo + 1, hi):
-            words[q] = _ALLOCATED_WORD
+        for q in range(middle.shape[0]):
+            middle[q] = _ALLOCATED_WORD
         # A view (LLVM vectorises the fill) rounded up to 16 slots while the
         # rest of ``out`` has room: later runs overwrite the excess, and the
         # loop never ends in a remainder of its own (docs/architecture.md).
@@ -672,15 +675,16 @@ def alloc_short(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
             first &= last
             last = first
         wrong = (words[lo] & first) | (words[hi] & last)  # OWNER_FREE is 0
-        for q in range(lo + 1, hi):
-            wrong |= words[q]
+        middle = words[lo + 1 : hi]  # indexed from 0, LLVM vectorises it
+        for q in range(middle.shape[0]):
+            wrong |= middle[q]
         if wrong != 0:
             bad = True
             break
         words[lo] = (words[lo] & ~first) | (_ALLOCATED_WORD & first)
         words[hi] = (words[hi] & ~last) | (_ALLOCATED_WORD & last)
-        for q in range(lo + 1, hi):
-            words[q] = _ALLOCATED_WORD
+        for q in range(middle.shape[0]):
+            middle[q] = _ALLOCATED_WORD
         # A view (LLVM vectorises the fill) rounded up to 16 slots while the
         # rest of ``out`` has room: later runs overwrite the excess, and the
         # loop never ends in a remainder of its own (docs/architecture.md).
@@ -813,14 +817,15 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
                     last = first
                 held = OWNER_ALLOCATED * _EVERY_BYTE
                 wrong = ((words[lo] ^ held) & first) | ((words[hi] ^ held) & last)
-                for q in range(lo + 1, hi):
-                    wrong |= words[q] ^ held
+                middle = words[lo + 1 : hi]  # indexed from 0, LLVM vectorises it
+                for q in range(middle.shape[0]):
+                    wrong |= middle[q] ^ held
                 if wrong == 0 and run > 1:
                     pattern = mark * _EVERY_BYTE
                     words[lo] = (words[lo] & ~first) | (pattern & first)
                     words[hi] = (words[hi] & ~last) | (pattern & last)
-                    for q in range(lo + 1, hi):
-                        words[q] = pattern
+                    for q in range(middle.shape[0]):
+                        middle[q] = pattern
                     # A run is measured to its end (or the pool's), so the next
                     # slot never continues it: nothing to join.
                     ring[pos] = p
