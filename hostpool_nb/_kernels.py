@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 from ._jit import as_callee as _as_callee
 from ._jit import callee as _callee
 from ._jit import kernel as _jit
-from ._jit import trailing_zeros
+from ._jit import popcount, trailing_zeros
 from ._jit import twin as _twin
 from ._layout import (
     E_CORRUPT,
@@ -395,6 +395,41 @@ _RUNS_IN_A_MERGE = 4
 
 
 @_callee()
+def _free_counts(st: NDArray[np.int64], n: int) -> tuple[int, int]:
+    """The free pages (``OWNER_FREE``) of a pool of ``n`` pages, and the ring entries their longest runs take.
+
+    Eight flags a word: a bit per page says it is free (bit 0 of its byte,
+    the byte's bits or-ed down into it), the same word shifted up a byte or
+    two says whether the one or two pages before it are, and ``popcount``
+    counts the pages, the runs' first pages and their second pages (a run
+    of two or more takes one entry more). About four times faster than a
+    branch-free loop over the bytes, whose carried state LLVM does not vectorise.
+    The words are only shifted and masked: an int64 product or sum that
+    overflows is undefined in numba's code (``nsw``), so no multiply tricks.
+    """
+    words = st[HEADER + (n + 1) // 2 : HEADER + (n + 1) // 2 + (n + 7) // 8]  # the owner flags (_layout.py)
+    last = words.shape[0] - 1
+    tail = (_LOW_BYTE << ((n & 7) << 3)) - 1 if n & 7 != 0 else _ALL_BYTES  # the last word's bytes that are pages
+    found = 0
+    entries = 0
+    prev = 0  # the previous word's free bits; no page before page 0 is free
+    for q in range(words.shape[0]):
+        w: int = words[q]
+        w |= w >> 4
+        w |= w >> 2
+        w |= w >> 1
+        free = ~w & _EVERY_BYTE
+        if q == last:
+            free &= tail
+        before = (free << 8) | (prev >> 56)  # page p - 1 free, in page p's bit
+        older = (free << 16) | (prev >> 48)
+        found += popcount(free)
+        entries += popcount(free & ~before) + popcount(free & before & ~older)
+        prev = free
+    return found, entries
+
+
+@_callee()
 def merge_lists(st: NDArray[np.int64]) -> int:
     """Fold the release list into the free list.
 
@@ -404,8 +439,9 @@ def merge_lists(st: NDArray[np.int64]) -> int:
     ascending list of the longest runs of free pages. The owner flags
     already say which pages are free (``OWNER_FREE``; a pending page is
     flagged apart), so one pass over them counts the pages and the entries
-    their runs need (sums LLVM vectorises), and a second writes the runs,
-    skipping eight flags at a time inside and between runs: O(pages), no
+    their runs need, eight flags a word (:func:`_free_counts`), and a
+    second writes the runs, skipping eight flags at a time inside and
+    between runs: O(pages), no
     comparison sort. The longest runs take no more entries than the lists
     held, so they are written to end where the pending list starts, which
     stays where it is. When the runs are short (more than one entry per
@@ -423,19 +459,7 @@ def merge_lists(st: NDArray[np.int64]) -> int:
         n: int = st[H_NPAGES]
         live: int = st[H_NFREE] + moved
         owner = owner_view(st)
-        found = 0
-        starts = 0
-        seconds = 0  # second pages of runs: a run of two or more takes one entry more
-        before = 1  # page p - 1 is not free (none is before page 0)
-        older = 1
-        for p in range(n):
-            free = owner[p] == OWNER_FREE
-            found += free
-            starts += free & before
-            seconds += free & (1 - before) & older
-            older = before
-            before = 1 - free
-        entries = starts + seconds
+        found, entries = _free_counts(st, n)
         old: int = st[H_EFREE] + st[H_EREL]
         if found != live or entries > old:
             return fail(E_CORRUPT, 0)

@@ -470,6 +470,18 @@ PLANTED = [
         "            span = (span + 15) & ~15\n        dst = out[at : at + span]\n        first = p * page_size\n",
         "            span = span & ~15\n        dst = out[at : at + span]\n        first = p * page_size\n",
     ),
+    (
+        "a sorted merge's count takes the bytes after the last page's flag for free pages",
+        "hostpool_nb/_kernels.py",
+        "        if q == last:\n            free &= tail\n",
+        "        if q == last:\n            free &= _ALL_BYTES\n",
+    ),
+    (
+        "a sorted merge's count sees no page free two before a word's first page (a run of two there)",
+        "hostpool_nb/_kernels.py",
+        "        older = (free << 16) | (prev >> 48)\n",
+        "        older = free << 16\n",
+    ),
 ]
 
 

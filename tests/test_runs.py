@@ -17,6 +17,7 @@ inputs long enough to reach it.
 from __future__ import annotations
 
 import functools
+import itertools
 import types
 from collections.abc import Callable
 from typing import Any
@@ -445,3 +446,59 @@ def _jit_trailing_zeros() -> Callable[[Any], int]:
 
     compiled: Callable[[Any], int] = njit("i8(i8)", cache=False)(lowest_bit)
     return compiled
+
+
+@settings(max_examples=300, deadline=None)
+@given(st_.integers(-(2**63), 2**63 - 1))
+def test_popcount_counts_the_set_bits(x: int) -> None:
+    """In a kernel (LLVM's ctpop) and in plain Python (the JIT off): how a sorted merge counts free pages."""
+    from hostpool_nb._jit import _popcount_in_python
+
+    want = sum((x >> i) & 1 for i in range(64))
+    assert _popcount_in_python(np.int64(x)) == want
+    if JIT_DISABLED:
+        return
+    assert _jit_popcount()(np.int64(x)) == want
+
+
+@functools.cache
+def _jit_popcount() -> Callable[[Any], int]:
+    from numba import njit
+
+    from hostpool_nb._jit import popcount
+
+    def set_bits(x: int) -> int:
+        return popcount(x)
+
+    compiled: Callable[[Any], int] = njit("i8(i8)", cache=False)(set_bits)
+    return compiled
+
+
+# Half the pages free, so runs of every length cross the flag words' edges.
+_FLAG_BYTES = [L.OWNER_FREE] * 5 + [L.OWNER_ALLOCATED, L.OWNER_PENDING, L.OWNER_STAGED, 0x80, 0xFF]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st_.lists(st_.sampled_from(_FLAG_BYTES), min_size=1, max_size=90),
+    st_.integers(0, 255),
+    st_.booleans(),
+)
+def test_free_counts_are_a_byte_by_byte_count(flags: list[int], padding: int, track: bool) -> None:
+    """Eight flags a word: the free pages and their longest runs' entries, whatever the bytes past the last page.
+
+    The bytes after page ``n - 1`` in the last flag word are not pages (zero,
+    which reads as free, in a new state): they must not count.
+    """
+    n = len(flags)
+    st = L.new_state(n, 1, track=track)
+    owner = L.owner_flags(st, n)
+    owner[:] = flags
+    raw = st.view(np.uint8)
+    first = (L.HEADER + (n + 1) // 2) * 8 + n  # the first byte after the flags
+    raw[first : (first + 7) // 8 * 8] = padding
+    free = [f == L.OWNER_FREE for f in flags]
+    runs = [length for is_free, group in itertools.groupby(free) if is_free for length in [len(list(group))]]
+    event("padding reads as free" if padding == 0 and n % 8 else "no free padding")
+    found, entries = callable_from_python(K._free_counts)(st, n)
+    assert (found, entries) == (sum(runs), sum(1 if r == 1 else 2 for r in runs))
