@@ -8,6 +8,7 @@ folder under the system's temporary directory, under another name, so both
 import at once; its kernels compile there once.
 
 Cells (--only-cells, comma-separated): 64:64, 16:16, 1:1 (one page);
+1:4096, 1:16384 (the GIL kept; released, the capacity unchecked);
 64:65536, 16:65536, 1:65536; 1:65536s (from a free list shuffled page by
 page); 1:trace, 16:trace, 64:trace (the KV-cache trace, per call); 64:64t
 (one page on a pool made with track=True); paged:free, paged:extend,
@@ -41,6 +42,8 @@ CELLS = [
     "64:64",
     "16:16",
     "1:1",
+    "1:4096",
+    "1:16384",
     "64:65536",
     "16:65536",
     "1:65536",
