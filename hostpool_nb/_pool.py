@@ -215,9 +215,9 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         self.track = tracker is not None
         self._tracker = tracker
         # The hot paths take alloc sizes 0.._plain_limit and free inputs of
-        # up to _plain_limit slots: short enough to keep the GIL
-        # (_kernels.GIL_SLOTS); a tracking pool's take none.
-        self._plain_limit = _kernels.GIL_SLOTS if tracker is None else -1
+        # up to _plain_limit slots: short enough that a refused allocation's
+        # output costs little (_PRECHECK_SLOTS); a tracking pool's take none.
+        self._plain_limit = _PRECHECK_SLOTS if tracker is None else -1
         # This page-size class's kernels, by call length: the short calls' two
         # (the hot paths') are compiled (or loaded) now, the others on their first call.
         self._k = _ENTRIES[page_size == 1]
@@ -300,15 +300,18 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
             need_size = as_count(need_size, "need_size")
         if not 0 <= need_size <= self._plain_limit:  # tracking pools, negative and long sizes
             return self._alloc_checked(need_size, tag)
-        # The hot path, for a plain pool and a short size (no capacity check
-        # first, a kernel that keeps the GIL): the kernel refuses a size that
-        # is not page-aligned (before any change), which saves the check
-        # here. The output is allocated before taking the lock, so its page
-        # faults are not paid while other threads wait; the kernel checks
-        # capacity and reports E_SHORT without touching the state.
+        # The hot path, for a plain pool and a size without a capacity check
+        # first: the kernel refuses a size that is not page-aligned (before
+        # any change), which saves the check here. The output is allocated
+        # before taking the lock, so its page faults are not paid while other
+        # threads wait; the kernel checks capacity and reports E_SHORT
+        # without touching the state.
         out = _empty(need_size, _INT64)
-        # A plain attribute load: calling it as ``self.x()`` is a slower lookup.
-        kernel = self._alloc_short if need_size <= _SHORT_SLOTS else self._k.alloc_gil
+        # Plain attribute loads, by length (the table _sized reads): a method call costs more.
+        if need_size <= _SHORT_SLOTS:
+            kernel = self._alloc_short
+        else:
+            kernel = self._k.alloc_gil if need_size <= _GIL_SLOTS else self._k.alloc
         lock = self.lock
         lock.acquire()  # acquire/release: measurably cheaper than ``with``
         try:
@@ -504,10 +507,13 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         else:
             slots = as_slots(indices)
         # One test for the hot path: a plain pool (a tracking pool's limit is
-        # -1) and a call short enough to keep the GIL (_kernels.GIL_SLOTS).
+        # -1) and a call of up to _PRECHECK_SLOTS; its kernel by length, as _sized chooses.
         size = slots.size  # an attribute of numpy's: read once
         if size <= self._plain_limit:
-            kernel = self._free_short if size <= _SHORT_SLOTS else self._k.free_gil
+            if size <= _SHORT_SLOTS:
+                kernel = self._free_short
+            else:
+                kernel = self._k.free_gil if size <= _GIL_SLOTS else self._k.free
         elif self._tracker is not None:
             return self._free_tracked(slots)
         else:

@@ -877,3 +877,36 @@ def test_an_unusable_tag_is_a_type_error_before_anything_changes(
     assert str(info.value).startswith(message)
     unchanged(pool, before)
     assert pool._tracker.table() == table
+
+
+def _kernel_boundaries() -> list[int]:
+    from hostpool_nb import _kernels, _pool
+
+    edges = (_kernels.SHORT_SLOTS, _kernels.GIL_SLOTS, _pool._PRECHECK_SLOTS)
+    return sorted({n + d for n in edges for d in (0, 1)})
+
+
+@pytest.mark.parametrize("merge", ["fifo", "sorted"])
+@pytest.mark.parametrize("need", _kernel_boundaries())
+def test_alloc_and_free_at_each_kernel_boundary(need: int, merge: str, snapshot: Any, refused: Any) -> None:
+    """Either side of each length where ``alloc`` and ``free`` change kernel or check capacity first.
+
+    Served in FIFO order (a sorted pool merges first), refused when one slot
+    short with nothing changed but the counters, freed whole.
+    """
+    pool = LogicalHostPool(need, 1, merge=merge)
+    first = pool.alloc(need)
+    assert first is not None
+    assert np.array_equal(first, np.arange(need))
+    before = snapshot(pool)
+    assert pool.alloc(1) is None
+    refused(pool, before)
+    assert pool.free(first[::-1].copy()) == need  # released in reverse: a sorted pool's merge puts them back in order
+    before = snapshot(pool)
+    assert pool.alloc(need + 1) is None
+    refused(pool, before)
+    again = pool.alloc(need)
+    assert again is not None
+    assert np.array_equal(again, np.arange(need) if merge == "sorted" else np.arange(need)[::-1])
+    assert pool.available_size() == 0
+    pool.check_invariants()
