@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     done = 0.0
     if lines:
         what = f"{len(chosen)} workload{'s' if len(chosen) != 1 else ''}"
-        _say(f"{what}, about {_minutes(total)} on 2 cores (40 s more to compile, the first time); a line as each ends")
+        _say(f"{what}, about {_minutes(total)} on 2 cores; the first run compiles (40 s)")
     try:
         progress.label("compiling and loading kernels")
         from hostpool_nb import warmup
