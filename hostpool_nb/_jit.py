@@ -384,14 +384,12 @@ def _window_intrinsic(np_dtype: np.dtype[Any], where: Callable[..., tuple[int, i
     return cast("Callable[..., Any]", intrinsic(typer))
 
 
-def _trailing_zeros_in_python(x: int) -> int:
-    """The number of zero bits below the lowest set bit of a nonzero int64 (plain Python, for the JIT off)."""
-    x = int(x) & ((1 << 64) - 1)
-    return (x & -x).bit_length() - 1
+def _bit_intrinsic(name: str, emit: Callable[[Any, Any, Any], Any]) -> Callable[[int], int]:
+    """An int64 function for kernels whose code is one LLVM instruction, ``emit(context, builder, value)``.
 
-
-def _trailing_zeros_intrinsic() -> Callable[[int], int]:
-    """:data:`trailing_zeros` in kernels: LLVM's ``cttz``, one instruction, inlined where it is called."""
+    An intrinsic is inlined where a kernel calls it: nothing of its own to
+    compile, as a callee would have.
+    """
     from numba.core import types as _types  # noqa: PLC0415
     from numba.extending import intrinsic  # noqa: PLC0415
 
@@ -402,18 +400,25 @@ def _trailing_zeros_intrinsic() -> Callable[[int], int]:
             return None  # numba's typing error names the call
 
         def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-            value = context.cast(builder, args[0], sig.args[0], types.int64)
-            return builder.cttz(value, context.get_constant(types.boolean, True))  # x == 0 never asked
+            return emit(context, builder, context.cast(builder, args[0], sig.args[0], types.int64))
 
         return types.int64(x), codegen
 
-    typer.__name__ = typer.__qualname__ = "trailing_zeros"
+    typer.__name__ = typer.__qualname__ = name
     return cast("Callable[[int], int]", intrinsic(typer))
 
 
-# The index of the lowest set bit of a nonzero int64: how far a run's slots count up, from a
-# mask of the slots that do not (kernels build one per 64 slots). An intrinsic, so not a callee to compile.
-trailing_zeros: Callable[[int], int] = _trailing_zeros_in_python if JIT_DISABLED else _trailing_zeros_intrinsic()
+def _trailing_zeros_in_python(x: int) -> int:
+    """The number of zero bits below the lowest set bit of a nonzero int64 (plain Python, for the JIT off)."""
+    x = int(x) & ((1 << 64) - 1)
+    return (x & -x).bit_length() - 1
+
+
+def _cttz(context: Any, builder: Any, value: Any) -> Any:
+    """LLVM's ``cttz``, told that 0 is never asked (which lets it emit one instruction)."""
+    from numba.core import types  # noqa: PLC0415
+
+    return builder.cttz(value, context.get_constant(types.boolean, True))
 
 
 def _popcount_in_python(x: int) -> int:
@@ -421,29 +426,18 @@ def _popcount_in_python(x: int) -> int:
     return (int(x) & ((1 << 64) - 1)).bit_count()
 
 
-def _popcount_intrinsic() -> Callable[[int], int]:
-    """:data:`popcount` in kernels: LLVM's ``ctpop``, one instruction, inlined where it is called."""
-    from numba.core import types as _types  # noqa: PLC0415
-    from numba.extending import intrinsic  # noqa: PLC0415
-
-    types: Any = _types
-
-    def typer(typingctx: Any, x: Any) -> Any:
-        if not isinstance(x, types.Integer):
-            return None  # numba's typing error names the call
-
-        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-            return builder.ctpop(context.cast(builder, args[0], sig.args[0], types.int64))
-
-        return types.int64(x), codegen
-
-    typer.__name__ = typer.__qualname__ = "popcount"
-    return cast("Callable[[int], int]", intrinsic(typer))
-
-
-# The number of set bits of an int64: how many of eight owner flags a word's bit-per-flag mask
-# holds (a sorted merge counts the free pages that way). An intrinsic, as trailing_zeros is.
-popcount: Callable[[int], int] = _popcount_in_python if JIT_DISABLED else _popcount_intrinsic()
+# The index of the lowest set bit of a nonzero int64: how far a run's slots count up, from a
+# mask of the slots that do not (kernels build one per 64 slots).
+trailing_zeros: Callable[[int], int] = (
+    _trailing_zeros_in_python if JIT_DISABLED else _bit_intrinsic("trailing_zeros", _cttz)
+)
+# The number of set bits of an int64 (LLVM's ``ctpop``): how many of eight owner flags a word's
+# bit-per-flag mask holds (a sorted merge counts the free pages that way).
+popcount: Callable[[int], int] = (
+    _popcount_in_python
+    if JIT_DISABLED
+    else _bit_intrinsic("popcount", lambda context, builder, value: builder.ctpop(value))
+)
 
 
 def twin(func: _F, signature: str, *, name: str, nogil: bool, constants: dict[str, Any] | None = None) -> _F:
