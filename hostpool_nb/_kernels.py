@@ -403,9 +403,10 @@ def _free_counts(st: NDArray[np.int64], n: int) -> tuple[int, int]:
     two says whether the one or two pages before it are, and ``popcount``
     counts the pages, the runs' first pages and their second pages (a run
     of two or more takes one entry more). About four times faster than a
-    branch-free loop over the bytes, whose carried state LLVM does not vectorise.
-    The words are only shifted and masked: an int64 product or sum that
-    overflows is undefined in numba's code (``nsw``), so no multiply tricks.
+    branch-free loop over the bytes, whose carried state LLVM does not
+    vectorise. The words are only shifted and masked: an int64 product or
+    sum that overflows is undefined in numba's code (``nsw``), so no
+    multiply tricks.
     """
     words = st[HEADER + (n + 1) // 2 : HEADER + (n + 1) // 2 + (n + 7) // 8]  # the owner flags (_layout.py)
     last = words.shape[0] - 1
@@ -441,13 +442,13 @@ def merge_lists(st: NDArray[np.int64]) -> int:
     flagged apart), so one pass over them counts the pages and the entries
     their runs need, eight flags a word (:func:`_free_counts`), and a
     second writes the runs, skipping eight flags at a time inside and
-    between runs: O(pages), no
-    comparison sort. The longest runs take no more entries than the lists
-    held, so they are written to end where the pending list starts, which
-    stays where it is. When the runs are short (more than one entry per
-    ``_RUNS_IN_A_MERGE`` pages), every page is written as an entry of its
-    own instead, without a branch per page: the ring holds every page once.
-    Nothing happens, and nothing is counted, without released pages.
+    between runs: O(pages), no comparison sort. The longest runs take no
+    more entries than the lists held, so they are written to end where the
+    pending list starts, which stays where it is. When the runs are short
+    (more than one entry per ``_RUNS_IN_A_MERGE`` pages), every page is
+    written as an entry of its own instead, without a branch per page: the
+    ring holds every page once. Nothing happens, and nothing is counted,
+    without released pages.
     Returns the number of pages merged, or ``E_CORRUPT`` with the state
     unchanged if the flags do not count as many free pages as the lists
     hold.
