@@ -431,20 +431,22 @@ def test_trailing_zeros_is_the_lowest_set_bits_index(x: int) -> None:
     assert _trailing_zeros_in_python(np.int64(x)) == want
     if JIT_DISABLED:
         return
-    at = _jit_trailing_zeros()
-    assert at(np.int64(x)) == want
+    assert _in_a_kernel("trailing_zeros")(np.int64(x)) == want
 
 
 @functools.cache
-def _jit_trailing_zeros() -> Callable[[Any], int]:
+def _in_a_kernel(name: str) -> Callable[[Any], int]:
+    """``_jit.<name>`` (an intrinsic, callable only from compiled code) inside a one-line kernel."""
     from numba import njit
 
-    from hostpool_nb._jit import trailing_zeros
+    from hostpool_nb import _jit
 
-    def lowest_bit(x: int) -> int:
-        return trailing_zeros(x)
+    op = getattr(_jit, name)
 
-    compiled: Callable[[Any], int] = njit("i8(i8)", cache=False)(lowest_bit)
+    def call(x: int) -> int:
+        return op(x)  # type: ignore[no-any-return]
+
+    compiled: Callable[[Any], int] = njit("i8(i8)", cache=False)(call)
     return compiled
 
 
@@ -458,20 +460,7 @@ def test_popcount_counts_the_set_bits(x: int) -> None:
     assert _popcount_in_python(np.int64(x)) == want
     if JIT_DISABLED:
         return
-    assert _jit_popcount()(np.int64(x)) == want
-
-
-@functools.cache
-def _jit_popcount() -> Callable[[Any], int]:
-    from numba import njit
-
-    from hostpool_nb._jit import popcount
-
-    def set_bits(x: int) -> int:
-        return popcount(x)
-
-    compiled: Callable[[Any], int] = njit("i8(i8)", cache=False)(set_bits)
-    return compiled
+    assert _in_a_kernel("popcount")(np.int64(x)) == want
 
 
 # Half the pages free, so runs of every length cross the flag words' edges.
