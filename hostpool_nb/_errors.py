@@ -97,6 +97,26 @@ class DoubleFreeError(HostPoolError):
     """
 
 
+class PagedOnlyError(HostPoolError, NotImplementedError):
+    """A call only a paged allocator serves, made on one at page size 1 (``alloc_extend``, ``alloc_decode``).
+
+    Both a :class:`HostPoolError` and a ``NotImplementedError``: sglang-jax's
+    token allocator raises ``NotImplementedError("alloc_extend is only for
+    paged allocator")`` for these (its base class's methods), and its
+    sliding-window allocator at page size 1 does the same through its
+    token sub-allocators; code that catches that keeps working.
+
+    Examples
+    --------
+    >>> from hostpool_nb.paged import TokenToKVPoolAllocator
+    >>> alloc = TokenToKVPoolAllocator(16, None)
+    >>> alloc.alloc_decode([2], [1])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    hostpool_nb.PagedOnlyError: alloc_decode is only for paged allocator: ...
+    """
+
+
 class PageStateError(HostPoolError, RuntimeError):
     """A host page is not in the state a call needs (``HostPagePool``).
 
@@ -247,6 +267,7 @@ __all__ = [
     "PageDoubleFreeError",
     "PageNotAllocatedError",
     "PageStateError",
+    "PagedOnlyError",
     "PartialPageError",
     "PinnedPageError",
     "PoolForkedError",

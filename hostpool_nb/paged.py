@@ -58,7 +58,7 @@ from numpy.typing import NDArray
 
 from . import _kernels, _layout, _paged_kernels, _swa_kernels
 from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_int_vector, as_slots, pool_shape
-from ._errors import AlignmentError, DoubleFreeError, HostPoolError, SlotRangeError
+from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PagedOnlyError, SlotRangeError
 from ._fork import register as _register_fork_lock
 from ._host import HostKVPoolMixin, HostPagePool
 from ._invariants import group_problems, rank_problems
@@ -99,10 +99,71 @@ _STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
 _INT32_MAX = 2**31 - 1
 
 
-class _KVCacheForwarding:
-    """What every device allocator does with the ``kvcache`` it was given: hands it back, forwards copies to it."""
+class BaseTokenToKVPoolAllocator:
+    """What every device allocator offers because sglang-jax's base class of this name gives it to its three.
+
+    sglang-jax's allocators derive from its ``BaseTokenToKVPoolAllocator``,
+    and callers see its methods on each of them: so do hostpool_nb's
+    (``docs/behaviour.md`` section 3 says where they differ). Each
+    allocator here defines its own ``alloc``, ``free``, ``available_size``,
+    ``clear``, free groups and snapshots; this class holds the rest:
+
+    - ``debug_print()``: ``""`` (the sliding-window allocator's says its sizes);
+    - ``get_kvcache()``, and ``get_cpu_copy`` / ``load_cpu_copy`` forwarded
+      to the ``kvcache``;
+    - ``alloc_extend`` / ``alloc_decode``: a :class:`~hostpool_nb.PagedOnlyError`
+      (a ``NotImplementedError``, as the original's) on an allocator that
+      does not page;
+    - ``merge_and_sort_free(dp_rank)``: on an allocator with no release
+      list (the token allocator), nothing to merge: the rank is checked
+      and nothing changes, where the original's inherited method fails with
+      a ``TypeError``.
+
+    Examples
+    --------
+    >>> from hostpool_nb.paged import BaseTokenToKVPoolAllocator as Base
+    >>> from hostpool_nb.paged import TokenToKVPoolAllocator
+    >>> alloc = TokenToKVPoolAllocator(16, kvcache=None)
+    >>> isinstance(alloc, Base), alloc.debug_print()
+    (True, '')
+    >>> alloc.merge_and_sort_free()  # nothing to merge here
+    """
 
     _kvcache: Any
+    lock: Any
+    _in_group: bool
+    # Per rank, the slots of each free made inside the open group, as validated (free_group).
+    _group_frees: list[list[NDArray[np.int64]]]
+
+    @property
+    def is_not_in_free_group(self) -> bool:
+        """``True`` outside a free group, as the original's attribute."""
+        return not self._in_group
+
+    @property
+    def free_group(self) -> list[list[NDArray[np.int64]]]:
+        """Per rank, the slots of each ``free`` made in the open group, in order, as read-only int64 arrays.
+
+        The original's ``free_group[r]``: ``[]`` on every rank outside a
+        group (but for the frees still pending on other ranks after a
+        ``clear(r)``, as in the original). A new list each time; the arrays
+        hold the slots as ``free`` read and checked them, flattened.
+        """
+        with self.lock:
+            return [list(frees) for frees in self._group_frees]
+
+    def free_group_begin(self) -> None:
+        """Defer frees until ``free_group_end()``; each is still checked when made.
+
+        As the original: groups do not nest (a second begin continues the
+        group), and the pages freed inside stay allocated until the end.
+        """
+        with self.lock:
+            self._in_group = True
+
+    def debug_print(self) -> str:
+        """``""``: what sglang-jax's base class prints (its sliding-window allocator's says more)."""
+        return ""
 
     def get_kvcache(self) -> Any:
         """The ``kvcache`` given to the constructor (the SWA allocator's: the hybrid KV pool)."""
@@ -116,8 +177,35 @@ class _KVCacheForwarding:
         """Forwarded to ``kvcache.load_cpu_copy``."""
         return self._kvcache.load_cpu_copy(*args, **kwargs)
 
+    def _paged_only(self, op: str) -> PagedOnlyError:
+        return PagedOnlyError(
+            f"{op} is only for paged allocator: {type(self).__name__} at page size 1 hands out single slots; "
+            "use alloc(n)"
+        )
 
-class _RankedAllocator(_KVCacheForwarding, Recordable, ArrayStatePool):
+    def alloc_extend(self, *args: Any, **kwargs: Any) -> Any:
+        """A paged allocator's call: here a :class:`~hostpool_nb.PagedOnlyError` (a ``NotImplementedError``)."""
+        raise self._paged_only("alloc_extend")
+
+    def alloc_decode(self, *args: Any, **kwargs: Any) -> Any:
+        """A paged allocator's call: here a :class:`~hostpool_nb.PagedOnlyError` (a ``NotImplementedError``)."""
+        raise self._paged_only("alloc_decode")
+
+    def _rank(self, dp_rank: Any) -> int:
+        raise NotImplementedError
+
+    def merge_and_sort_free(self, dp_rank: Any = 0) -> None:
+        """Nothing to merge on an allocator with no release list; ``dp_rank`` is checked, nothing changes.
+
+        Parameters
+        ----------
+        dp_rank : int, optional
+            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+        """
+        self._rank(dp_rank)
+
+
+class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
     """What both allocators share: ranks, the lock, free groups, snapshots, kvcache forwarding.
 
     Each rank ``r`` has its own state arrays (``_paged_kernels.py``); one
@@ -147,8 +235,7 @@ class _RankedAllocator(_KVCacheForwarding, Recordable, ArrayStatePool):
         self._pages = pages_per_rank
         self._make_lock()
         self._in_group = False
-        # Per rank, the slots of each free made inside the open group, as validated (free_group).
-        self._group_frees: list[list[NDArray[np.int64]]] = [[] for _ in range(dp_size)]
+        self._group_frees = [[] for _ in range(dp_size)]
         self._st: list[NDArray[np.int64]] = []
         self._gp: list[NDArray[np.int64]] = []
         for _ in range(dp_size):
@@ -174,32 +261,6 @@ class _RankedAllocator(_KVCacheForwarding, Recordable, ArrayStatePool):
         if not 0 <= r < self.dp_size:
             raise HostPoolError(f"dp_rank must be in [0, {self.dp_size}), got dp_rank={r}")
         return r
-
-    @property
-    def is_not_in_free_group(self) -> bool:
-        """``True`` outside a free group, as the original's attribute."""
-        return not self._in_group
-
-    @property
-    def free_group(self) -> list[list[NDArray[np.int64]]]:
-        """Per rank, the slots of each ``free`` made in the open group, in order, as read-only int64 arrays.
-
-        The original's ``free_group[r]``: ``[]`` on every rank outside a
-        group (but for the frees still pending on other ranks after a
-        ``clear(r)``, as in the original). A new list each time; the arrays
-        hold the slots as ``free`` read and checked them, flattened.
-        """
-        with self.lock:
-            return [list(frees) for frees in self._group_frees]
-
-    def free_group_begin(self) -> None:
-        """Defer frees until ``free_group_end()``; each is still checked when made.
-
-        As the original: groups do not nest (a second begin continues the
-        group), and the pages freed inside stay allocated until the end.
-        """
-        with self.lock:
-            self._in_group = True
 
     def free_group_end(self) -> None:
         """Free, per rank, what was freed in the group (one kernel call per rank).
@@ -1026,6 +1087,10 @@ class TokenToKVPoolAllocator(_RankedAllocator):
     _kind = "TokenToKVPoolAllocator"
     _snapshot_kind = "token"
     _sorted = False
+    #: ``None``, as the original's: its base class's page lists, which a token allocator does not keep.
+    free_pages: ClassVar[None] = None
+    #: ``None``, as the original's (see :attr:`free_pages`).
+    release_pages: ClassVar[None] = None
 
     def __init__(
         self, size: int, kvcache: Any, dp_size: int = 1, *, strict: bool = False, track: bool | None = None
@@ -1034,6 +1099,7 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         if size // dp_size > _INT32_MAX:
             raise HostPoolError(f"{size // dp_size} slots per rank do not fit the int32 arrays alloc returns")
         super().__init__((size, 1, dp_size), size // dp_size, kvcache, strict, track)
+        self.origin_size = self.size_per_rank  # the original's: each rank's free slots at construction
 
     def _constructor_args(self) -> dict[str, Any]:
         return {"size": self.size, "dp_size": self.dp_size, "strict": self.strict, "track": self.track}
@@ -1103,7 +1169,7 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         return self._free(free_index, dp_rank, _paged_kernels.FREE_TOKENS)
 
 
-class SWATokenToKVPoolAllocator(_KVCacheForwarding, Recordable, ArrayStatePool):
+class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
     """sglang-jax's sliding-window allocator: a full and an SWA sub-allocator, and the mapping between them.
 
     For hybrid models that mix full and sliding-window attention: each
@@ -1114,7 +1180,7 @@ class SWATokenToKVPoolAllocator(_KVCacheForwarding, Recordable, ArrayStatePool):
     pool and the attention backend hold it). Each call is one kernel call
     for both sub-allocators and the mapping.
 
-    As the original (SPEC-paged section 3), for every call it handles: the
+    As the original (docs/behaviour.md, section 3), for every call it handles: the
     sub-allocators are this module's token allocators at page size 1, else
     paged ones, on ``kvcache.full_kv_pool`` and ``kvcache.swa_kv_pool``;
     ``alloc`` checks both sides first; ``alloc_extend`` and
@@ -1171,6 +1237,10 @@ class SWATokenToKVPoolAllocator(_KVCacheForwarding, Recordable, ArrayStatePool):
 
     _kind = "SWATokenToKVPoolAllocator"
     _state_class = SWAState
+    #: ``None``, as the original's: its base class's page lists, which the sub-allocators keep instead.
+    free_pages: ClassVar[None] = None
+    #: ``None``, as the original's (see :attr:`free_pages`).
+    release_pages: ClassVar[None] = None
 
     def __init__(  # noqa: PLR0913 - sglang-jax's constructor, and track
         self, size: int, size_swa: int, kvcache: Any, page_size: int = 1, dp_size: int = 1, *, track: Any = None
@@ -1193,6 +1263,8 @@ class SWATokenToKVPoolAllocator(_KVCacheForwarding, Recordable, ArrayStatePool):
         self.track = track
         self.page_size = page_size
         self.dp_size = self.full_attn_allocator.dp_size
+        self.size = self.full_attn_allocator.size  # the original's base class sets these two from the full side
+        self.size_per_rank = self.full_attn_allocator.size_per_rank
         self._kvcache = kvcache
         self.lock = self.full_attn_allocator.lock  # one lock for the three: each call holds both sides
         sub.lock = self.lock
@@ -1202,7 +1274,7 @@ class SWATokenToKVPoolAllocator(_KVCacheForwarding, Recordable, ArrayStatePool):
         self.full_to_swa_index_mapping: Any = self._maps[0] if self.dp_size == 1 else self._maps
         kvcache.full_to_swa_index_mapping = self.full_to_swa_index_mapping
         self._in_group = False
-        self._group_frees: list[list[NDArray[np.int64]]] = [[] for _ in range(self.dp_size)]
+        self._group_frees = [[] for _ in range(self.dp_size)]
         self._scratch = np.zeros(max(64, page_size), dtype=np.int64)
 
     # -- attributes and sizes --------------------------------------------------------
@@ -1217,11 +1289,6 @@ class SWATokenToKVPoolAllocator(_KVCacheForwarding, Recordable, ArrayStatePool):
         """The SWA sub-allocator's slots."""
         return int(self.swa_attn_allocator.size)
 
-    @property
-    def is_not_in_free_group(self) -> bool:
-        """``True`` outside a free group."""
-        return not self._in_group
-
     def full_available_size(self, dp_rank: Any = 0) -> int:
         """The full sub-allocator's ``available_size(dp_rank)``."""
         return int(self.full_attn_allocator.available_size(dp_rank))
@@ -1234,6 +1301,24 @@ class SWATokenToKVPoolAllocator(_KVCacheForwarding, Recordable, ArrayStatePool):
         """The smaller of the two sub-allocators' available sizes."""
         with self.lock:
             return min(self.full_available_size(dp_rank), self.swa_available_size(dp_rank))
+
+    def merge_and_sort_free(self, dp_rank: Any = 0) -> None:
+        """Merge each side's release list into its free list (page size > 1; at page size 1 nothing to merge).
+
+        The original inherits its base class's method, which fails here with
+        a ``TypeError`` (it keeps no lists of its own); the engine never
+        calls it. This does what the name says, on both sub-allocators, in
+        one hold of the lock.
+
+        Parameters
+        ----------
+        dp_rank : int, optional
+            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+        """
+        r = self._rank(dp_rank)
+        with self.lock:
+            self.full_attn_allocator.merge_and_sort_free(r)
+            self.swa_attn_allocator.merge_and_sort_free(r)
 
     def debug_print(self, dp_rank: Any = 0) -> str:
         """``"#swa-available-size: S, #full-attn-available-size: F, "``, as the original's."""
@@ -1362,10 +1447,7 @@ class SWATokenToKVPoolAllocator(_KVCacheForwarding, Recordable, ArrayStatePool):
 
     def _needs_pages(self, op: str) -> None:
         if self.page_size == 1:
-            raise HostPoolError(
-                f"{op} needs page_size > 1: at page size 1 the sub-allocators are token allocators, which have "
-                "no such call (the original's fails there too); use alloc(n)"
-            )
+            raise self._paged_only(op)  # as the original's token sub-allocators raise
 
     def _last_error(self, status: int, last: NDArray[np.int64], r: int) -> Exception | None:
         code, i = _layout.decode_status(status)
@@ -1489,6 +1571,7 @@ class SWATokenToKVPoolAllocator(_KVCacheForwarding, Recordable, ArrayStatePool):
             if status < 0:
                 raise self._free_failed(status, r)
             if in_group:
+                slots.flags.writeable = False
                 self._group_frees[r].append(slots)
         return int(status)
 
@@ -1530,27 +1613,22 @@ class SWATokenToKVPoolAllocator(_KVCacheForwarding, Recordable, ArrayStatePool):
             )
         raise self._corrupt("free_swa", status)
 
-    def count_swa_mapped(self, free_index: Any, dp_rank: Any = 0) -> int:
-        """How many of the full slots ``free_index`` have an SWA slot."""
+    def count_swa_mapped(self, indices: Any, dp_rank: Any = 0) -> int:
+        """How many of the full slots ``indices`` have an SWA slot."""
         r = self._rank(dp_rank)
-        slots = as_slots(free_index, "free_index")
+        slots = as_slots(indices, "indices")
         mapping = self._maps[r]
         bad = (slots < 0) | (slots >= mapping.shape[0])
         if bad.any():
             i = int(np.argmax(bad))
             raise SlotRangeError(
-                f"count_swa_mapped got slot {int(slots[i])} at free_index[{i}] (flattened), outside rank {r}'s "
+                f"count_swa_mapped got slot {int(slots[i])} at indices[{i}] (flattened), outside rank {r}'s "
                 f"full slots 0..{mapping.shape[0] - 1}"
             )
         with self.lock:
             return int(np.count_nonzero(mapping[slots]))
 
     # -- groups, clear ----------------------------------------------------------------------
-
-    def free_group_begin(self) -> None:
-        """Defer frees until ``free_group_end()``; each is checked when made. Groups do not nest."""
-        with self.lock:
-            self._in_group = True
 
     def free_group_end(self) -> None:
         """Free, per rank, the group's frees as one: the full slots, then their SWA slots."""
@@ -1590,7 +1668,7 @@ class SWATokenToKVPoolAllocator(_KVCacheForwarding, Recordable, ArrayStatePool):
 
     # -- recording (``pool.recording(path)``, from Recordable) -------------------------------
 
-    _recorded = (*_RankedAllocator._recorded, "alloc_extend", "alloc_decode", "free_swa")
+    _recorded = (*_RankedAllocator._recorded, "alloc_extend", "alloc_decode", "merge_and_sort_free", "free_swa")
 
     def _trace_shape(self) -> dict[str, Any]:
         return {
@@ -1714,6 +1792,7 @@ _NO_PICKLE = (
 
 
 __all__ = [
+    "BaseTokenToKVPoolAllocator",
     "HostKVPoolMixin",
     "HostPagePool",
     "PagedState",

@@ -385,6 +385,11 @@ def _swa_original_problem(trace: Trace) -> str | None:
     snapshots = sorted({op.name for op in trace.operations if op.name in ("backup", "restore")})
     if snapshots:
         return f"it has {'/'.join(snapshots)} calls, which the original raises NotImplementedError for"
+    if any(op.name == "merge_and_sort_free" for op in trace.operations):
+        return (
+            "it has merge_and_sort_free calls, which the original fails with a TypeError (its base class's method "
+            "reads page lists the sliding-window allocator does not keep)"
+        )
     refused = [op for op in trace.operations if op.name in ("alloc_extend", "alloc_decode") and op.result < 0]
     if refused and trace.page_size > 1:
         return (

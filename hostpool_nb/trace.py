@@ -64,8 +64,9 @@ and ``restore``; the paged allocators' ``alloc``, ``alloc_extend``,
 ``alloc_decode``, ``free``, ``merge_and_sort_free``, ``clear``, free
 groups, ``backup`` and ``restore`` (the token allocator has no batch
 calls and no merge); the sliding-window allocator's ``alloc``,
-``alloc_extend``, ``alloc_decode``, ``free``, ``free_swa``, ``clear``, free
-groups, ``backup`` and ``restore``. Tags are not recorded: they change no
+``alloc_extend``, ``alloc_decode``, ``free``, ``free_swa``,
+``merge_and_sort_free``, ``clear``, free groups, ``backup`` and
+``restore``. Tags are not recorded: they change no
 result.
 
 Version 2 (the header without ``dp_size``, ``strict`` and ``debug_mode``,
@@ -119,7 +120,16 @@ OPS = (
     "free_swa",
 )
 #: The exceptions a recorded call may have raised, by their number in the file ("": none).
-ERRORS = ("", "TypeError", "HostPoolError", "AlignmentError", "PartialPageError", "SlotRangeError", "DoubleFreeError")
+ERRORS = (
+    "",
+    "TypeError",
+    "HostPoolError",
+    "AlignmentError",
+    "PartialPageError",
+    "SlotRangeError",
+    "DoubleFreeError",
+    "PagedOnlyError",  # appended: a number, once written, keeps its meaning
+)
 _GROUPS_AND_SNAPSHOTS = ("clear", "free_group_begin", "free_group_end", "backup", "restore")
 #: The calls a trace of each pool kind may hold (a call its kind lacks makes the trace damaged).
 CALLS = {
@@ -133,7 +143,15 @@ CALLS = {
         *_GROUPS_AND_SNAPSHOTS,
     ),
     "TokenToKVPoolAllocator": ("alloc", "free", *_GROUPS_AND_SNAPSHOTS),
-    "SWATokenToKVPoolAllocator": ("alloc", "alloc_extend", "alloc_decode", "free", "free_swa", *_GROUPS_AND_SNAPSHOTS),
+    "SWATokenToKVPoolAllocator": (
+        "alloc",
+        "alloc_extend",
+        "alloc_decode",
+        "free",
+        "free_swa",
+        "merge_and_sort_free",
+        *_GROUPS_AND_SNAPSHOTS,
+    ),
 }
 SWA = "SWATokenToKVPoolAllocator"
 #: The pool kinds whose calls name a ``dp_rank``: sglang-jax's allocators.

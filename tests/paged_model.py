@@ -52,7 +52,7 @@ def capture(alloc: Any) -> tuple[Any, ...]:
     """Everything a failed call must leave as it was, for every rank (see the module docstring)."""
     state = alloc.backup_state()
     ranks = tuple(rank_state(np.asarray(w), g) for w, g in zip(state._ranks, alloc._gp, strict=True))
-    if hasattr(alloc, "free_pages"):
+    if getattr(alloc, "free_pages", None) is not None:  # the token allocator's is None
         lists: tuple[Any, ...] = (
             tuple(tuple(a.tolist()) for a in alloc.free_pages),
             tuple(tuple(sorted(a.tolist())) for a in alloc.release_pages),
@@ -91,7 +91,7 @@ def compare(alloc: Any, oracle: Any) -> None:
         want_frees = [np.asarray(a).reshape(-1).astype(np.int64).tolist() for a in oracle.free_group[r]]
         assert got_frees == want_frees, f"rank {r} free_group {got_frees}, oracle {want_frees}"
         assert all(a.dtype == np.int64 and not a.flags.writeable for a in groups[r])
-    if hasattr(oracle, "free_pages"):
+    if getattr(oracle, "free_pages", None) is not None:  # the token allocator's is None
         free, released = alloc.free_pages, alloc.release_pages
         assert len(free) == len(released) == oracle.dp_size
         for r in range(oracle.dp_size):
@@ -112,7 +112,7 @@ def compare(alloc: Any, oracle: Any) -> None:
 
 def oracle_allocated(oracle: Any, r: int) -> set[int]:
     """Pages (or token slots) of rank ``r`` that the oracle holds allocated: not on any of its lists."""
-    if hasattr(oracle, "free_pages"):
+    if getattr(oracle, "free_pages", None) is not None:  # the token allocator's is None
         listed = set(oracle.free_pages[r].tolist()) | set(oracle.release_pages[r].tolist())
         return set(range(1, oracle.pages_per_rank + 1)) - listed
     return set(range(1, oracle.size_per_rank + 1)) - set(oracle.free_slots[r].tolist())

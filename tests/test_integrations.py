@@ -209,6 +209,51 @@ def test_a_class_lacking_much_names_the_first_five_differences(engine: StandIn) 
     assert str(raised.value).endswith("five is missing. Nothing was replaced.")
 
 
+def test_the_stand_in_allocators_derive_from_the_engines_base_class_as_the_engines_do(engine: StandIn) -> None:
+    base = sys.modules[sgl_jax.ALLOCATORS].BaseTokenToKVPoolAllocator
+    assert base is original_paged.BaseTokenToKVPoolAllocator
+    assert sys.modules[RUNNER].BaseTokenToKVPoolAllocator is base  # imported by name, as the engine's
+    for name in ALLOCATORS:
+        assert issubclass(getattr(original_paged, name), base)
+
+
+def _built_alike(name: str, cls: type) -> Any:
+    """An allocator of class ``name``'s kind built with the same arguments, stand-in or hostpool_nb's."""
+    if name == "SWATokenToKVPoolAllocator":
+        return cls(64, 32, HybridKV(), 4, 2)
+    if name == "PagedTokenToKVPoolAllocator":
+        return cls(64, 4, None, False, 2)
+    return cls(64, None, 2)
+
+
+@pytest.mark.parametrize("name", ALLOCATORS)
+def test_every_public_attribute_of_a_stand_in_allocator_is_on_hostpool_nbs(name: str) -> None:
+    """What install() cannot see on a class (what the constructor sets) checked on objects built alike."""
+    theirs, mine = _built_alike(name, getattr(original_paged, name)), _built_alike(name, getattr(paged, name))
+    public = {n for n in dir(theirs) if not n.startswith("_")}
+    assert {"size", "page_size", "dp_size", "size_per_rank", "free_group", "is_not_in_free_group"} <= public
+    assert sorted(public - set(dir(mine))) == []
+    for attribute in ("size", "page_size", "dp_size", "size_per_rank", "is_not_in_free_group", "debug_print"):
+        value = getattr(theirs, attribute)
+        assert (value() if callable(value) else value) == (
+            getattr(mine, attribute)() if callable(value) else getattr(mine, attribute)
+        ), attribute
+    for attribute in ("free_pages", "release_pages", "origin_size"):
+        if getattr(theirs, attribute, None) is None:  # not the paged allocator's page lists: the same value
+            assert getattr(mine, attribute, None) == getattr(theirs, attribute, None), attribute
+
+
+@pytest.mark.parametrize("missing", ["debug_print", "merge_and_sort_free", "alloc_extend"])
+def test_a_method_of_the_engines_base_class_missing_from_hostpool_nbs_is_refused(
+    engine: StandIn, missing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gap sglang-jax 0.1.0rc0 found in hostpool_nb, made again: the stand-in engine finds it too."""
+    monkeypatch.delattr(paged.BaseTokenToKVPoolAllocator, missing)
+    with pytest.raises(IntegrationError, match=rf"TokenToKVPoolAllocator\.{missing} is missing"):
+        sgl_jax.install()
+    _nothing_replaced()
+
+
 def test_what_install_replaced_is_a_record_that_cannot_change(engine: StandIn) -> None:
     sgl_jax.install()
     first = status()[0]

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hostpool_nb import AlignmentError, DoubleFreeError, HostPoolError, SlotRangeError
+from hostpool_nb import AlignmentError, DoubleFreeError, HostPoolError, PagedOnlyError, SlotRangeError
 from hostpool_nb import _layout as L
 from hostpool_nb._layout import owner_flags, ring_ids
 from hostpool_nb.originals import paged as oracle_mod
@@ -170,8 +170,25 @@ def test_token_bad_dp_rank(token: TokenToKVPoolAllocator, rank: Any) -> None:
         lambda t: t.alloc(1, dp_rank=rank),
         lambda t: t.available_size(rank),
         lambda t: t.clear(rank),
+        lambda t: t.merge_and_sort_free(rank),
     ):
         check_error(token, call, error, message)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [(), ([0], [1], [-1], 1), ("x", None), ([0], [1], [-1], 1, 5)],
+    ids=["none", "a batch", "garbage", "a bad rank"],
+)
+@pytest.mark.parametrize("name", ["alloc_extend", "alloc_decode"])
+def test_token_batch_calls_are_a_paged_allocators(token: TokenToKVPoolAllocator, name: str, args: Any) -> None:
+    """Whatever they are given: the original's NotImplementedError (and a HostPoolError), nothing changed."""
+    message = (
+        f"{name} is only for paged allocator: TokenToKVPoolAllocator at page size 1 hands out single slots; "
+        "use alloc(n)"
+    )
+    check_error(token, lambda t: getattr(t, name)(*args), PagedOnlyError, message)
+    assert issubclass(PagedOnlyError, NotImplementedError)
 
 
 # -- free -------------------------------------------------------------------------
@@ -1033,18 +1050,22 @@ def test_kvcache_forwarding(kind: str) -> None:
             a = module.TokenToKVPoolAllocator(64, cache, dp_size=2)
         assert a.get_kvcache() is cache
         indices = np.arange(4, 12)
-        got = [
-            a.get_cpu_copy(indices),
-            a.load_cpu_copy("kv", indices, layer=3),
-            a.get_cpu_copy(),
-        ]
-        assert got == [("copy", 1), ("loaded", 2), ("copy", 3)]
+        got = [a.get_cpu_copy(indices), a.load_cpu_copy("kv", indices)]  # the original's (kv_cache_cpu, indices)
+        assert got == [("copy", 1), ("loaded", 2)]
         assert [(name, len(args), sorted(kw)) for name, args, kw in cache.calls] == [
             ("get_cpu_copy", 1, []),
-            ("load_cpu_copy", 2, ["layer"]),
-            ("get_cpu_copy", 0, []),
+            ("load_cpu_copy", 2, []),
         ]
         assert cache.calls[0][1][0] is indices  # passed on as is, not copied
+    # hostpool_nb's pass on whatever they are given: a KV pool with more parameters keeps them.
+    cache = StubCache()
+    assert a.get_kvcache() is not cache
+    a._kvcache = cache
+    assert (a.load_cpu_copy("kv", indices, layer=3), a.get_cpu_copy()) == (("loaded", 1), ("copy", 2))
+    assert [(name, len(args), sorted(kw)) for name, args, kw in cache.calls] == [
+        ("load_cpu_copy", 2, ["layer"]),
+        ("get_cpu_copy", 0, []),
+    ]
     # A kvcache without the method: the AttributeError goes through, as in the original.
     with pytest.raises(AttributeError):
         PagedTokenToKVPoolAllocator(64, 4, object()).get_cpu_copy()

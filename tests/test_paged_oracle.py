@@ -7,12 +7,18 @@ show the arithmetic), never computed by the oracle.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
-from hostpool_nb.originals.paged import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
+from hostpool_nb.originals.paged import (
+    BaseTokenToKVPoolAllocator,
+    PagedTokenToKVPoolAllocator,
+    SWATokenToKVPoolAllocator,
+    TokenToKVPoolAllocator,
+)
 
 
 def _paged(size: int, page_size: int, dp_size: int = 1, debug_mode: bool = False) -> PagedTokenToKVPoolAllocator:
@@ -437,9 +443,32 @@ def test_kvcache_forwarding() -> None:
     for alloc in (PagedTokenToKVPoolAllocator(8, 2, FakeCache()), TokenToKVPoolAllocator(8, FakeCache())):
         cache = alloc.get_kvcache()
         assert isinstance(cache, FakeCache)
-        assert alloc.get_cpu_copy(1, k=2) == "copy"
-        assert alloc.load_cpu_copy("c", 3) == "loaded"
-        assert cache.calls == [("get", (1,), {"k": 2}), ("load", ("c", 3), {})]
+        assert alloc.get_cpu_copy(1) == "copy"
+        assert alloc.load_cpu_copy("c", indices=3) == "loaded"
+        assert cache.calls == [("get", (1,), {}), ("load", ("c", 3), {})]  # passed on as (kv_cache_cpu, indices)
+    swa = SWATokenToKVPoolAllocator(8, 8, SimpleNamespace(full_kv_pool=None, swa_kv_pool=None))
+    for name in ("get_cpu_copy", "load_cpu_copy"):  # the base class's: the SWA allocator does not forward
+        with pytest.raises(NotImplementedError, match=f"^{name} not implemented for JAX$"):
+            getattr(swa, name)(1)
+
+
+def test_what_the_base_class_gives_each_allocator() -> None:
+    """debug_print, merge_and_sort_free and the batch calls as sglang-jax's base class gives them."""
+    paged, token = PagedTokenToKVPoolAllocator(16, 4, None), TokenToKVPoolAllocator(8, None)
+    swa = SWATokenToKVPoolAllocator(8, 8, SimpleNamespace(full_kv_pool=None, swa_kv_pool=None))
+    for alloc in (paged, token, swa):
+        assert isinstance(alloc, BaseTokenToKVPoolAllocator)
+    assert paged.debug_print() == token.debug_print() == ""
+    assert (token.free_pages, token.release_pages, token.origin_size) == (None, None, 8)
+    assert (swa.free_pages, swa.release_pages, swa.size, swa.size_per_rank) == (None, None, 8, 8)
+    for alloc in (token, swa):  # no page lists: the inherited merge fails on them
+        with pytest.raises(TypeError):
+            alloc.merge_and_sort_free()
+    batches = {"alloc_extend": ([0], [1], [-1], 1), "alloc_decode": ([1], [-1])}
+    for name, args in batches.items():
+        for alloc in (token, swa):  # the SWA allocator's through its token sub-allocator
+            with pytest.raises(NotImplementedError, match=f"^{name} is only for paged allocator$"):
+                getattr(alloc, name)(*args)
 
 
 # -- token allocator -------------------------------------------------------------
@@ -498,7 +527,7 @@ def test_token_allocator_groups_backup_clear_dp() -> None:
     assert (t.available_size(0), t.available_size(1)) == (4, 4)
 
 
-# -- the sliding-window allocator (SPEC-paged section 3) ---------------------------------------
+# -- the sliding-window allocator (docs/behaviour.md, section 3) ---------------------------------------
 
 
 class _HybridPool:

@@ -63,6 +63,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from hostpool_nb import PagedOnlyError
 from hostpool_nb import replay as R
 from hostpool_nb import trace as T
 from hostpool_nb.originals import paged as oracle_mod
@@ -775,6 +776,26 @@ class TokenMachine(_Machine):
     def free_again(self, data: st.DataObject) -> None:
         self.free_some(data)
 
+    @rule(data=st.data())
+    def merge(self, data: st.DataObject) -> None:
+        # The original inherits a merge that fails (no page lists); hostpool_nb's has nothing to merge.
+        _, kw = self.draw_rank(data)
+        assert self.lib.merge_and_sort_free(**kw) is None
+        with pytest.raises(TypeError):
+            self.ora.merge_and_sort_free(**kw)
+        self.events.add("merge_and_sort_free, nothing to merge")
+
+    @rule(data=st.data(), decode=st.booleans())
+    def batch(self, data: st.DataObject, decode: bool) -> None:
+        # A paged allocator's call: NotImplementedError from both, nothing changes (the invariant).
+        _, kw = self.draw_rank(data)
+        name, args = ("alloc_decode", ([2], [1])) if decode else ("alloc_extend", ([0], [1], [-1], 1))
+        with pytest.raises(PagedOnlyError, match=f"^{name} is only for paged allocator: "):
+            getattr(self.lib, name)(*args, **kw)
+        with pytest.raises(NotImplementedError, match=f"^{name} is only for paged allocator$"):
+            getattr(self.ora, name)(*args, **kw)
+        self.events.add(f"{name} refused: not paged")
+
     def free_some(self, data: st.DataObject, allow_empty: bool = True) -> int | None:
         r, kw = self.draw_rank(data, self.ranks_to_free(data))
         held = [s for q in self.model.ranks[r] for s in q]
@@ -908,6 +929,9 @@ TOKEN_EVENTS = {
     "clear(r)",
     "clear(r) inside a group",
     "clear()",
+    "merge_and_sort_free, nothing to merge",
+    "alloc_extend refused: not paged",
+    "alloc_decode refused: not paged",
 }
 
 

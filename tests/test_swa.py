@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hostpool_nb import AlignmentError, DoubleFreeError, HostPoolError, SlotRangeError
+from hostpool_nb import AlignmentError, DoubleFreeError, HostPoolError, PagedOnlyError, SlotRangeError
 from hostpool_nb import _layout as L
 from hostpool_nb.originals import paged as oracle_mod
 from hostpool_nb.paged import SWAState, SWATokenToKVPoolAllocator
@@ -70,15 +70,24 @@ _BAD: list[Any] = [
                  "free_swa got slot 40 at free_index[1] (flattened), outside rank 0's full slots 0..16",
                  id="free_swa beyond"),
     pytest.param(1, lambda a: a.count_swa_mapped([-1]), SlotRangeError,
-                 "count_swa_mapped got slot -1 at free_index[0] (flattened), outside rank 0's full slots 0..16",
+                 "count_swa_mapped got slot -1 at indices[0] (flattened), outside rank 0's full slots 0..16",
                  id="count beyond"),
     pytest.param(1, lambda a: a.alloc(-1), HostPoolError, "need_size must be non-negative, got need_size=-1",
                  id="alloc negative"),
     pytest.param(1, lambda a: a.alloc(1, 2), HostPoolError, _DP, id="alloc rank"),
     pytest.param(1, lambda a: a.free([1], 2), HostPoolError, _DP, id="free rank"),
-    pytest.param(1, lambda a: a.alloc_extend([0], [1], [-1], 1), HostPoolError,
-                 "alloc_extend needs page_size > 1: at page size 1 the sub-allocators are token allocators, which "
-                 "have no such call (the original's fails there too); use alloc(n)", id="extend at page size 1"),
+    pytest.param(1, lambda a: a.merge_and_sort_free(2), HostPoolError, _DP, id="merge rank"),
+    pytest.param(4, lambda a: a.merge_and_sort_free(-1), HostPoolError, "dp_rank must be in [0, 2), got dp_rank=-1",
+                 id="merge rank paged"),
+    pytest.param(4, lambda a: a.merge_and_sort_free(1.0), TypeError, "dp_rank must be an integer, got float 1.0",
+                 id="merge rank float"),
+    pytest.param(1, lambda a: a.count_swa_mapped([1], 2), HostPoolError, _DP, id="count rank"),
+    pytest.param(1, lambda a: a.alloc_extend([0], [1], [-1], 1), PagedOnlyError,
+                 "alloc_extend is only for paged allocator: SWATokenToKVPoolAllocator at page size 1 hands out "
+                 "single slots; use alloc(n)", id="extend at page size 1"),
+    pytest.param(1, lambda a: a.alloc_decode([2], [1]), PagedOnlyError,
+                 "alloc_decode is only for paged allocator: SWATokenToKVPoolAllocator at page size 1 hands out "
+                 "single slots; use alloc(n)", id="decode at page size 1"),
     pytest.param(4, lambda a: a.alloc(5), AlignmentError, "alloc must be page-aligned, got need_size=5, page_size=4",
                  id="alloc misaligned"),
     pytest.param(4, lambda a: a.alloc_extend([0, 0], [1], [-1, -1], 1), HostPoolError,

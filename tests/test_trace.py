@@ -317,6 +317,7 @@ def test_the_file_is_an_npz_numpy_reads_without_pickle(tmp_path: Path) -> None:
         "PartialPageError",
         "SlotRangeError",
         "DoubleFreeError",
+        "PagedOnlyError",
     )
     assert ops.tolist() == [
         (1, 0, False, 32, 32, 0, -1, 0),
@@ -793,9 +794,9 @@ def damaged(good: Path, tmp_path: Path, case: str) -> tuple[Path, str]:
     if case in ("op-code-high", "op-code-zero", "error-code", "message-index"):
         ops = got["ops"].copy()
         field, value = {
-            "op-code-high": ("op", 14),
+            "op-code-high": ("op", len(T.OPS)),  # one past the last known
             "op-code-zero": ("op", 0),
-            "error-code": ("error", 7),
+            "error-code": ("error", len(T.ERRORS)),
             "message-index": ("message", 1),
         }[case]
         ops[field][2] = value

@@ -26,6 +26,7 @@ before any change; the token ``free`` appends the slots as int32.
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import numpy as np
@@ -40,16 +41,109 @@ def _check(ok: Any, message: str) -> None:
         raise AssertionError(message)
 
 
-class _Ranked:
-    """Free groups and kvcache forwarding, as both allocators have them."""
+class BaseTokenToKVPoolAllocator(abc.ABC):
+    """sglang-jax's base class of the three allocators, as observed: what each inherits unless it overrides it.
 
-    dp_size: int
-    _kvcache: Any
-    free_group: list[list[np.ndarray]]
-    is_not_in_free_group: bool
+    Its constructor sets the shape, ``free_pages`` and ``release_pages``
+    to ``None`` (a subclass with page lists replaces them), an empty
+    ``free_group`` and the flag. ``merge_and_sort_free`` reads the page
+    lists, so on the token and sliding-window allocators, which keep none,
+    it fails with a ``TypeError``; ``get_cpu_copy`` and ``load_cpu_copy``
+    raise ``NotImplementedError`` unless a subclass forwards them, and
+    ``alloc_extend`` / ``alloc_decode`` raise ``NotImplementedError``
+    unless a subclass pages.
 
-    def free(self, free_index: Any, dp_rank: int = 0) -> None:
-        raise NotImplementedError
+    Examples
+    --------
+    >>> from hostpool_nb.originals import paged
+    >>> alloc = paged.TokenToKVPoolAllocator(16, None)
+    >>> isinstance(alloc, paged.BaseTokenToKVPoolAllocator)
+    True
+    >>> alloc.debug_print(), alloc.free_pages
+    ('', None)
+    >>> alloc.alloc_extend([0], [1], [-1], 1)
+    Traceback (most recent call last):
+    ...
+    NotImplementedError: alloc_extend is only for paged allocator
+    """
+
+    free_pages: Any
+    release_pages: Any
+    free_group: Any
+
+    @abc.abstractmethod
+    def __init__(self, size: int, page_size: int, kvcache: Any, dp_size: int = 1) -> None:
+        self.size = size
+        self.page_size = page_size
+        self.dp_size = dp_size
+        self.size_per_rank = size // dp_size
+        self._kvcache = kvcache
+        self.free_pages = None
+        self.release_pages = None
+        self.is_not_in_free_group = True
+        self.free_group = []
+
+    def debug_print(self) -> str:
+        return ""
+
+    def available_size(self, dp_rank: int = 0) -> int:
+        return (len(self.free_pages[dp_rank]) + len(self.release_pages[dp_rank])) * self.page_size
+
+    def get_kvcache(self) -> Any:
+        return self._kvcache
+
+    def restore_state(self, state: Any) -> None:
+        self.free_pages, self.release_pages = state
+
+    def backup_state(self) -> Any:
+        return (self.free_pages, self.release_pages)
+
+    def free_group_begin(self) -> None:
+        self.is_not_in_free_group = False
+        self.free_group = []
+
+    def free_group_end(self) -> None:
+        self.is_not_in_free_group = True
+        if self.free_group:
+            self.free(np.concatenate(self.free_group))
+
+    def merge_and_sort_free(self, dp_rank: int = 0) -> None:
+        released = self.release_pages[dp_rank]  # None on the token and SWA allocators: a TypeError
+        if len(released) == 0:
+            return
+        merged = np.concatenate([self.free_pages[dp_rank], released])
+        self.free_pages[dp_rank] = np.sort(merged).astype(_I32, copy=False)
+        self.release_pages[dp_rank] = np.empty(0, _I32)
+
+    def get_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("get_cpu_copy not implemented for JAX")
+
+    def load_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("load_cpu_copy not implemented for JAX")
+
+    def alloc_extend(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("alloc_extend is only for paged allocator")
+
+    def alloc_decode(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("alloc_decode is only for paged allocator")
+
+    @abc.abstractmethod
+    def clear(self, dp_rank: int | None = None) -> None: ...
+
+    @abc.abstractmethod
+    def alloc(self, need_size: int, dp_rank: int = 0) -> np.ndarray | None: ...
+
+    @abc.abstractmethod
+    def free(self, free_index: Any, dp_rank: int = 0) -> None: ...
+
+
+class _Ranked(BaseTokenToKVPoolAllocator):
+    """Free groups per rank, as each of the three allocators overrides the base's."""
+
+    def __init__(self, size: int, page_size: int, kvcache: Any, dp_size: int = 1) -> None:
+        super().__init__(size, page_size, kvcache, dp_size)
+        self.free_group: list[list[np.ndarray]] = [[] for _ in range(dp_size)]
+        self.is_not_in_free_group = True
 
     def free_group_begin(self) -> None:
         self.is_not_in_free_group = False
@@ -69,21 +163,24 @@ class _Ranked:
         self.free_group[dp_rank].append(index)
         return True
 
-    def get_kvcache(self) -> Any:
-        return self._kvcache
 
-    def get_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
-        return self._kvcache.get_cpu_copy(*args, **kwargs)
+class _ForwardsCopies:
+    """The token and paged allocators forward CPU copies to their KV pool (the SWA allocator does not)."""
 
-    def load_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
-        return self._kvcache.load_cpu_copy(*args, **kwargs)
+    _kvcache: Any
+
+    def get_cpu_copy(self, indices: Any) -> Any:
+        return self._kvcache.get_cpu_copy(indices)
+
+    def load_cpu_copy(self, kv_cache_cpu: Any, indices: Any) -> Any:
+        return self._kvcache.load_cpu_copy(kv_cache_cpu, indices)
 
 
 def _ceil_div(a: np.ndarray, b: int) -> np.ndarray:
     return -(-a // b)
 
 
-class PagedTokenToKVPoolAllocator(_Ranked):
+class PagedTokenToKVPoolAllocator(_ForwardsCopies, _Ranked):
     """The paged allocator: page ids from 1, a release list, sort-merge.
 
     Examples
@@ -95,18 +192,12 @@ class PagedTokenToKVPoolAllocator(_Ranked):
     """
 
     def __init__(self, size: int, page_size: int, kvcache: Any, debug_mode: bool = False, dp_size: int = 1) -> None:
-        self.size = size
-        self.page_size = page_size
-        self.dp_size = dp_size
-        self.size_per_rank = size // dp_size
+        super().__init__(size, page_size, kvcache, dp_size)
         self.num_pages = size // page_size
         self.pages_per_rank = self.num_pages // dp_size
         self.debug_mode = debug_mode
-        self._kvcache = kvcache
         self.free_pages: list[np.ndarray] = [np.empty(0, _I32) for _ in range(dp_size)]
         self.release_pages: list[np.ndarray] = [np.empty(0, _I32) for _ in range(dp_size)]
-        self.free_group: list[list[np.ndarray]] = [[] for _ in range(dp_size)]
-        self.is_not_in_free_group = True
         self.clear()
 
     # -- state -------------------------------------------------------------
@@ -121,14 +212,6 @@ class PagedTokenToKVPoolAllocator(_Ranked):
             self.release_pages[r] = np.empty(0, _I32)
             self.free_group[r] = []
         self.is_not_in_free_group = True
-
-    def merge_and_sort_free(self, dp_rank: int = 0) -> None:
-        released = self.release_pages[dp_rank]
-        if len(released) == 0:
-            return
-        merged = np.concatenate([self.free_pages[dp_rank], released])
-        self.free_pages[dp_rank] = np.sort(merged).astype(_I32, copy=False)
-        self.release_pages[dp_rank] = np.empty(0, _I32)
 
     def backup_state(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         return [f.copy() for f in self.free_pages], [p.copy() for p in self.release_pages]
@@ -236,7 +319,7 @@ class PagedTokenToKVPoolAllocator(_Ranked):
         self.release_pages[dp_rank] = np.concatenate([self.release_pages[dp_rank], new])
 
 
-class TokenToKVPoolAllocator(_Ranked):
+class TokenToKVPoolAllocator(_ForwardsCopies, _Ranked):
     """The token allocator: a free list, frees appended as given.
 
     Examples
@@ -250,15 +333,10 @@ class TokenToKVPoolAllocator(_Ranked):
     """
 
     def __init__(self, size: int, kvcache: Any, dp_size: int = 1) -> None:
-        self.size = size
-        self.page_size = 1
-        self.dp_size = dp_size
-        self.size_per_rank = size // dp_size
-        self._kvcache = kvcache
+        super().__init__(size, 1, kvcache, dp_size)
         self.free_slots: list[np.ndarray] = [np.empty(0, _I32) for _ in range(dp_size)]
-        self.free_group: list[list[np.ndarray]] = [[] for _ in range(dp_size)]
-        self.is_not_in_free_group = True
         self.clear()
+        self.origin_size = len(self.free_slots[0])
 
     def available_size(self, dp_rank: int = 0) -> int:
         return len(self.free_slots[dp_rank])
@@ -296,7 +374,7 @@ class TokenToKVPoolAllocator(_Ranked):
 
 
 class SWATokenToKVPoolAllocator(_Ranked):
-    """sglang-jax's sliding-window allocator (SPEC-paged section 3): a full and an SWA sub-allocator, a mapping.
+    """sglang-jax's sliding-window allocator (docs/behaviour.md, section 3): a full and an SWA sub-allocator, a mapping.
 
     Each full slot maps to the SWA slot of the same token (0: none), in one
     int32 array per rank that the allocator updates in place. As observed:
@@ -325,9 +403,7 @@ class SWATokenToKVPoolAllocator(_Ranked):
     """
 
     def __init__(self, size: int, size_swa: int, kvcache: Any, page_size: int = 1, dp_size: int = 1) -> None:
-        self.page_size = page_size
-        self.dp_size = dp_size
-        self._kvcache = kvcache
+        super().__init__(size, page_size, kvcache, dp_size)
         sub: Any
         if page_size == 1:
             self.full_attn_allocator: Any = TokenToKVPoolAllocator(size, kvcache.full_kv_pool, dp_size=dp_size)
@@ -344,8 +420,6 @@ class SWATokenToKVPoolAllocator(_Ranked):
         self._maps = [np.zeros(length, dtype=_I32) for _ in range(dp_size)]
         self.full_to_swa_index_mapping: Any = self._maps[0] if dp_size == 1 else self._maps
         kvcache.full_to_swa_index_mapping = self.full_to_swa_index_mapping
-        self.free_group: list[list[np.ndarray]] = [[] for _ in range(dp_size)]
-        self.is_not_in_free_group = True
 
     @property
     def size_full(self) -> int:
@@ -429,8 +503,8 @@ class SWATokenToKVPoolAllocator(_Ranked):
         self.swa_attn_allocator.free(swa, dp_rank)
         mapping[index] = 0
 
-    def count_swa_mapped(self, free_index: Any, dp_rank: int = 0) -> int:
-        return int(np.count_nonzero(self._maps[dp_rank][np.asarray(free_index, dtype=_I64)]))
+    def count_swa_mapped(self, indices: Any, dp_rank: int = 0) -> int:
+        return int(np.count_nonzero(self._maps[dp_rank][np.asarray(indices, dtype=_I64)]))
 
     def clear(self, dp_rank: int | None = None) -> None:
         ranks = range(self.dp_size) if dp_rank is None else (dp_rank,)
@@ -448,4 +522,9 @@ class SWATokenToKVPoolAllocator(_Ranked):
         raise NotImplementedError
 
 
-__all__ = ["PagedTokenToKVPoolAllocator", "SWATokenToKVPoolAllocator", "TokenToKVPoolAllocator"]
+__all__ = [
+    "BaseTokenToKVPoolAllocator",
+    "PagedTokenToKVPoolAllocator",
+    "SWATokenToKVPoolAllocator",
+    "TokenToKVPoolAllocator",
+]
