@@ -8,7 +8,6 @@ with ``ast``, never imported: sglang need not be installed, nor run here.
 
 from __future__ import annotations
 
-import ast
 import os
 import zipfile
 from pathlib import Path
@@ -16,7 +15,12 @@ from pathlib import Path
 import pytest
 
 import hostpool_nb
-from hostpool_nb.integrations._surface import surface_of, surface_of_source, surface_problems
+from hostpool_nb.integrations._surface import (
+    attributes_set_in_init,
+    surface_of,
+    surface_of_source,
+    surface_problems,
+)
 from hostpool_nb.integrations.sglang import MODULE, TESTED_VERSION
 
 IMPORTED_BY_NAME = (  # what the integration's docstring says sglang imports by name
@@ -69,17 +73,7 @@ def test_every_public_member_of_sglangs_pool_is_hostpool_nbs_with_the_same_param
 
 
 def test_every_attribute_sglangs_constructor_sets_is_set_on_hostpool_nbs(source: str) -> None:
-    tree = ast.parse(source)
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "LogicalHostPool")
-    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
-    set_on_self = {
-        t.attr
-        for node in ast.walk(init)
-        if isinstance(node, (ast.Assign, ast.AnnAssign))
-        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
-        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
-    }
-    public = {name for name in set_on_self if not name.startswith("_")}
+    public = {name for name in attributes_set_in_init(source, "LogicalHostPool") if not name.startswith("_")}
     assert {"size", "page_size", "lock"} <= public
     for mine in _ours():
         pool = mine(64, 16)

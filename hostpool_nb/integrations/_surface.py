@@ -133,34 +133,99 @@ def _parameters_of_def(node: ast.FunctionDef | ast.AsyncFunctionDef) -> Paramete
     )
 
 
+# Bases a class may name that add no public member a caller could use.
+_PLAIN_BASES = frozenset({"object", "abc.ABC", "ABC", "typing.Protocol", "Protocol", "typing.Generic", "Generic"})
+
+
+def _classes_of(source: str, class_name: str) -> list[ast.ClassDef]:
+    """Class ``class_name`` of ``source`` and every base it has there, bases first (later ones override).
+
+    A base that is neither defined in the source nor one of the plain ones
+    (``abc.ABC``, ``object``, ``Generic``...) is a ``LookupError``: its
+    members would go unseen.
+    """
+    tree = ast.parse(source)
+    defined = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    if class_name not in defined:
+        raise LookupError(f"no class {class_name} in the source")
+    ordered: list[ast.ClassDef] = []
+
+    def visit(node: ast.ClassDef) -> None:
+        for base in reversed(node.bases):  # the first base overrides the later ones
+            name = ast.unparse(base).split("[")[0]
+            if name in defined:
+                visit(defined[name])
+            elif name not in _PLAIN_BASES:
+                raise LookupError(f"class {node.name} derives from {name}, which the source does not define")
+        if node not in ordered:
+            ordered.append(node)
+
+    visit(defined[class_name])
+    return ordered
+
+
 def surface_of_source(source: str, class_name: str) -> Surface:
     """The public surface of class ``class_name`` as ``source`` defines it, read with ``ast``, never imported.
 
     Methods (``property`` getters included, as names), class attributes
-    (plain and annotated) and ``__init__``; what the class inherits from
-    other classes is not seen.
+    (plain and annotated) and ``__init__``, the class's own and those of
+    its bases defined in the same source (a subclass's overriding its
+    base's). A base the source does not define, other than ``abc.ABC``,
+    ``object`` and the like, is a ``LookupError``.
     """
-    tree = ast.parse(source)
-    node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name), None)
-    if node is None:
-        raise LookupError(f"no class {class_name} in the source")
     found: Surface = {}
-    for item in node.body:
-        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            if item.name.startswith("_") and item.name != "__init__":
-                continue
-            decorators = {ast.unparse(d) for d in item.decorator_list}
-            is_attribute = bool(decorators & {"property", "functools.cached_property", "cached_property"})
-            found[item.name] = None if is_attribute else _parameters_of_def(item)
-        elif isinstance(item, ast.Assign):
-            for target in item.targets:
-                if isinstance(target, ast.Name) and not target.id.startswith("_"):
-                    found[target.id] = None
-        elif (
-            isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and not item.target.id.startswith("_")
-        ):
-            found[item.target.id] = None
+    for node in _classes_of(source, class_name):
+        for item in node.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if item.name.startswith("_") and item.name != "__init__":
+                    continue
+                decorators = {ast.unparse(d) for d in item.decorator_list}
+                is_attribute = bool(decorators & {"property", "functools.cached_property", "cached_property"})
+                found[item.name] = None if is_attribute else _parameters_of_def(item)
+            elif isinstance(item, ast.Assign):
+                for target in item.targets:
+                    if isinstance(target, ast.Name) and not target.id.startswith("_"):
+                        found[target.id] = None
+            elif (
+                isinstance(item, ast.AnnAssign)
+                and isinstance(item.target, ast.Name)
+                and not item.target.id.startswith("_")
+            ):
+                found[item.target.id] = None
     return found
+
+
+def methods_of_source(source: str, class_name: str) -> dict[str, Parameters]:
+    """Every method class ``class_name`` of ``source`` defines or inherits there, private ones too, by name."""
+    found: dict[str, Parameters] = {}
+    for node in _classes_of(source, class_name):
+        for item in node.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found[item.name] = _parameters_of_def(item)
+    return found
+
+
+def attributes_set_in_init(source: str, class_name: str) -> set[str]:
+    """Every ``self.name`` that class ``class_name``'s ``__init__`` (or an inherited one in ``source``) assigns."""
+    names: set[str] = set()
+    for node in _classes_of(source, class_name):
+        for item in node.body:
+            if not (isinstance(item, ast.FunctionDef) and item.name == "__init__"):
+                continue
+            for statement in ast.walk(item):
+                if isinstance(statement, ast.Assign):
+                    targets = statement.targets
+                elif isinstance(statement, (ast.AnnAssign, ast.AugAssign)):
+                    targets = [statement.target]
+                else:
+                    continue
+                names.update(
+                    t.attr
+                    for target in targets
+                    for t in (target.elts if isinstance(target, ast.Tuple) else [target])
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+                )
+    return names
 
 
 def surface_problems(theirs: Surface, mine: Surface, where: str) -> list[str]:
@@ -184,6 +249,8 @@ __all__ = [
     "NO_DEFAULT",
     "Parameters",
     "Surface",
+    "attributes_set_in_init",
+    "methods_of_source",
     "parameters_of",
     "surface_of",
     "surface_of_source",

@@ -15,12 +15,20 @@ names in every sglang-jax module imported so far that imported them by
 name. Each one sglang-jax then builds logs one INFO line on the
 ``hostpool_nb`` logger.
 
-Tested against stand-ins written from the behaviour hostpool_nb's
-specifications describe (docs/behaviour.md; ``hostpool_nb.originals.engines``):
-sglang-jax's allocators with ``dp_size`` and the sliding-window allocator,
-and its host tier. The one release on the package index, 0.0.1.post1, is
-older: its allocators take a ``dtype`` and no ``dp_size``, and ``install()``
-refuses it, naming the parameter.
+Tested with sglang-jax :data:`TESTED_VERSION` (a pre-release for Python
+3.12 and later: ``pip install --pre "sglang-jax[cpu]==0.1.0rc0"``): its
+source checked against hostpool_nb's classes by
+``tests/test_sgl_jax_surface.py``, and its engine run end to end, plain
+and with ``install()``, on a CPU with tiny models (``tests/test_sgl_jax_engine.py``).
+Also with stand-ins written from the behaviour docs/behaviour.md describes
+(``hostpool_nb.originals.engines``). Its modules that import the classes by
+name: ``model_runner_kv_cache_mixin`` (the allocators, when it builds
+them), ``kv_cache_builder`` (``LRUHostKVPool``), ``disaggregation.factory``
+(``QueueHostKVPool``), and the schedulers and radix caches that ask
+``isinstance(allocator, SWATokenToKVPoolAllocator)``. The releases for
+Python 3.11 (0.0.1, 0.0.1.post1) are older: their allocators take a
+``dtype`` and no ``dp_size``, and ``install()`` refuses them, naming the
+parameter.
 """
 
 from __future__ import annotations
@@ -32,6 +40,9 @@ from . import _patch
 from ._patch import Target, announcing
 
 ENGINE = "sgl_jax"
+#: The sglang-jax release whose source and engine hostpool_nb is checked against (CI installs it and downloads
+#: its wheel): bumped on purpose.
+TESTED_VERSION = "0.1.0rc0"
 #: Where sglang-jax defines its device allocators.
 ALLOCATORS = "sgl_jax.srt.mem_cache.allocator"
 #: Where sglang-jax defines its host pools.
@@ -113,4 +124,4 @@ def uninstall() -> dict[str, type]:
 
 
 # The classes install() puts in place are attributes here too (so their instances pickle), not API of their own.
-__all__ = ["ALLOCATORS", "HOST_POOLS", "install", "uninstall"]
+__all__ = ["ALLOCATORS", "HOST_POOLS", "TESTED_VERSION", "install", "uninstall"]
