@@ -193,6 +193,7 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         num_pages = size // page_size
         st = _new_state(size, page_size, num_pages, merge == "sorted", track)
         self._setup(size, page_size, layout, merge, st, Tracker() if track else None)
+        self._record_if_asked()
 
     def _setup(  # noqa: PLR0913, PLR0917 - every attribute the pickle restores
         self, size: int, page_size: int, layout: Any, merge: str, st: NDArray[np.int64], tracker: Tracker | None

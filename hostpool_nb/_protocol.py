@@ -23,7 +23,10 @@ of checks and lock, the format check, the messages.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
@@ -125,7 +128,10 @@ class ArrayStatePool:
             raise HostPoolError(f"{what} holds a {type(saved).__name__}, not a pool's state")
         if check_format(saved.get("format"), self._format, type(self).__name__):
             saved = self._upgraded(saved)
-        self._unpickled(saved, what)
+        with parts():  # a constructor called on the way records nothing: the state is not loaded yet
+            self._unpickled(saved, what)
+        if isinstance(self, Recordable):
+            self._record_if_asked()
 
     def _upgraded(self, saved: dict[str, Any]) -> dict[str, Any]:
         """A pickle's fields in the older format ``_snapshot.CONVERTS`` names, converted (kinds that have one)."""
@@ -138,6 +144,21 @@ class ArrayStatePool:
             f"{self._kind or type(self).__name__} state is corrupted: {op} kernel failed with code {code} at {pos}; "
             "please report this with the calls that led to it"
         )
+
+
+#: The environment variable that makes every recordable pool record its calls into a folder (``_live.py``).
+RECORD_ENV = "HOSTPOOL_NB_RECORD"
+_parts = threading.local()  # depth > 0 while a pool builds pools that are parts of it (the SWA allocator's sides)
+
+
+@contextlib.contextmanager
+def parts() -> Iterator[None]:
+    """Pools built inside the block are parts of another: ``HOSTPOOL_NB_RECORD`` records the whole, not them."""
+    _parts.depth = getattr(_parts, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _parts.depth -= 1
 
 
 class Recordable:
@@ -153,6 +174,14 @@ class Recordable:
 
     def _trace_shape(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    def _record_if_asked(self) -> None:
+        """At the end of building (or unpickling) the pool: record it if ``HOSTPOOL_NB_RECORD`` names a folder."""
+        folder = os.environ.get(RECORD_ENV)
+        if folder and not getattr(_parts, "depth", 0):
+            from ._live import record  # noqa: PLC0415 - the trace machinery only when asked for
+
+            record(self, folder)
 
     def _trace_start(self) -> NDArray[np.int64]:
         raise NotImplementedError

@@ -33,7 +33,6 @@ class Recorder:
 
     def __init__(self, pool: Any) -> None:
         """Start recording ``pool``: under its lock, so the state it starts from is one call's."""
-        self.pool = pool
         self.shape = pool._trace_shape()
         self.start = pool._trace_start()
         self.ops: list[tuple[int, int, bool, int, int, int, int, int]] = []
@@ -73,13 +72,24 @@ class Recorder:
         arg = -1 if arg is None else arg
         self.ops.append((OPS.index(op), error, unreadable, arg, result, offset, message, rank or 0))
 
-    def write(self, path: str | os.PathLike[str], tmp: str | None = None) -> None:
-        """Write the trace atomically: into ``tmp`` (a new file in the same folder), then a rename."""
-        fields = {**self.shape, "version": VERSION, "ops": len(self.ops), "data": self.data_len}
+    def mark(self) -> tuple[int, int, int]:
+        """How many calls, number arrays and messages the record holds now: a prefix :meth:`write` can write."""
+        return len(self.ops), len(self.data), len(self.messages)
+
+    def write(
+        self, path: str | os.PathLike[str], tmp: str | None = None, upto: tuple[int, int, int] | None = None
+    ) -> None:
+        """Write the trace atomically: into ``tmp`` (a new file in the same folder), then a rename.
+
+        ``upto`` (from :meth:`mark`): only the calls recorded by then, so
+        that another thread may write while the pool goes on recording.
+        """
+        n_ops, n_data, n_messages = upto or self.mark()
+        data = np.concatenate(self.data[:n_data]) if n_data else np.empty(0, dtype=np.int64)
+        fields = {**self.shape, "version": VERSION, "ops": n_ops, "data": data.shape[0]}
         header = np.array([tuple(fields[name] for name in HEADER_DTYPE.names or ())], dtype=HEADER_DTYPE)
-        ops = np.array(self.ops, dtype=OP_DTYPE)
-        data = np.concatenate(self.data) if self.data else np.empty(0, dtype=np.int64)
-        messages = np.array(self.messages if self.messages else [""], dtype=np.str_)
+        ops = np.array(self.ops[:n_ops], dtype=OP_DTYPE)
+        messages = np.array(self.messages[:n_messages] if n_messages else [""], dtype=np.str_)
         target = Path(path)
         if tmp is None:
             fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
@@ -125,18 +135,11 @@ def recording(pool: Any, path: str | os.PathLike[str]) -> Iterator[None]:
     except OSError as exc:
         raise HostPoolError(f"cannot record to {path}: {exc.strerror or exc}") from None
     os.close(fd)
-    with pool.lock:  # checked and installed in one hold: two threads cannot both start recording
-        if any(name in vars(pool) for name in pool._recorded):
-            os.unlink(tmp)
-            raise HostPoolError("this pool is already recording: recordings do not nest")
-        try:
-            rec = Recorder(pool)
-        except BaseException:  # the pool cannot be recorded from this state: nothing is left behind
-            os.unlink(tmp)
-            raise
-        calls = _RankedCalls if hasattr(pool, "dp_size") else _Calls
-        for name in pool._recorded:
-            setattr(pool, name, _wrap(calls(pool, rec, getattr(pool, name)), name))
+    try:
+        rec = start(pool, Recorder)
+    except BaseException:  # recording already, or not from this state: nothing is left behind
+        os.unlink(tmp)
+        raise
     try:
         yield
     except BaseException as exc:
@@ -149,6 +152,26 @@ def recording(pool: Any, path: str | os.PathLike[str]) -> Iterator[None]:
         raise
     _stop(pool)
     rec.write(target, tmp)
+
+
+def start(pool: Any, recorder: type[Recorder]) -> Recorder:
+    """Begin recording ``pool`` into a new ``recorder``: its state and its recorded methods, in one hold of its lock.
+
+    ``HostPoolError`` if it is recording already (recordings do not nest).
+    """
+    with pool.lock:  # checked and installed in one hold: two threads cannot both start recording
+        if is_recording(pool):
+            raise HostPoolError("this pool is already recording: recordings do not nest")
+        rec = recorder(pool)
+        calls = _RankedCalls if hasattr(pool, "dp_size") else _Calls
+        for name in pool._recorded:
+            setattr(pool, name, _wrap(calls(pool, rec, getattr(pool, name)), name))
+    return rec
+
+
+def is_recording(pool: Any) -> bool:
+    """Whether ``pool``'s recorded methods are a recording's."""
+    return any(name in vars(pool) for name in pool._recorded)
 
 
 def _stop(pool: Any) -> None:

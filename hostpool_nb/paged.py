@@ -46,6 +46,10 @@ Where docs/behaviour.md (section 3) leaves a choice, this module takes the one b
 - ``alloc_decode`` requires ``seq_lens >= 1`` (they count the new token);
   a pool whose slot ids would not fit the int32 results is refused at
   construction.
+- The three derive from :class:`BaseTokenToKVPoolAllocator`, as sglang-jax's
+  from its base of that name, and offer what it gives them; where the
+  original's inherited method fails (``merge_and_sort_free`` on the token
+  and sliding-window allocators), it does what its name says.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ from ._fork import register as _register_fork_lock
 from ._host import HostKVPoolMixin, HostPagePool
 from ._invariants import group_problems, rank_problems
 from ._jit import entry_point
-from ._protocol import ArrayStatePool, Recordable, start_words
+from ._protocol import ArrayStatePool, Recordable, parts, start_words
 from ._snapshot import PagedState, SWAState, checked_ranks, checked_sites, upgraded_words
 from ._tracking import HISTORY_MARK, Outstanding, Tracker, excluded, leak_report, site_id_problems, wanted
 
@@ -244,6 +248,7 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
             gp[_layout.GP_CAP] = pages_per_rank + 1
             self._gp.append(gp)
         self.clear()
+        self._record_if_asked()
 
     @staticmethod
     def _shape(size: Any, page_size: Any, dp_size: Any) -> tuple[int, int, int]:
@@ -1249,16 +1254,17 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArraySta
         track = wanted(track)
         full_pool, swa_pool = kvcache.full_kv_pool, kvcache.swa_kv_pool
         sub: Any
-        if page_size == 1:
-            self.full_attn_allocator: Any = TokenToKVPoolAllocator(size, full_pool, dp_size=dp_size, track=track)
-            sub = TokenToKVPoolAllocator(size_swa, swa_pool, dp_size=dp_size, track=track)
-            self._modes = (_paged_kernels.FREE_TOKENS, _paged_kernels.FREE_TOKENS)
-        else:
-            self.full_attn_allocator = PagedTokenToKVPoolAllocator(
-                size, page_size, full_pool, dp_size=dp_size, track=track
-            )
-            sub = PagedTokenToKVPoolAllocator(size_swa, page_size, swa_pool, dp_size=dp_size, track=track)
-            self._modes = (_paged_kernels.FREE_PAGED, _paged_kernels.FREE_PAGED)
+        with parts():  # the sides are this allocator's: HOSTPOOL_NB_RECORD records it, not them
+            if page_size == 1:
+                self.full_attn_allocator: Any = TokenToKVPoolAllocator(size, full_pool, dp_size=dp_size, track=track)
+                sub = TokenToKVPoolAllocator(size_swa, swa_pool, dp_size=dp_size, track=track)
+                self._modes = (_paged_kernels.FREE_TOKENS, _paged_kernels.FREE_TOKENS)
+            else:
+                self.full_attn_allocator = PagedTokenToKVPoolAllocator(
+                    size, page_size, full_pool, dp_size=dp_size, track=track
+                )
+                sub = PagedTokenToKVPoolAllocator(size_swa, page_size, swa_pool, dp_size=dp_size, track=track)
+                self._modes = (_paged_kernels.FREE_PAGED, _paged_kernels.FREE_PAGED)
         self.swa_attn_allocator: Any = sub
         self.track = track
         self.page_size = page_size
@@ -1276,6 +1282,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArraySta
         self._in_group = False
         self._group_frees = [[] for _ in range(self.dp_size)]
         self._scratch = np.zeros(max(64, page_size), dtype=np.int64)
+        self._record_if_asked()
 
     # -- attributes and sizes --------------------------------------------------------
 

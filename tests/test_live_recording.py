@@ -1,0 +1,247 @@
+"""``HOSTPOOL_NB_RECORD=<folder>``: every pool a process builds records its calls, for engines a user does not edit.
+
+Each test runs its pools in a child process with the variable set (it is read when a pool is built, and
+the traces are written by a thread and at exit), then reads what the child left: a trace per pool, named
+by kind, start time, process and number, that ``python -m hostpool_nb.replay`` replays with every
+result matching.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hostpool_nb
+from hostpool_nb import HostPoolError
+from hostpool_nb import replay as R
+from hostpool_nb import trace as T
+from hostpool_nb._live import DEFAULT_MB, LIMIT_ENV, limit_bytes
+from hostpool_nb._protocol import RECORD_ENV
+from hostpool_nb.paged import PagedTokenToKVPoolAllocator
+
+ROOT = str(Path(hostpool_nb.__file__).resolve().parent.parent)
+NAME = re.compile(r"^(\w+)-\d{8}T\d{6}-pid(\d+)-(\d+)\.trace$")
+
+
+def child(source: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``source`` in a new interpreter with ``env`` added (and the recording variables only as given)."""
+    base = {k: v for k, v in os.environ.items() if k not in (RECORD_ENV, LIMIT_ENV)}
+    base["PYTHONPATH"] = ROOT + os.pathsep + base.get("PYTHONPATH", "")
+    return subprocess.run(
+        [sys.executable, "-c", source],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def traces(folder: Path) -> dict[str, T.Trace]:
+    return {p.name: T.load(p) for p in sorted(folder.iterdir())}
+
+
+def replays(trace: T.Trace) -> int:
+    done, skipped, divergence = R.replay(trace)
+    assert divergence is None, divergence
+    assert skipped == 0
+    return done
+
+
+EVERY_KIND = """
+import json, os
+from types import SimpleNamespace
+import numpy as np
+from hostpool_nb import HostPoolError, LogicalHostPool
+from hostpool_nb.paged import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
+
+host = LogicalHostPool(1024, 16)
+paged = PagedTokenToKVPoolAllocator(1024, 16, None, dp_size=2)
+token = TokenToKVPoolAllocator(64, None)
+swa = SWATokenToKVPoolAllocator(256, 128, SimpleNamespace(full_kv_pool=None, swa_kv_pool=None), page_size=16)
+host.free(host.alloc(64)); host.alloc(32)
+out = paged.alloc_extend([0, 0], [20, 5], [-1, -1], 25, dp_rank=1); paged.free(out[:5], 1); paged.merge_and_sort_free(1)
+token.free(token.alloc(8)[::2])
+try:
+    token.free([1])
+except HostPoolError:
+    pass
+full = swa.alloc_extend([0], [40], [-1], 40); swa.free_swa(full[:16]); swa.merge_and_sort_free(); swa.free(full)
+try:
+    with host.recording("elsewhere.trace"):
+        pass
+except HostPoolError as error:
+    nested = str(error)
+print(json.dumps({"pid": os.getpid(), "nested": nested}))
+"""
+
+
+def test_every_recordable_kind_records_into_a_trace_of_its_own(tmp_path: Path) -> None:
+    done = child(EVERY_KIND, {RECORD_ENV: str(tmp_path / "traces")})  # the folder is made
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout.splitlines()[-1])
+    assert said["nested"] == "this pool is already recording: recordings do not nest"
+    found = traces(tmp_path / "traces")
+    names = {NAME.match(name).groups(): trace for name, trace in found.items()}  # type: ignore[union-attr]
+    pid = str(said["pid"])
+    assert sorted(names) == [
+        ("LogicalHostPool", pid, "1"),
+        ("PagedTokenToKVPoolAllocator", pid, "2"),
+        ("SWATokenToKVPoolAllocator", pid, "4"),  # one trace: its sides are parts of it
+        ("TokenToKVPoolAllocator", pid, "3"),
+    ]
+    operations = {kind: replays(trace) for (kind, _, _), trace in names.items()}
+    assert operations == {
+        "LogicalHostPool": 3,
+        "PagedTokenToKVPoolAllocator": 3,
+        "TokenToKVPoolAllocator": 3,  # the double free too, refused as when it was made
+        "SWATokenToKVPoolAllocator": 4,
+    }
+    for name in found:
+        assert f"recording every call of this {NAME.match(name)[1]} into {tmp_path / 'traces' / name}" in done.stderr  # type: ignore[index]
+
+
+def test_a_killed_process_leaves_a_trace_of_its_calls_but_the_last_seconds(tmp_path: Path) -> None:
+    source = """
+import os, signal, time
+from hostpool_nb.paged import PagedTokenToKVPoolAllocator
+a = PagedTokenToKVPoolAllocator(4096, 16, None)
+held = [a.alloc(32) for _ in range(50)]
+for h in held[::2]:
+    a.free(h)
+time.sleep(2.5)  # the trace writer's turn
+os.kill(os.getpid(), signal.SIGKILL)  # as an engine ends its workers: no exit handlers
+"""
+    done = child(source, {RECORD_ENV: str(tmp_path)})
+    assert done.returncode == -9
+    (trace,) = traces(tmp_path).values()
+    assert replays(trace) == 75
+
+
+def test_a_trace_stops_at_its_bound_and_the_pool_goes_on(tmp_path: Path) -> None:
+    source = """
+import json
+from hostpool_nb.paged import PagedTokenToKVPoolAllocator
+a = PagedTokenToKVPoolAllocator(1 << 16, 16, None)
+for _ in range(400):
+    a.free(a.alloc(256))
+print(json.dumps({"available": a.available_size()}))
+"""
+    done = child(source, {RECORD_ENV: str(tmp_path), LIMIT_ENV: "0.05"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"available": 1 << 16}  # every call served
+    ((name, trace),) = traces(tmp_path).items()
+    assert 0 < len(trace) < 800
+    assert replays(trace) == len(trace)
+    assert (tmp_path / name).stat().st_size <= 0.05 * (1 << 20)
+    assert f"stopped recording into {tmp_path / name} at {len(trace)} calls: the trace reached {LIMIT_ENV}=0 MB" in (
+        done.stderr
+    )
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "nan"])
+def test_a_bound_it_cannot_mean_is_an_error_at_the_first_pool(
+    value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(RECORD_ENV, str(tmp_path))
+    monkeypatch.setenv(LIMIT_ENV, value)
+    with pytest.raises(HostPoolError) as raised:
+        PagedTokenToKVPoolAllocator(64, 4, None)
+    assert str(raised.value) == f"{LIMIT_ENV} must be a positive number of megabytes, got {LIMIT_ENV}={value!r}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_bound_defaults_and_takes_fractions(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(LIMIT_ENV, raising=False)
+    assert limit_bytes() == DEFAULT_MB << 20
+    monkeypatch.setenv(LIMIT_ENV, " 1.5 ")
+    assert limit_bytes() == 3 << 19
+
+
+def test_a_folder_it_cannot_make_is_an_error_naming_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    monkeypatch.setenv(RECORD_ENV, str(blocker / "traces"))
+    with pytest.raises(HostPoolError, match=rf"^{RECORD_ENV}='.*a file/traces': cannot make the folder"):
+        PagedTokenToKVPoolAllocator(64, 4, None)
+
+
+def test_a_forked_child_stops_recording_and_leaves_the_parents_trace(tmp_path: Path) -> None:
+    source = """
+import os, sys
+from hostpool_nb.paged import TokenToKVPoolAllocator
+a = TokenToKVPoolAllocator(64, None)
+a.free(a.alloc(4))
+pid = os.fork()
+if pid == 0:
+    for _ in range(10):
+        a.free(a.alloc(2))  # not recorded: the child's calls are not the parent's
+    sys.exit(0)  # its exit handlers run, and must not write the parent's trace
+os.waitpid(pid, 0)
+a.alloc(3)
+"""
+    done = child(source, {RECORD_ENV: str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    (trace,) = traces(tmp_path).values()
+    assert replays(trace) == 3
+    assert [op.name for op in trace.operations] == ["alloc", "free", "alloc"]
+
+
+def test_an_unpickled_allocator_records_from_the_state_it_was_unpickled_in(tmp_path: Path) -> None:
+    source = """
+import os, pickle
+from hostpool_nb.paged import PagedTokenToKVPoolAllocator
+a = PagedTokenToKVPoolAllocator(1024, 16, None)
+held = a.alloc_extend([0, 0], [40, 20], [-1, -1], 60)
+saved = pickle.dumps(a)
+os.environ["HOSTPOOL_NB_RECORD"] = os.environ.pop("LATER")
+b = pickle.loads(saved)
+b.free(held[:40])
+b.alloc(64)
+"""
+    done = child(source, {"LATER": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    (trace,) = traces(tmp_path).values()
+    assert replays(trace) == 2  # from the loaded state: the free finds those pages allocated
+
+
+def test_without_the_variable_nothing_is_recorded_and_the_trace_code_is_not_imported(tmp_path: Path) -> None:
+    source = """
+import json, sys
+from types import SimpleNamespace
+from hostpool_nb import LogicalHostPool
+from hostpool_nb.paged import SWATokenToKVPoolAllocator
+LogicalHostPool(64, 16).alloc(16)
+SWATokenToKVPoolAllocator(64, 32, SimpleNamespace(full_kv_pool=None, swa_kv_pool=None)).alloc(4)
+print(json.dumps(sorted(m for m in sys.modules if m in ("hostpool_nb._live", "hostpool_nb._recording"))))
+"""
+    done = child(source, {}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == []
+    assert "recording" not in done.stderr
+
+
+@pytest.mark.torch
+def test_the_torch_pool_records_too(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    source = """
+import torch
+from hostpool_nb.torch import LogicalHostPool
+p = LogicalHostPool(1024, 16)
+p.free(p.alloc(64))
+p.free(torch.arange(0, 16) + int(p.alloc(16)[0]))  # a tensor in, as sglang frees
+"""
+    done: Any = child(source, {RECORD_ENV: str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    (trace,) = traces(tmp_path).values()
+    assert trace.pool == "LogicalHostPool"
+    assert replays(trace) == 4
