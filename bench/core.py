@@ -97,7 +97,7 @@ class Workload:
 
 
 # The order a run takes, and the table shows: the core pool first, then what was built on it.
-ORDER = ("roundtrip", "batch", "trace", "recorded", "tracking", "memory", "startup", "paged", "swa", "host")
+ORDER = ("roundtrip", "batch", "trace", "recorded", "tracking", "memory", "startup", "paged", "swa", "engine", "host")
 WORKLOADS: dict[str, Workload] = {}
 
 

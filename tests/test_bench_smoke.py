@@ -56,7 +56,19 @@ def test_every_workload_runs_and_gives_positive_figures(name: str) -> None:
 def test_the_workloads_run_in_the_documented_order() -> None:
     assert list(WORKLOADS) == [
         n
-        for n in ("roundtrip", "batch", "trace", "recorded", "tracking", "memory", "startup", "paged", "swa", "host")
+        for n in (
+            "roundtrip",
+            "batch",
+            "trace",
+            "recorded",
+            "tracking",
+            "memory",
+            "startup",
+            "paged",
+            "swa",
+            "engine",
+            "host",
+        )
         if n in WORKLOADS
     ]
     assert all(w.seconds >= 0 for w in WORKLOADS.values())

@@ -1,4 +1,9 @@
-"""sglang-jax's device KV-cache allocators' algorithm, in numpy.
+"""sglang-jax's device KV-cache allocators' algorithm, in numpy, with the engine's class hierarchy.
+
+The three derive from :class:`BaseTokenToKVPoolAllocator`, as sglang-jax's
+do from its base of that name, and inherit from it what the engine's
+inherit, failures included: so a drop-in that lacks a base method fails
+``install()`` against the stand-in engine as it would against the engine.
 
 ``PagedTokenToKVPoolAllocator`` and ``TokenToKVPoolAllocator`` as
 ``docs/behaviour.md`` describes them: per data-parallel rank a free list
