@@ -79,7 +79,7 @@ def _wheel() -> Path:
 def wheel() -> zipfile.ZipFile:
     path = _wheel()
     version = path.name.split("-")[1]
-    assert version == sgl_jax.TESTED_VERSION, f"{path.name} is sglang-jax {version}; the pin is {sgl_jax.TESTED_VERSION}"
+    assert version == sgl_jax.TESTED_VERSION, f"{path.name} is sglang-jax {version}, not the pin"
     return zipfile.ZipFile(path)
 
 
