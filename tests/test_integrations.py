@@ -288,8 +288,13 @@ def test_a_host_class_without_what_the_mixin_needs_is_refused(engine: StandIn) -
 
 def test_an_engine_that_is_not_there_is_an_import_error_saying_so() -> None:
     assert "sgl_jax" not in sys.modules
-    with pytest.raises(ImportError, match=r"sgl_jax is not importable here: import sgl_jax\.srt\.mem_cache\.allocator"):
+    with pytest.raises(
+        ImportError, match=r"sgl_jax is not importable here: import sgl_jax\.srt\.mem_cache\.allocator"
+    ) as raised:
         sgl_jax.install()
+    said = str(raised.value)
+    assert f'(pip install --pre "sglang-jax[cpu]=={sgl_jax.TESTED_VERSION}", on Python 3.12 or later)' in said
+    assert "stand_in_engine('sgl_jax')" in said
     assert issubclass(IntegrationError, ImportError)
     assert status() == []
 

@@ -103,22 +103,23 @@ _LOCK = threading.Lock()
 _INSTALLED: dict[str, list[Replacement]] = {}
 
 
-def _import(engine: str, module: str) -> Any:
+def _import(engine: str, module: str, how: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as error:
         raise IntegrationError(
-            f"{engine} is not importable here: import {module} failed ({error}); install {engine} first, or "
-            f"try the stand-in engine (hostpool_nb.originals.engines.stand_in_engine({engine!r}))",
+            f"{engine} is not importable here: import {module} failed ({error}); install the release hostpool_nb "
+            f"is tested with first ({how}), or try the stand-in engine "
+            f"(hostpool_nb.originals.engines.stand_in_engine({engine!r}))",
             name=module,
         ) from error
 
 
-def _planned(engine: str, targets: tuple[Target, ...]) -> list[tuple[Target, Any, type, type]]:
+def _planned(engine: str, targets: tuple[Target, ...], how: str) -> list[tuple[Target, Any, type, type]]:
     """Every target checked, its replacement made; an ``IntegrationError`` naming the first that does not fit."""
     plan = []
     for target in targets:
-        module = _import(engine, target.module)
+        module = _import(engine, target.module, how)
         original = getattr(module, target.attribute, None)
         if not isinstance(original, type):
             what = "missing" if original is None else f"a {type(original).__name__}, not a class"
@@ -156,10 +157,12 @@ def _planned(engine: str, targets: tuple[Target, ...]) -> list[tuple[Target, Any
     return plan
 
 
-def install(engine: str, package: str, targets: tuple[Target, ...]) -> dict[str, type]:
+def install(engine: str, package: str, targets: tuple[Target, ...], how: str) -> dict[str, type]:
     """Replace ``targets`` (and the engine's by-name imports of them); ``{where: original}`` of what was replaced.
 
     Installed already: nothing changes and the same mapping is returned.
+    ``how``: how to install the engine release the integration is tested
+    with, for the error when it is missing.
     """
     with _LOCK:
         done = _INSTALLED.get(engine)
@@ -168,7 +171,7 @@ def install(engine: str, package: str, targets: tuple[Target, ...]) -> dict[str,
         # Some were replaced or unloaded since: the rest back first, then install afresh over what is there.
         earlier = {r.where: r.original for r in done} if done is not None else {}
         _restore(engine)
-        plan = _planned(engine, targets)
+        plan = _planned(engine, targets, how)
         replaced: list[Replacement] = []
         originals: dict[int, type] = {}
         for target, module, original, replacement in plan:

@@ -43,6 +43,7 @@ ENGINE = "sgl_jax"
 #: The sglang-jax release whose source and engine hostpool_nb is checked against (CI installs it and downloads
 #: its wheel): bumped on purpose.
 TESTED_VERSION = "0.1.0rc0"
+_HOW_TO_INSTALL = f'pip install --pre "sglang-jax[cpu]=={TESTED_VERSION}", on Python 3.12 or later'
 #: Where sglang-jax defines its device allocators.
 ALLOCATORS = "sgl_jax.srt.mem_cache.allocator"
 #: Where sglang-jax defines its host pools.
@@ -115,7 +116,7 @@ def install() -> dict[str, type]:
     dict
         ``"module.attribute"`` -> the class that was there.
     """
-    return _patch.install(ENGINE, "sgl_jax", TARGETS)
+    return _patch.install(ENGINE, "sgl_jax", TARGETS, _HOW_TO_INSTALL)
 
 
 def uninstall() -> dict[str, type]:

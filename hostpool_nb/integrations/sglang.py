@@ -77,7 +77,7 @@ def install() -> dict[str, type]:
     dict
         ``"module.attribute"`` -> the class that was there.
     """
-    return _patch.install(ENGINE, "sglang", TARGETS)
+    return _patch.install(ENGINE, "sglang", TARGETS, f'pip install "sglang=={TESTED_VERSION}"')
 
 
 def uninstall() -> dict[str, type]:
