@@ -89,22 +89,41 @@ class SWAMachine(RuleBasedStateMachine):
         self.backups: list[tuple[Any, Any, list[list[list[int]]]]] = []
         self.mapping = self.lib.full_to_swa_index_mapping  # the same object for the allocator's life
         self.recording: tuple[Any, str] | None = None
+        self.reached: set[str] = set()  # this example's events, for wants()
 
     # -- recordings: a stretch of the run, replayed on a fresh allocator (and the original, if it can) -------
 
-    @rule()
-    def record(self) -> None:
+    def wants(self, event: str) -> bool:
+        """Whether this example has not reached ``event`` yet: rules steer towards what every run must reach.
+
+        Per example, not per run: hypothesis replays an example (to shrink
+        it) and must see the same draws, so the steering may depend only on
+        the example's own steps.
+        """
+        return event not in self.reached
+
+    def reach(self, event: str) -> None:
+        self.reached.add(event)
+        self.events.add(event)
+
+    @rule(data=st.data())
+    def record(self, data: st.DataObject) -> None:
         if self.recording is not None:
             self.end_recording()
             return
         if not hasattr(self, "tmp"):
             self.tmp = tempfile.mkdtemp(prefix="swa-machine-")
         path = os.path.join(self.tmp, "t.npz")
+        if self.wants("recording refused with frees pending") and not any(self.pending) and any(self.reqs):
+            # Steered, whatever the profile's budget: a free pending in a group, for the recording to refuse.
+            if self.lib.is_not_in_free_group:
+                self.group(data)
+            self.free(data)
         block = self.lib.recording(path)
         if any(self.pending):
             with pytest.raises(HostPoolError, match="no frees pending"):
                 block.__enter__()
-            self.events.add("recording refused with frees pending")
+            self.reach("recording refused with frees pending")
             return
         block.__enter__()
         self.recording = (block, path)
@@ -250,12 +269,14 @@ class SWAMachine(RuleBasedStateMachine):
         ps = self.ps
         whole = (len(q) - 1) // ps * ps
         left = q[: data.draw(st.integers(0, whole // ps), label="pages that left the window") * ps]
+        if self.wants("free_swa"):
+            left = q[:whole]  # steered: each run frees some SWA slots, whatever the profile's budget
         before = self.ora.count_swa_mapped(left, r) if left else 0
         assert self.lib.count_swa_mapped(left, r) == before
         got = self.lib.free_swa(left, r)
         self.ora.free_swa(left, r)
         assert got == before
-        self.events.add("free_swa" if got else "free_swa of nothing mapped")
+        self.reach("free_swa" if got else "free_swa of nothing mapped")
 
     @rule(data=st.data())
     def merge(self, data: st.DataObject) -> None:
