@@ -52,12 +52,22 @@ _followers: list[tuple[weakref.ref[Any], str, weakref.ref[Any]]] = []  # see fol
 _followed_at = [0]  # how many followers were alive at the last sweep
 
 
-class _Fork:
-    """What the handler holds across one fork, for the handlers after it."""
+class _Fork(threading.local):
+    """What the handler holds across one fork, for the handlers after it: the forking thread's own.
 
-    held: list[Any] = []  # noqa: RUF012 - replaced, never mutated in place, by each fork
-    missed: list[Any] = []  # noqa: RUF012 - the pools whose locks were busy for all of WAIT_S
-    keep: list[Any] = []  # noqa: RUF012 - every pool the handler looked at, alive until the fork is done
+    The before-fork handler and the after-fork handlers of one fork run in
+    the thread that forks (in the child, the only one left), while other
+    threads may fork at the same time: so each thread keeps its own record,
+    and no thread's cleanup can wipe another's.
+    """
+
+    def __init__(self) -> None:
+        self.held: list[Any] = []
+        self.missed: list[Any] = []  # the pools whose locks were busy for all of WAIT_S
+        self.keep: list[Any] = []  # every pool the handler looked at, alive until the fork is done
+
+
+_this_fork = _Fork()
 
 
 def register(obj: Any) -> None:
@@ -113,9 +123,9 @@ def _before_fork() -> None:
         pools, held, busy = _take_everything(deadline)
     finally:
         sys.setswitchinterval(interval)
-    _Fork.held = held
-    _Fork.missed = [p for p in pools if p.lock in busy]
-    _Fork.keep = pools
+    _this_fork.held = held
+    _this_fork.missed = [p for p in pools if p.lock in busy]
+    _this_fork.keep = pools
 
 
 def _take_everything(deadline: list[float]) -> tuple[list[Any], list[Any], list[Any]]:
@@ -208,23 +218,23 @@ def _by_polling(deadline: list[float], until: float) -> tuple[list[Any], list[An
 
 
 def _after_in_parent() -> None:
-    _release(_Fork.held)
-    _Fork.held, _Fork.missed, _Fork.keep = [], [], []
+    _release(_this_fork.held)
+    _this_fork.held, _this_fork.missed, _this_fork.keep = [], [], []
 
 
 def _after_in_child() -> None:
     global _registry_lock  # noqa: PLW0603 - a fresh one, whatever the parent's was doing
-    for pool in _Fork.missed:
+    for pool in _this_fork.missed:
         pool.lock = _Forked(type(pool).__name__)
     for obj_ref, attr, pool_ref in _followers:
         obj, pool = obj_ref(), pool_ref()
         if obj is not None and pool is not None and isinstance(pool.lock, _Forked):
             setattr(obj, attr, pool.lock)
     _followers[:] = [f for f in _followers if f[0]() is not None]
-    held = [lock for lock in _Fork.held if lock is not _registry_lock]
+    held = [lock for lock in _this_fork.held if lock is not _registry_lock]
     _release(held)
     _registry_lock = threading.Lock()
-    _Fork.held, _Fork.missed, _Fork.keep = [], [], []
+    _this_fork.held, _this_fork.missed, _this_fork.keep = [], [], []
 
 
 class _Forked:

@@ -174,3 +174,83 @@ def test_a_pool_whose_lock_another_thread_holds_at_the_fork_refuses_every_call_i
     assert got["outcomes"] == ["ok"]
     assert got["usable"] == [1, 1, 1]  # only idle: each held pool raised PoolForkedError in the child
     assert 0.05 <= got["longest"] < 0.05 + 5  # the fork waited its bound for them, then went on
+
+
+_CONCURRENT_FORKS = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading, time, warnings
+    warnings.simplefilter("ignore")  # 3.12+: a fork of a multi-threaded process warns
+    from hostpool_nb import HostPagePool, LogicalHostPool, PoolForkedError, _fork
+    from hostpool_nb.paged import PagedTokenToKVPoolAllocator
+    args = json.loads(sys.argv[1])
+    _fork.WAIT_S = args["wait"]
+    pools = [LogicalHostPool(1024, 16), LogicalHostPool(256, 1), HostPagePool(64)]
+    pools.append(PagedTokenToKVPoolAllocator(1024, 16, None))
+
+    def use(pool):
+        if isinstance(pool, HostPagePool):
+            pool.free(pool.alloc(1))
+        else:
+            pool.free(pool.alloc(pool.page_size))
+
+    stop = threading.Event()
+    def worker(mine):  # calls in flight on other threads while the forks happen
+        while not stop.is_set():
+            for pool in mine:
+                use(pool)
+    workers = [threading.Thread(target=worker, args=(pools[i:] + pools[:i],), daemon=True) for i in range(3)]
+    outcomes = []
+    def forker():
+        for _ in range(args["forks"]):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    for pool in pools:
+                        try:
+                            use(pool)
+                        except PoolForkedError:
+                            pass  # in use by another thread at the fork: refused, as documented
+                    os._exit(0)
+                except BaseException:
+                    os._exit(3)
+            deadline = time.monotonic() + 30
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    outcomes.append(os.waitstatus_to_exitcode(status))
+                    break
+                if time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    outcomes.append("hang")
+                    break
+                time.sleep(0.001)
+    forkers = [threading.Thread(target=forker) for _ in range(args["threads"])]
+    for t in workers + forkers:
+        t.start()
+    for t in forkers:
+        t.join(120)
+    hung = sum(t.is_alive() for t in forkers)
+    stop.set()
+    for t in workers:
+        t.join(10)
+    after = [None]
+    def last_call():  # the parent's pools after every fork: usable, not left locked
+        for pool in pools:
+            use(pool)
+            pool.check_invariants()
+        after[0] = "usable"
+    check = threading.Thread(target=last_call, daemon=True)
+    check.start()
+    check.join(10)
+    print(json.dumps({"hung forkers": hung, "outcomes": sorted(set(map(str, outcomes))), "forks": len(outcomes),
+                      "after": after[0], "stuck workers": sum(t.is_alive() for t in workers)}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_threads_forking_at_once_never_hang_the_parent() -> None:
+    """Six threads fork sixty times each while three threads use four pools: every fork returns, in both."""
+    got = run_child(_CONCURRENT_FORKS, {"forks": 60, "threads": 6, "wait": 0.05}, timeout=400)
+    assert got == {"hung forkers": 0, "outcomes": ["0"], "forks": 360, "after": "usable", "stuck workers": 0}
