@@ -110,6 +110,17 @@ def holds_bool(values: list[Any] | tuple[Any, ...], name: str = "values") -> boo
     return any(holds_bool(v, name) for v in values if type(v) is list or type(v) is tuple)
 
 
+def own_slots(indices: Any, name: str = "indices") -> NDArray[np.int64]:
+    """:func:`as_slots`, always a new array: for Python code that reads the slots more than once.
+
+    A check and then an index must see the same values: a caller's thread
+    writing its array in between could otherwise make a checked slot
+    negative, which numpy reads as a wrapped index.
+    """
+    slots = as_slots(indices, name)
+    return slots.copy() if slots is indices else slots
+
+
 def as_slots(indices: Any, name: str = "indices") -> NDArray[np.int64]:
     """Flatten ``indices`` (C order) into a C-contiguous int64 array.
 

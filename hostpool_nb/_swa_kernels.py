@@ -423,11 +423,21 @@ def _free(
     site_full: int,
     site_swa: int,
 ) -> int:
-    """:func:`free`; each side's pages record its site as their freer when it is >= 0."""
-    status = _free_side(stf, gpf, slots, page_size, full_mode, in_group, site_full)
+    """:func:`free`; each side's pages record its site as their freer when it is >= 0.
+
+    ``slots`` are read once, into ``scratch[n:2n]`` (``scratch`` holds at
+    least ``2n``): both sides work from that copy, so a caller's thread
+    writing the array meanwhile cannot make the SWA side read an unchecked
+    slot.
+    """
+    n = slots.shape[0]
+    own = scratch[n : 2 * n]
+    for i in range(n):  # a loop: a slice assignment would need numba's runtime (NRT), which kernels go without
+        own[i] = slots[i]
+    status = _free_side(stf, gpf, own, page_size, full_mode, in_group, site_full)
     if status < 0 or in_group != 0:
         return status
-    freed = _free_mapped(sts, gps, mp, slots, scratch, page_size, swa_mode, site_swa)
+    freed = _free_mapped(sts, gps, mp, own, scratch[:n], page_size, swa_mode, site_swa)
     return freed if freed < 0 else status
 
 
@@ -485,11 +495,13 @@ def _free_swa(
     swa_mode: int,
     site: int,
 ) -> int:
-    m = mp.shape[0]
-    for i in range(slots.shape[0]):
-        if slots[i] < 0 or slots[i] >= m:
+    n, m = slots.shape[0], mp.shape[0]
+    own = scratch[n : 2 * n]  # read once (as :func:`_free`): the check and the frees see the same slots
+    for i in range(n):
+        own[i] = slots[i]
+        if own[i] < 0 or own[i] >= m:
             return fail(E_RANGE, i)
-    return _free_mapped(sts, gps, mp, slots, scratch, page_size, swa_mode, site)
+    return _free_mapped(sts, gps, mp, own, scratch[:n], page_size, swa_mode, site)
 
 
 @_jit("i8(i8[::1], i8[::1], i4[::1], i8[::1], i8[::1], i8, i8)")
@@ -502,7 +514,8 @@ def free_swa(
     page_size: int,
     swa_mode: int,
 ) -> int:
-    """``free_swa``: ``E_RANGE`` for a full slot outside the mapping, else :func:`_free_mapped`."""
+    """``free_swa``: ``E_RANGE`` for a full slot outside the mapping (the slot as read is ``scratch[n + i]``),
+    else :func:`_free_mapped`. ``scratch`` holds at least ``2n``."""
     return _free_swa(sts, gps, mp, slots, scratch, page_size, swa_mode, -1)
 
 

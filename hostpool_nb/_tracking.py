@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _layout
-from ._convert import as_slots
+from ._convert import own_slots
 from ._errors import HostPoolError, SlotRangeError
 
 UNKNOWN, CLEARED = 0, 1
@@ -69,7 +69,7 @@ def excluded(exclude: Any, num_pages: int, page_size: int, where: str) -> NDArra
     """
     if exclude is None:
         return None
-    slots = as_slots(exclude, "exclude")
+    slots = own_slots(exclude, "exclude")  # checked, then indexed: read once
     mask = np.zeros(num_pages, dtype=np.bool_)
     if slots.shape[0] == 0:
         return mask

@@ -61,7 +61,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _kernels, _layout, _paged_kernels, _swa_kernels
-from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_int_vector, as_slots, pool_shape
+from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_int_vector, as_slots, own_slots, pool_shape
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PagedOnlyError, SlotRangeError
 from ._fork import register as _register_fork_lock
 from ._host import HostKVPoolMixin, HostPagePool
@@ -1391,7 +1391,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArraySta
         full = self.full_attn_allocator.leak_report(r, exclude=exclude, limit=limit)
         swa_exclude = None
         if exclude is not None:
-            held = as_slots(exclude, "exclude")
+            held = own_slots(exclude, "exclude")  # checked, then indexed: read once
             mapping = self._maps[r]
             inside = held[(held >= 0) & (held < mapping.shape[0])]
             with self.lock:
@@ -1565,7 +1565,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArraySta
             in_group = self._in_group
             if in_group:
                 slots = slots.copy()  # kept for the group's end: what was checked
-            scratch = self._scratch_for(slots.shape[0])
+            scratch = self._scratch_for(2 * slots.shape[0])  # the kernel reads the slots once, into scratch
             if where is None:
                 status = _swa_free(stf, gpf, sts, gps, mp, slots, scratch, ps, full_mode, swa_mode, int(in_group))
             else:
@@ -1601,8 +1601,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArraySta
         _, _, sts, gps = self._states(r)
         where = self._where(r, None)
         mp, ps, mode = self._maps[r], self.page_size, self._modes[1]
+        n = slots.shape[0]
         with self.lock:
-            scratch = self._scratch_for(slots.shape[0])
+            scratch = self._scratch_for(2 * n)  # the kernel reads the slots once, into scratch[n:2n]
             if where is None:
                 status = _swa_free_swa(sts, gps, mp, slots, scratch, ps, mode)
             else:
@@ -1610,20 +1611,20 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArraySta
                 status = _swa_free_swa_tracked(sts, gps, mp, slots, scratch, ps, mode, site)
                 if status < 0:
                     self.swa_attn_allocator._failed(r)
-        if status >= 0:
-            return int(status)
-        code, i = _layout.decode_status(status)
-        if code == _layout.E_RANGE:
-            raise SlotRangeError(
-                f"free_swa got slot {int(slots[i])} at free_index[{i}] (flattened), outside rank {r}'s full slots "
-                f"0..{self._maps[r].shape[0] - 1}"
-            )
+            if status >= 0:
+                return int(status)
+            code, i = _layout.decode_status(status)
+            if code == _layout.E_RANGE:  # the slot the kernel read and refused, not the caller's array again
+                raise SlotRangeError(
+                    f"free_swa got slot {int(scratch[n + i])} at free_index[{i}] (flattened), outside rank {r}'s "
+                    f"full slots 0..{self._maps[r].shape[0] - 1}"
+                )
         raise self._corrupt("free_swa", status)
 
     def count_swa_mapped(self, indices: Any, dp_rank: Any = 0) -> int:
         """How many of the full slots ``indices`` have an SWA slot."""
         r = self._rank(dp_rank)
-        slots = as_slots(indices, "indices")
+        slots = own_slots(indices, "indices")  # checked, then indexed: read once
         mapping = self._maps[r]
         bad = (slots < 0) | (slots >= mapping.shape[0])
         if bad.any():

@@ -167,3 +167,94 @@ def test_writer_racing_a_successful_free_keeps_the_pool_consistent(page_size: in
     args = {"page_size": page_size, "size": npages * page_size, "rounds": rounds, "torch": use_torch}
     res = _run(_SWAP, {**args, "swap_page": swap_page})
     assert res["freed_other"] + res["freed_mine"] + res["failed"] == rounds
+
+
+# The sliding-window allocator: a thread flips one slot of the array a call reads between a slot of the
+# request and a value that is no slot (far beyond, or negative). Each element must be read once: a free
+# may fail (SlotRangeError) or free what it checked, never crash, never leave the allocator corrupted,
+# and a count may not read a wrapped negative index.
+_SWA = textwrap.dedent(
+    """
+    from types import SimpleNamespace
+    from hostpool_nb import SlotRangeError
+    from hostpool_nb.paged import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator
+    ps, n, rounds, bad, call = args["page_size"], args["slots"], args["rounds"], args["bad"], args["call"]
+    a = SWATokenToKVPoolAllocator(4 * n, 4 * n, SimpleNamespace(full_kv_pool=None, swa_kv_pool=None), page_size=ps)
+    outcomes = {}
+    for _ in range(rounds):
+        a.clear()
+        full = np.array(a.alloc(n), dtype=np.int64)
+        x = full.copy()
+        good = int(x[0])
+        stop, t = start([lambda: x.__setitem__(0, bad), lambda: x.__setitem__(0, good)])
+        try:
+            if call == "free":
+                a.free(x)
+            elif call == "free_swa":
+                a.free_swa(x)
+            got = "ok"
+        except SlotRangeError as exc:
+            assert str(bad) in str(exc) or str(good) in str(exc), exc  # names a value the call read
+            assert f"got slot {bad} " in str(exc), exc  # the value it refused, not one read again
+            got = "refused"
+        stop.set(); t.join()
+        a.check_invariants()
+        outcomes[got] = outcomes.get(got, 0) + 1
+    print(json.dumps(outcomes))
+    """
+)
+
+
+@pytest.mark.parametrize("bad", [10**15, -7], ids=["far", "negative"])
+@pytest.mark.parametrize("call", ["free", "free_swa"])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_writer_racing_the_sliding_window_allocator_cannot_crash_or_corrupt_it(
+    page_size: int, call: str, bad: int
+) -> None:
+    rounds = 300 // SCALE
+    res = _run(_SWA, {"page_size": page_size, "slots": (1 << 16) // SCALE, "rounds": rounds, "bad": bad, "call": call})
+    assert sum(res.values()) == rounds
+    assert set(res) <= {"ok", "refused"}
+
+
+# Python-side reads of a caller's array: a check, then an index. A negative value written in between
+# would wrap (numpy) and read another slot's entry; each must read the array once.
+_COUNTS = textwrap.dedent(
+    """
+    from types import SimpleNamespace
+    from hostpool_nb import SlotRangeError
+    from hostpool_nb.paged import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator
+    rounds, what = args["rounds"], args["what"]
+    sys.setswitchinterval(1e-6)  # the writer gets in between two numpy calls often
+    wrong = 0
+    if what == "count_swa_mapped":
+        a = SWATokenToKVPoolAllocator(4096, 4096, SimpleNamespace(full_kv_pool=None, swa_kv_pool=None))
+        full = a.alloc(4096)  # every entry of the mapping set, the last ones too
+        a.free_swa(full[:1])  # but slot 1's
+        x = np.full(1 << 16, 1, dtype=np.int64)  # slot 1, many times: none of them mapped
+        stop, t = start([lambda: x.__setitem__(-1, -7), lambda: x.__setitem__(-1, 1)])
+        for _ in range(rounds):
+            try:
+                wrong += a.count_swa_mapped(x) != 0
+            except SlotRangeError:
+                pass
+    else:
+        a = PagedTokenToKVPoolAllocator(1 << 16, 16, None, track=True)
+        held = a.alloc(1 << 16)
+        x = np.array(held[: 1 << 15], dtype=np.int64)  # half the pages held legitimately
+        stop, t = start([lambda: x.__setitem__(-1, -7), lambda: x.__setitem__(-1, int(held[(1 << 15) - 1]))])
+        for _ in range(rounds):
+            try:
+                left = sum(o.pages for o in a.outstanding(exclude=x))
+                wrong += left != (1 << 11)  # the other half: a wrapped -7 would drop the last page of it
+            except SlotRangeError:
+                pass
+    stop.set(); t.join()
+    print(json.dumps({"wrong": wrong}))
+    """
+)
+
+
+@pytest.mark.parametrize("what", ["count_swa_mapped", "outstanding"])
+def test_a_negative_value_written_meanwhile_is_never_read_as_a_wrapped_index(what: str) -> None:
+    assert _run(_COUNTS, {"rounds": 3000 // SCALE, "what": what}) == {"wrong": 0}
