@@ -495,6 +495,7 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
         if not isinstance(args, dict):
             raise HostPoolError(f"{what} holds constructor arguments of type {type(args).__name__}")
         args = {"track": False, **args}  # formats before 3 could not track: never HOSTPOOL_NB_TRACK's say
+        self._declared_fits(args, saved, what)  # before anything is built: a damaged size could ask for terabytes
         try:
             type(self).__init__(self, kvcache=saved["kvcache"], **args)
         except (TypeError, HostPoolError) as exc:  # what the constructor refuses, said as a damaged pickle
@@ -523,6 +524,46 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
         if self._trackers is not None:
             for tracker, table in zip(self._trackers, sites, strict=True):  # type: ignore[arg-type]  # checked
                 tracker.load(table)
+
+    @classmethod
+    def _pages_of(cls, size: int, page_size: int, dp_size: int) -> int:
+        """The pages of each rank of an allocator of this shape (``size``, ``page_size`` and ``dp_size`` checked)."""
+        raise NotImplementedError
+
+    def _declared_fits(self, args: dict[str, Any], saved: dict[str, Any], what: str) -> None:
+        """``HostPoolError`` unless the pickle's ranks and groups are the arrays its arguments declare.
+
+        Only the arguments' shape and the arrays' lengths are read, so a
+        damaged ``size`` is refused without building (and allocating) the
+        allocator it names.
+        """
+        try:
+            size, page_size, dp = self._shape(args.get("size"), args.get("page_size", 1), args.get("dp_size", 1))
+            pages = self._pages_of(size, page_size, dp)
+        except (TypeError, HostPoolError) as exc:
+            raise HostPoolError(f"{what} has arguments no allocator takes ({args!r}): {exc}") from None
+        words = _layout.state_length(pages + 1, args.get("track") is True)
+        group = _layout.group_length(pages)
+        ranks, groups, frees = saved["ranks"], saved["groups"], saved["group_frees"]
+        if not all(isinstance(x, (tuple, list)) for x in (ranks, groups, frees)):
+            raise HostPoolError(f"{what} does not hold its ranks, groups and group frees as sequences")
+        if len(ranks) != dp:
+            raise HostPoolError(f"the state holds {len(ranks)} ranks; this allocator has dp_size={dp}")
+        if len(groups) != dp or len(frees) != dp:
+            raise HostPoolError(f"{what} holds free groups for {len(groups)} ranks; it has dp_size={dp}")
+        for r, (st, gp) in enumerate(zip(ranks, groups, strict=True)):
+            if not isinstance(st, np.ndarray):
+                raise HostPoolError(f"the state of rank {r} is a {type(st).__name__}, not a rank's state words")
+            if st.shape != (words,):
+                raise HostPoolError(
+                    f"{what} declares size={size}, page_size={page_size}, dp_size={dp} ({pages} pages a rank, "
+                    f"{words} state words), but the state of rank {r} has shape {st.shape}"
+                )
+            if not _is_words(gp) or gp.shape != (group,):
+                raise HostPoolError(
+                    f"{what}: the free group of rank {r} fails the invariants: its group buffer is not an int64 "
+                    f"array of {group} words"
+                )
 
     # -- recording (``pool.recording(path)``, from Recordable) -------------------------
 
@@ -745,6 +786,10 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             )
         self.debug_mode = bool(debug_mode)
         super().__init__((size, page_size, dp_size), self.pages_per_rank, kvcache, strict, track)
+
+    @classmethod
+    def _pages_of(cls, size: int, page_size: int, dp_size: int) -> int:
+        return size // page_size // dp_size
 
     def _constructor_args(self) -> dict[str, Any]:
         return {
@@ -1105,6 +1150,10 @@ class TokenToKVPoolAllocator(_RankedAllocator):
             raise HostPoolError(f"{size // dp_size} slots per rank do not fit the int32 arrays alloc returns")
         super().__init__((size, 1, dp_size), size // dp_size, kvcache, strict, track)
         self.origin_size = self.size_per_rank  # the original's: each rank's free slots at construction
+
+    @classmethod
+    def _pages_of(cls, size: int, page_size: int, dp_size: int) -> int:
+        return size // dp_size
 
     def _constructor_args(self) -> dict[str, Any]:
         return {"size": self.size, "dp_size": self.dp_size, "strict": self.strict, "track": self.track}

@@ -95,8 +95,15 @@ def pool_bytes(trace: Trace, with_original: bool = False) -> int:
     return need
 
 
+_ALLOCATIONS = ("alloc", "alloc_many", "alloc_extend", "alloc_decode")
+
+
 def check_buildable(trace: Trace, max_pool_bytes: int = MAX_POOL_BYTES, with_original: bool = False) -> None:
-    """Raise :class:`TraceError` if replay cannot build the recorded pool here: another kind, or too large."""
+    """Raise :class:`TraceError` if replay cannot build the recorded pool here: another kind, or too large.
+
+    Too large: the pools' state (:func:`pool_bytes`), or the array the
+    largest recorded allocation returns, past ``max_pool_bytes``.
+    """
     if trace.pool not in REPLAYS:
         raise TraceError(f"it records a {trace.pool}; replay builds {', '.join(REPLAYS)} only")
     need = pool_bytes(trace, with_original)
@@ -104,6 +111,14 @@ def check_buildable(trace: Trace, max_pool_bytes: int = MAX_POOL_BYTES, with_ori
         raise TraceError(
             f"the recorded pool (size={trace.size}, page_size={trace.page_size}) needs {need:,} bytes to replay, "
             f"more than the {max_pool_bytes:,} allowed; raise --max-pool-bytes to replay it"
+        )
+    served = [op for op in trace.operations if op.name in _ALLOCATIONS and op.result > 0]
+    largest = max(served, key=lambda op: op.result, default=None)
+    if largest is not None and largest.result * 8 > max_pool_bytes:  # each returns a new array of its slots
+        raise TraceError(
+            f"operation {largest.index} ({largest.name}) returned {largest.result:,} slots: replaying it takes "
+            f"{largest.result * 8:,} bytes, more than the {max_pool_bytes:,} allowed; raise --max-pool-bytes "
+            "to replay it"
         )
 
 

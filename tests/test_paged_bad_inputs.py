@@ -1366,3 +1366,25 @@ def test_a_damaged_allocator_pickle_is_refused(kind: str, change: Any, needle: s
     with pytest.raises(HostPoolError) as info:
         blank.__setstate__(_damaged(kind, change))
     assert needle in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["paged", "token"])
+@pytest.mark.parametrize("size", [2**25, 2**31 - 1, 2**40])
+def test_a_pickle_declaring_another_size_is_refused_before_anything_is_built(kind: str, size: int) -> None:
+    """A damaged size is checked against the pickled arrays first: no allocator of that size is built."""
+    import pickle
+    import tracemalloc
+
+    cls = PagedTokenToKVPoolAllocator if kind == "paged" else TokenToKVPoolAllocator
+    saved = _grouped(kind).__getstate__()
+    saved["args"]["size"] = size
+    data = pickle.dumps(saved)
+    tracemalloc.start()
+    try:
+        blank = cls.__new__(cls)
+        with pytest.raises(HostPoolError, match=r"declares size=\d+, .* but the state of rank 0 has shape"):
+            blank.__setstate__(pickle.loads(data))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"{peak:,} bytes allocated before the pickle was refused"

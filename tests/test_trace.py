@@ -102,8 +102,8 @@ def as_version(src: Path, dst: Path, version: int, **changes: Any) -> Path:
     return rewrite(src, dst, header=header, ops=ops, **({"start": None} if version == 1 else {}), **changes)
 
 
-def run_main(path: Path, capsys: Any) -> tuple[int, str, str]:
-    code = R.main([str(path)])
+def run_main(path: Path, capsys: Any, *options: str) -> tuple[int, str, str]:
+    code = R.main([str(path), *options])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -1186,6 +1186,25 @@ def test_a_trace_of_a_huge_pool_is_refused_with_what_it_would_need(tmp_path: Pat
     assert R.main([str(good), "--max-pool-bytes", "100"]) == 2
     assert "more than the 100 allowed" in capsys.readouterr().err
     assert R.main([str(good)]) == 0
+
+
+def test_a_trace_whose_allocation_returns_more_than_the_bound_is_refused(tmp_path: Path, capsys: Any) -> None:
+    """The pool's state is small (16K pages of 64 slots), the array its one alloc returns is not (8 MB)."""
+    path = tmp_path / "big.npz"
+    pool = LogicalHostPool(1 << 20, 64)
+    with pool.recording(path):
+        pool.free(pool.alloc(1 << 20))
+    trace = T.load(path)
+    bound = R.pool_bytes(trace) + 1000  # the pool fits; its allocation's result does not
+    assert bound < 8 << 20
+    code, out, err = run_main(path, capsys, "--max-pool-bytes", str(bound))
+    assert (code, out) == (2, "")
+    assert (
+        f"operation 0 (alloc) returned 1,048,576 slots: replaying it takes 8,388,608 bytes, more than the {bound:,}"
+        in err
+    )
+    assert err.count("\n") == 1
+    assert R.main([str(path)]) == 0  # under the default bound it replays
 
 
 def test_readmes_recording_example_replays_as_written(tmp_path: Path, capsys: Any) -> None:
