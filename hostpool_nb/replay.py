@@ -717,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     if divergence is not None:
         print(f"{args.path}: {pool}: DIVERGES at {divergence} (after {done} matching operations)")
         return 1
-    note = f"; {skipped} not replayable (their input was not numbers), skipped" if skipped else ""
+    note = f"; {skipped} not replayable (what they were given is not in the record), skipped" if skipped else ""
     print(f"{args.path}: {pool}: all {done} operations match{note}")
     if args.time:
         try:

@@ -76,10 +76,12 @@ either: the recording began on a fresh pool) are read as well.
 A call whose argument the record cannot hold (not integers, such as a float
 array given to ``free``, or integers beyond int64) and a call that failed
 for a reason the record does not hold (a ``TypeError`` for an unhashable
-``tag``) are recorded with their error and ``unreadable`` set; replay
-checks nothing for them and says how many it skipped. A host pool's
-``restore`` of a snapshot taken before the recording began is recorded the
-same way; an allocator's holds the snapshot's lists, and replays.
+``tag``; an allocator's ``restore`` it refused, of a state of another
+shape or tracking) are recorded with their error and ``unreadable`` set;
+replay checks nothing for them and says how many it skipped. A host
+pool's ``restore`` of a snapshot taken before the recording began is
+recorded the same way; an allocator's holds the snapshot's lists, and
+replays.
 """
 
 from __future__ import annotations

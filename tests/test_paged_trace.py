@@ -242,6 +242,28 @@ def test_a_restore_of_a_snapshot_from_before_the_recording_replays(tmp_path: Pat
     assert R.replay(T.load(tmp_path / "t.npz")) == (3, 0, None)
 
 
+@pytest.mark.parametrize("kind", ["smaller allocator", "untracked snapshot", "smaller SWA side"])
+def test_a_restore_the_allocator_refused_is_skipped_by_replay_not_applied(kind: str, tmp_path: Path) -> None:
+    """Refused, it changed nothing: replay must not apply the lists the record holds and call it a divergence."""
+    kv = SimpleNamespace(full_kv_pool=None, swa_kv_pool=None)
+    if kind == "smaller SWA side":
+        a: Any = SWATokenToKVPoolAllocator(64, 32, kv, page_size=4)
+        state = SWATokenToKVPoolAllocator(64, 16, SimpleNamespace(full_kv_pool=None, swa_kv_pool=None), 4)
+    else:
+        a = PagedTokenToKVPoolAllocator(64, 4, None, track=kind == "untracked snapshot")
+        state = PagedTokenToKVPoolAllocator(32 if kind == "smaller allocator" else 64, 4, None)
+    snapshot = state.backup_state()
+    with a.recording(tmp_path / "t.npz"):
+        a.alloc(8)
+        with pytest.raises(HostPoolError):
+            a.restore_state(snapshot)
+        a.alloc(8)
+    trace = T.load(tmp_path / "t.npz")
+    restore = trace.operations[1]
+    assert (restore.name, restore.error, restore.replayable) == ("restore", "HostPoolError", False)
+    assert R.replay(trace) == (2, 1, None)
+
+
 def test_calls_the_record_cannot_hold_are_skipped(tmp_path: Path, capsys: Any) -> None:
     a = PagedTokenToKVPoolAllocator(64, 4, None, dp_size=2)
     with a.recording(tmp_path / "t.npz"):
@@ -259,7 +281,7 @@ def test_calls_the_record_cannot_hold_are_skipped(tmp_path: Path, capsys: Any) -
     assert R.replay(trace) == (2, 3, None)
     code, out, _ = run_main(tmp_path / "t.npz", capsys)
     assert code == 0
-    assert out.endswith("all 2 operations match; 3 not replayable (their input was not numbers), skipped\n")
+    assert out.endswith("all 2 operations match; 3 not replayable (what they were given is not in the record), skipped\n")
 
 
 def test_a_tracking_allocators_double_free_replays_without_its_sites(tmp_path: Path) -> None:

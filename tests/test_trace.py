@@ -658,7 +658,7 @@ def test_replay_reports_skipped_operations(tmp_path: Path, capsys: Any) -> None:
     assert (code, err) == (0, "")
     assert out == (
         f"{path}: LogicalHostPool(size=16, page_size=4, merge='fifo', track=False): all 1 operations match; "
-        "2 not replayable (their input was not numbers), skipped\n"
+        "2 not replayable (what they were given is not in the record), skipped\n"
     )
 
 
