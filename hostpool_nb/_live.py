@@ -232,8 +232,8 @@ def _forget_in_child() -> None:
     for recording in _recordings:
         pool = recording._pool()
         if pool is not None:
-            for name in pool._recorded:
-                vars(pool).pop(name, None)
+            pool._recording = None  # no lock: the child's only thread is this one
+            pool._recording_changed()
     _recordings.clear()
     _Flusher.thread = None
 

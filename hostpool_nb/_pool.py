@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from threading import get_ident
 from typing import Any
 
 import numpy as np
@@ -218,7 +219,7 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         # The hot paths take alloc sizes 0.._plain_limit and free inputs of
         # up to _plain_limit slots: short enough that a refused allocation's
         # output costs little (_PRECHECK_SLOTS); a tracking pool's take none.
-        self._plain_limit = _PRECHECK_SLOTS if tracker is None else -1
+        self._plain_limit = _PRECHECK_SLOTS if tracker is None else -1  # and -1 while recording
         # This page-size class's kernels, by call length: the short calls' two
         # (the hot paths') are compiled (or loaded) now, the others on their first call.
         self._k = _ENTRIES[page_size == 1]
@@ -239,6 +240,9 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         Slots held by callers become free: freeing them afterwards raises
         :class:`DoubleFreeError`.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.clear()  # type: ignore[no-any-return]
         with self.lock:
             _reset(self._st)
 
@@ -255,6 +259,9 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         int
             The number of slots merged (0 when nothing was released).
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.merge()  # type: ignore[no-any-return]
         with self.lock:
             moved = int(_merge(self._st))
         if moved < 0:
@@ -297,10 +304,9 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         HostPoolError
             If ``need_size`` is negative.
         """
-        if type(need_size) is not int:
-            need_size = as_count(need_size, "need_size")
-        if not 0 <= need_size <= self._plain_limit:  # tracking pools, negative and long sizes
-            return self._alloc_checked(need_size, tag)
+        if type(need_size) is not int or not 0 <= need_size <= self._plain_limit:
+            # Not a plain int, tracking pools, a recording (_plain_limit -1 then), negative and long sizes.
+            return self._alloc_other(need_size, tag)
         # The hot path, for a plain pool and a size without a capacity check
         # first: the kernel refuses a size that is not page-aligned (before
         # any change), which saves the check here. The output is allocated
@@ -320,6 +326,17 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         finally:
             lock.release()
         return out if status >= 0 else self._failed_alloc(status, need_size, out)
+
+    def _alloc_other(self, need_size: Any, tag: Any) -> NDArray[np.int64] | None:
+        """``alloc`` off the hot path: a recording's, then conversion, then the hot path or the checked one."""
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.alloc(need_size, tag=tag)  # type: ignore[no-any-return]
+        if type(need_size) is not int:
+            need_size = as_count(need_size, "need_size")
+            if 0 <= need_size <= self._plain_limit:
+                return self.alloc(need_size)  # a plain int now: the hot path
+        return self._alloc_checked(need_size, tag)
 
     def _alloc_checked(self, need_size: int, tag: Any) -> NDArray[np.int64] | None:
         """``alloc`` for a tracking pool, a negative size or a long one: every check in Python."""
@@ -445,6 +462,9 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
             ``alloc``'s errors, naming the first such position
             (``sizes[3]=...``), raised before anything changes.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.alloc_many(sizes, tag=tag)  # type: ignore[no-any-return]
         arr = as_sizes(sizes)
         page_size = self.page_size
         tracker = self._tracker
@@ -506,8 +526,11 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         if type(indices) is _ndarray and indices.dtype is _INT64 and indices.strides == _STRIDES_1D:
             slots: NDArray[np.int64] = indices
         else:
+            rec = self._recording
+            if rec is not None and rec.owner != get_ident():
+                return rec.free(indices)  # type: ignore[no-any-return]
             slots = as_slots(indices)
-        # One test for the hot path: a plain pool (a tracking pool's limit is
+        # One test for the hot path: a plain pool (a tracking or recording pool's limit is
         # -1) and a call of up to _PRECHECK_SLOTS; its kernel by length, as _sized chooses.
         size = slots.size  # an attribute of numpy's: read once
         if size <= self._plain_limit:
@@ -515,6 +538,8 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
                 kernel = self._free_short
             else:
                 kernel = self._k.free_gil if size <= _GIL_SLOTS else self._k.free
+        elif self._recording is not None and self._recording.owner != get_ident():
+            return self._recording.free(indices)  # type: ignore[no-any-return]
         elif self._tracker is not None:
             return self._free_tracked(slots)
         else:
@@ -564,6 +589,9 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         nest. Prefer ``with pool.free_group():``, which ends the group even
         when its body raises.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.free_group_begin()  # type: ignore[no-any-return]
         with self.lock:
             _group_begin(self._st)
 
@@ -579,6 +607,9 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
             If no free group is open (none was begun, or ``clear()`` ended
             them all).
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.free_group_end()  # type: ignore[no-any-return]
         with self.lock:
             status = _group_end(self._st)
         if status < 0:
@@ -698,6 +729,10 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         skip = excluded(exclude, self.size // self.page_size, self.page_size, "the pool")
         with self.lock:
             return tracker.outstanding(self._st, self._owner, self.page_size, skip)
+
+    def _recording_changed(self) -> None:
+        """A recording's calls take the checked paths, which hand them to it: the hot paths do not look."""
+        self._plain_limit = _PRECHECK_SLOTS if self._tracker is None and self._recording is None else -1
 
     _recorded = (
         "alloc",

@@ -28,6 +28,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from threading import get_ident
 from typing import Any, ClassVar
 
 import numpy as np
@@ -46,6 +47,8 @@ class ArrayStatePool:
     _format: ClassVar[str] = ""
     _state_class: ClassVar[type] = object
     lock: Any
+    # While the pool records (``_recording.py``), what its recorded methods hand their calls to; else None.
+    _recording: Any = None
 
     def _make_lock(self) -> None:
         """The pool's ``threading.RLock``, taken across every fork (``_fork.py``)."""
@@ -76,6 +79,9 @@ class ArrayStatePool:
 
     def backup_state(self) -> Any:
         """An immutable snapshot of the pool's state, taken under its lock; ``restore_state`` puts it back."""
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.backup_state()
         with self.lock:
             return self._snapshot()
 
@@ -96,6 +102,9 @@ class ArrayStatePool:
             If it is from a pool of another shape, or its contents fail
             the invariants; the pool is then unchanged.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.restore_state(state)  # type: ignore[no-any-return]
         if not isinstance(state, self._state_class):
             name = self._state_class.__name__
             raise TypeError(f"state must be a {name} from backup_state(), got {type(state).__name__}")
@@ -164,16 +173,29 @@ def parts() -> Iterator[None]:
 class Recordable:
     """``pool.recording(path)``, for the kinds whose calls a trace can hold (``trace.CALLS``).
 
-    Each supplies ``_recorded`` (the methods a recording wraps),
+    Each supplies ``_recorded`` (the methods whose calls a trace holds),
     ``_trace_shape()`` (the trace header's fields but the version and the
     lengths) and ``_trace_start()`` (the ``start`` array: the state the
-    recording begins from), both called under the lock.
+    recording begins from), both called under the lock. Each method of
+    ``_recorded`` begins (or, on a hot path that a recording turns off,
+    branches) with::
+
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.<method>(<its arguments>)
+
+    so that while a recording runs every call reaches it, however the
+    method was looked up (a method bound before the recording began too),
+    and the recording's own call to the method does its work.
     """
 
     _recorded: ClassVar[tuple[str, ...]] = ()
 
     def _trace_shape(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    def _recording_changed(self) -> None:
+        """Under the lock, when a recording begins or ends: a kind with a hot path that skips the check adjusts it."""
 
     def _record_if_asked(self) -> None:
         """At the end of building (or unpickling) the pool: record it if ``HOSTPOOL_NB_RECORD`` names a folder."""

@@ -1,13 +1,15 @@
 """Recording a pool's calls into a trace (``pool.recording(path)``); the format is ``trace.py``'s.
 
-While a block records, each recorded method of the pool is replaced, on the
-instance, by a wrapper that holds the pool's lock for the whole call and
-appends the call's arguments, result and error; the file is written when
-the block ends. Nothing here imports a pool class, so the pools can import
-this module without a circle: a kind that records supplies ``_recorded``
-(the methods to wrap), ``_trace_shape()`` (the header's fields) and
-``_trace_start()`` (the ``start`` array), and its calls name a ``dp_rank``
-if it has ``dp_size``.
+While a block records, ``pool._recording`` holds a :class:`_Calls`, and
+each recorded method of the pool hands its call there (however the method
+was looked up: one bound before the block too), which holds the pool's
+lock for the whole call and appends the call's arguments, result and
+error; the file is written when the block ends. Nothing here imports a
+pool class, so the pools can import this module without a circle: a kind
+that records supplies ``_recorded`` (the methods it records), the check at
+the top of each (``_protocol.Recordable``), ``_trace_shape()`` (the
+header's fields) and ``_trace_start()`` (the ``start`` array), and its
+calls name a ``dp_rank`` if it has ``dp_size``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 import operator
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,9 +120,9 @@ def _slots_of(value: Any) -> NDArray[np.int64] | None:
 def recording(pool: Any, path: str | os.PathLike[str]) -> Iterator[None]:
     """Record every call on ``pool`` inside the block; write ``path`` when it ends.
 
-    While recording, each recorded method of ``pool`` is replaced (on the
-    instance) by a wrapper that holds the pool's lock for the whole call,
-    so the record's order is the order the calls changed the pool. The file
+    While recording, every call of a recorded method of ``pool`` (however
+    it was looked up) is made under the pool's lock for the whole call, so
+    the record's order is the order the calls changed the pool. The file
     is written when the block ends, also when it raises. Everything that
     can be checked before the block runs is: ``path`` must name a file in a
     directory that exists and takes a new file (the temporary file the
@@ -163,37 +166,45 @@ def start(pool: Any, recorder: type[Recorder]) -> Recorder:
         if is_recording(pool):
             raise HostPoolError("this pool is already recording: recordings do not nest")
         rec = recorder(pool)
-        calls = _RankedCalls if hasattr(pool, "dp_size") else _Calls
-        for name in pool._recorded:
-            setattr(pool, name, _wrap(calls(pool, rec, getattr(pool, name)), name))
+        pool._recording = (_RankedCalls if hasattr(pool, "dp_size") else _Calls)(pool, rec)
+        pool._recording_changed()
     return rec
 
 
 def is_recording(pool: Any) -> bool:
-    """Whether ``pool``'s recorded methods are a recording's."""
-    return any(name in vars(pool) for name in pool._recorded)
+    """Whether ``pool`` is recording."""
+    return pool._recording is not None
 
 
 def _stop(pool: Any) -> None:
     with pool.lock:
-        for name in pool._recorded:
-            vars(pool).pop(name, None)
-
-
-_OP_OF = {"backup_state": "backup", "restore_state": "restore"}
-
-
-def _wrap(calls: _Calls, name: str) -> Any:
-    """The recording stand-in for one of the pool's methods (see :class:`_Calls`)."""
-    wrapper = getattr(calls, name, None)
-    return wrapper if wrapper is not None else calls.simple(_OP_OF.get(name, name))
+        pool._recording = None
+        pool._recording_changed()
 
 
 class _Calls:
-    """Recording wrappers: each holds the pool's lock around the call and its record."""
+    """A recording's calls: the pool's recorded methods hand each call here while it records.
 
-    def __init__(self, pool: Any, rec: Recorder, method: Any) -> None:
-        self.pool, self.rec, self.method = pool, rec, method
+    Each recorded method of the pool begins by looking at ``pool._recording``
+    (``None`` but while a recording runs): if it is one of these and the
+    calling thread is not inside one of its calls already, the call comes
+    here, whatever way the method was looked up (a method bound before the
+    recording began too). Each method here holds the pool's lock for the
+    whole call, makes it as :attr:`owner` (so the pool's method lets it
+    through to its own work) and records its arguments, result or error.
+    """
+
+    def __init__(self, pool: Any, rec: Recorder) -> None:
+        self.pool, self.rec = pool, rec
+        self.owner: int | None = None  # the thread inside a recorded call (under the pool's lock)
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """The pool's own method ``name``, called as the recording's owner: not recorded twice."""
+        before, self.owner = self.owner, threading.get_ident()
+        try:
+            return getattr(self.pool, name)(*args, **kwargs)
+        finally:
+            self.owner = before
 
     @property
     def lock(self) -> Any:
@@ -217,7 +228,7 @@ class _Calls:
                 slots = None
             arg, numbers = (None, ()) if slots is None else (slots.shape[0], (slots,))
             try:
-                n = self.method(free_index, *args)
+                n = self._call(op, free_index, *args)
             except Exception as exc:
                 self.rec.add(op, arg, 0, numbers, exc, rank=rank)
                 raise
@@ -228,7 +239,7 @@ class _Calls:
         with self.lock:
             arg = _int_or_none(need_size)
             try:
-                out = self.method(need_size, tag=tag)
+                out = self._call("alloc", need_size, tag=tag)
             except Exception as exc:
                 self.rec.add("alloc", arg, 0, (), exc)
                 raise
@@ -240,7 +251,7 @@ class _Calls:
             known = _sizes_or_none(sizes)
             arg, numbers = (None, ()) if known is None else (known.shape[0], (known,))
             try:
-                got = self.method(sizes, tag=tag)
+                got = self._call("alloc_many", sizes, tag=tag)
             except Exception as exc:
                 self.rec.add("alloc_many", arg, 0, numbers, exc)
                 raise
@@ -256,7 +267,7 @@ class _Calls:
 
     def backup_state(self) -> Any:
         with self.lock:
-            state = self.method()
+            state = self._call("backup_state")
             self.rec.backups.append(state)  # kept alive, so no later object can take its identity
             self.rec.add("backup", len(self.rec.backups) - 1, 0)
             return state
@@ -265,26 +276,34 @@ class _Calls:
         with self.lock:
             number = next((i for i, s in enumerate(self.rec.backups) if s is state), None)  # None: taken before
             try:
-                self.method(state)
+                self._call("restore_state", state)
             except Exception as exc:
                 self.rec.add("restore", number, 0, (), exc)
                 raise
             self.rec.add("restore", number, 0)
 
-    def simple(self, op: str) -> Any:
+    def _simple(self, op: str) -> Any:
         """clear, merge, free_group_begin, free_group_end: no argument, an int or nothing back."""
+        with self.lock:
+            try:
+                value = self._call(op)
+            except Exception as exc:
+                self.rec.add(op, 0, 0, (), exc)
+                raise
+            self.rec.add(op, 0, value if isinstance(value, int) else 0)
+            return value
 
-        def call() -> Any:
-            with self.lock:
-                try:
-                    value = self.method()
-                except Exception as exc:
-                    self.rec.add(op, 0, 0, (), exc)
-                    raise
-                self.rec.add(op, 0, value if isinstance(value, int) else 0)
-                return value
+    def clear(self) -> Any:
+        return self._simple("clear")
 
-        return call
+    def merge(self) -> Any:
+        return self._simple("merge")
+
+    def free_group_begin(self) -> Any:
+        return self._simple("free_group_begin")
+
+    def free_group_end(self) -> Any:
+        return self._simple("free_group_end")
 
 
 class _RankedCalls(_Calls):
@@ -299,7 +318,7 @@ class _RankedCalls(_Calls):
         with self.lock:
             arg, rank = _int_or_none(need_size), self._rank(dp_rank)
             try:
-                out = self.method(need_size, dp_rank, tag=tag)
+                out = self._call("alloc", need_size, dp_rank, tag=tag)
             except Exception as exc:
                 self.rec.add("alloc", arg, 0, (), exc, rank=rank)
                 raise
@@ -321,7 +340,7 @@ class _RankedCalls(_Calls):
             numbers = None if lens is None else (np.array([lens[0].shape[0]]), *lens)
             arg, rank = _int_or_none(extend_num_tokens), self._rank(dp_rank)
             try:
-                out = self.method(prefix_lens, seq_lens, last_loc, extend_num_tokens, dp_rank, tags=tags)
+                out = self._call("alloc_extend", prefix_lens, seq_lens, last_loc, extend_num_tokens, dp_rank, tags=tags)
             except Exception as exc:
                 self.rec.add("alloc_extend", arg, 0, numbers, exc, rank=rank)
                 raise
@@ -334,7 +353,7 @@ class _RankedCalls(_Calls):
             arg = None if lens is None else lens[0].shape[0]
             rank = self._rank(dp_rank)
             try:
-                out = self.method(seq_lens, last_loc, dp_rank, tags=tags)
+                out = self._call("alloc_decode", seq_lens, last_loc, dp_rank, tags=tags)
             except Exception as exc:
                 self.rec.add("alloc_decode", arg, 0, lens, exc, rank=rank)
                 raise
@@ -351,7 +370,7 @@ class _RankedCalls(_Calls):
         with self.lock:
             rank = self._rank(dp_rank)
             try:
-                self.method(dp_rank)
+                self._call("merge_and_sort_free", dp_rank)
             except Exception as exc:
                 self.rec.add("merge_and_sort_free", 0, 0, (), exc, rank=rank)
                 raise
@@ -366,7 +385,7 @@ class _RankedCalls(_Calls):
             arg = -1 if number is None else number
             result = 0 if words is None else words.shape[0]
             try:
-                self.method(state)
+                self._call("restore_state", state)
             except Exception as exc:
                 # Refused, nothing changed: what made it refuse (a state of another shape or tracking) is not
                 # in the record, which holds lists only, so replay skips the call rather than restore them.
@@ -378,7 +397,7 @@ class _RankedCalls(_Calls):
         with self.lock:
             rank = -1 if dp_rank is None else self._rank(dp_rank)  # -1: every rank
             try:
-                self.method(dp_rank)
+                self._call("clear", dp_rank)
             except Exception as exc:
                 self.rec.add("clear", 0, 0, (), exc, rank=rank)
                 raise

@@ -55,6 +55,7 @@ Where docs/behaviour.md (section 3) leaves a choice, this module takes the one b
 from __future__ import annotations
 
 from collections.abc import Hashable
+from threading import get_ident
 from typing import Any, ClassVar
 
 import numpy as np
@@ -135,6 +136,7 @@ class BaseTokenToKVPoolAllocator:
 
     _kvcache: Any
     lock: Any
+    _recording: Any
     _in_group: bool
     # Per rank, the slots of each free made inside the open group, as validated (free_group).
     _group_frees: list[list[NDArray[np.int64]]]
@@ -162,6 +164,9 @@ class BaseTokenToKVPoolAllocator:
         As the original: groups do not nest (a second begin continues the
         group), and the pages freed inside stay allocated until the end.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.free_group_begin()  # type: ignore[no-any-return]
         with self.lock:
             self._in_group = True
 
@@ -272,6 +277,9 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
 
         Outside a group nothing is pending, and nothing happens.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.free_group_end()  # type: ignore[no-any-return]
         with self.lock:
             self._in_group = False
             for st, gp in zip(self._st, self._gp, strict=True):
@@ -292,6 +300,9 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
         dp_rank : int, optional
             The rank to reset; ``None`` (the default) resets every rank.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.clear(dp_rank)  # type: ignore[no-any-return]
         ranks = range(self.dp_size) if dp_rank is None else (self._rank(dp_rank),)
         with self.lock:
             for r in ranks:
@@ -821,6 +832,9 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         dp_rank : int, optional
             The data-parallel rank, in ``[0, dp_size)``; 0 by default.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.merge_and_sort_free(dp_rank)  # type: ignore[no-any-return]
         r = self._rank(dp_rank)
         with self.lock:
             status = _merge(self._st[r])
@@ -854,6 +868,9 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         HostPoolError
             When ``need_size`` is negative or ``dp_rank`` is out of range.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.alloc(need_size, dp_rank, tag=tag)  # type: ignore[no-any-return]
         if type(need_size) is not int:
             need_size = as_count(need_size, "need_size")
         r = self._rank(dp_rank)
@@ -931,6 +948,9 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         TypeError
             For non-integer arguments.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens, dp_rank, tags=tags)  # type: ignore[no-any-return]
         prefix = as_int_vector(prefix_lens, "prefix_lens")
         seq = as_int_vector(seq_lens, "seq_lens")
         last = as_int_vector(last_loc, "last_loc")
@@ -1001,6 +1021,9 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             For arguments of different lengths, ``seq_lens < 1``, and with
             ``debug_mode`` a ``last_loc`` that does not end its request.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.alloc_decode(seq_lens, last_loc, dp_rank, tags=tags)  # type: ignore[no-any-return]
         seq = as_int_vector(seq_lens, "seq_lens")
         last = as_int_vector(last_loc, "last_loc")
         r = self._rank(dp_rank)
@@ -1051,6 +1074,9 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             For slots of page 0 or beyond the rank's pages, before anything
             changes.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.free(free_index, dp_rank)  # type: ignore[no-any-return]
         return self._free(
             free_index, dp_rank, _paged_kernels.FREE_PAGED_STRICT if self.strict else _paged_kernels.FREE_PAGED
         )
@@ -1177,6 +1203,9 @@ class TokenToKVPoolAllocator(_RankedAllocator):
             A label for the allocation that a tracking allocator records
             with its slots; ignored otherwise.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.alloc(need_size, dp_rank, tag=tag)  # type: ignore[no-any-return]
         if type(need_size) is not int:
             need_size = as_count(need_size, "need_size")
         r = self._rank(dp_rank)
@@ -1220,6 +1249,9 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         int
             The number of slots freed (or made pending).
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.free(free_index, dp_rank)  # type: ignore[no-any-return]
         return self._free(free_index, dp_rank, _paged_kernels.FREE_TOKENS)
 
 
@@ -1371,6 +1403,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArraySta
         dp_rank : int, optional
             The data-parallel rank, in ``[0, dp_size)``; 0 by default.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.merge_and_sort_free(dp_rank)  # type: ignore[no-any-return]
         r = self._rank(dp_rank)
         with self.lock:
             self.full_attn_allocator.merge_and_sort_free(r)
@@ -1458,6 +1493,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArraySta
         above, as the sub-allocators' ``alloc``. ``tag`` (keyword-only): a
         label a tracking allocator records with both sides' pages.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.alloc(need_size, dp_rank, tag=tag)  # type: ignore[no-any-return]
         if type(need_size) is not int:
             need_size = as_count(need_size, "need_size")
         r = self._rank(dp_rank)
@@ -1530,6 +1568,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArraySta
         slots. Each new full slot is mapped to its new SWA slot. ``tags``
         (keyword-only): one label per request, for a tracking allocator.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens, dp_rank, tags=tags)  # type: ignore[no-any-return]
         self._needs_pages("alloc_extend")
         prefix, seq, last = self._batch_args((prefix_lens, seq_lens, last_loc), ("prefix_lens", "seq_lens", "last_loc"))
         total = as_count(extend_num_tokens, "extend_num_tokens")
@@ -1569,6 +1610,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArraySta
 
         ``tags`` (keyword-only): one label per request, for a tracking allocator.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.alloc_decode(seq_lens, last_loc, dp_rank, tags=tags)  # type: ignore[no-any-return]
         self._needs_pages("alloc_decode")
         seq, last = self._batch_args((seq_lens, last_loc), ("seq_lens", "last_loc"))
         r = self._rank(dp_rank)
@@ -1602,6 +1646,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArraySta
         :class:`DoubleFreeError`; slots outside the rank a
         :class:`SlotRangeError`; before anything changes.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.free(free_index, dp_rank)  # type: ignore[no-any-return]
         r = self._rank(dp_rank)
         slots = as_slots(free_index, "free_index")
         if slots.shape[0] == 0:
@@ -1645,6 +1692,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArraySta
 
     def free_swa(self, free_index: Any, dp_rank: Any = 0) -> int:
         """Free the SWA slots of full slots (tokens that left the window); the full slots stay. How many went."""
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.free_swa(free_index, dp_rank)  # type: ignore[no-any-return]
         r = self._rank(dp_rank)
         slots = as_slots(free_index, "free_index")
         _, _, sts, gps = self._states(r)
@@ -1689,6 +1739,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArraySta
 
     def free_group_end(self) -> None:
         """Free, per rank, the group's frees as one: the full slots, then their SWA slots."""
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.free_group_end()  # type: ignore[no-any-return]
         wheres = [self._where(r, None) for r in range(self.dp_size)]
         with self.lock:
             self._in_group = False
@@ -1716,6 +1769,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArraySta
 
     def clear(self, dp_rank: Any = None) -> None:
         """Reset both sides of the rank (or every rank), zero its mapping, drop its pending frees, leave the group."""
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.clear(dp_rank)  # type: ignore[no-any-return]
         ranks = range(self.dp_size) if dp_rank is None else (self._rank(dp_rank),)
         with self.lock:
             for r in ranks:

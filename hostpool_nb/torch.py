@@ -26,6 +26,7 @@ it.
 
 from __future__ import annotations
 
+from threading import get_ident
 from typing import Any
 
 try:
@@ -207,6 +208,9 @@ class LogicalHostPool(_CorePool):
         HostPoolError
             If ``need_size`` is negative.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():  # recording: the call, made through it, returns a tensor
+            return rec.alloc(need_size, tag=tag)  # type: ignore[no-any-return]
         if type(need_size) is not int and isinstance(need_size, _Tensor):
             need_size = _tensor_count(need_size)
         out = super().alloc(need_size, tag=tag)
@@ -237,6 +241,9 @@ class LogicalHostPool(_CorePool):
             ``slots[offsets[i]:offsets[i + 1]]``; ``None`` when the batch
             does not fit.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.alloc_many(sizes, tag=tag)  # type: ignore[no-any-return]
         if isinstance(sizes, _Tensor):
             try:
                 arr = sizes.numpy()  # a plain CPU tensor: a view, which the core copies
@@ -282,6 +289,9 @@ class LogicalHostPool(_CorePool):
             If a slot is outside ``[0, size)``, a run is not one whole page
             in order, or a page is not currently allocated.
         """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.free(indices)  # type: ignore[no-any-return]
         if isinstance(indices, _Tensor):
             try:
                 # The hot path: a CPU tensor viewed as a numpy array, no copy.

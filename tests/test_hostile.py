@@ -490,7 +490,7 @@ def test_recording_to_a_directory_fails_before_the_block(kind: str, tmp_path: Pa
     assert ran == []
     assert str(info.value) == f"cannot record to {str(path)!r}: it is a directory, not a file name"
     assert list(tmp_path.iterdir()) == []  # no temporary file left behind
-    assert not set(LogicalHostPool._recorded) & set(vars(pool))
+    assert pool._recording is None
 
 
 def test_a_trace_that_cannot_be_written_keeps_the_blocks_own_error(tmp_path: Path) -> None:
@@ -512,7 +512,7 @@ def test_a_trace_that_cannot_be_written_keeps_the_blocks_own_error(tmp_path: Pat
     if sys.version_info >= (3, 11):
         (note,) = info.value.__notes__
         assert note.startswith(f"hostpool_nb: the trace {folder / 't.npz'} could not be written: ")
-    assert not set(LogicalHostPool._recorded) & set(vars(pool))
+    assert pool._recording is None
 
 
 # -- 9, 10. loading what is not a trace ----------------------------------------------------
@@ -747,7 +747,7 @@ def test_two_threads_cannot_both_start_recording_one_pool(tmp_path: Path, monkey
             t.join(20)
         assert len(started) == 1, f"attempt {attempt}: {started} both recorded"
         assert len(refused) == 1
-        assert not set(LogicalHostPool._recorded) & set(vars(pool))
+        assert pool._recording is None
 
 
 # -- 12. replay of a tracking pool's never-allocated double free ----------------------------------

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hostpool_nb import DoubleFreeError, HostPoolError, SlotRangeError
+from hostpool_nb import DoubleFreeError, HostPoolError, PagedOnlyError, SlotRangeError
 from hostpool_nb import replay as R
 from hostpool_nb import trace as T
 from hostpool_nb.paged import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
@@ -135,9 +135,13 @@ def test_the_token_allocators_calls_are_recorded_and_replay(tmp_path: Path, caps
 def test_the_token_allocator_records_no_call_it_lacks(tmp_path: Path) -> None:
     a = TokenToKVPoolAllocator(16, None)
     with a.recording(tmp_path / "t.npz"):
-        assert "alloc_extend" not in vars(a)
-        assert set(vars(a)) >= {"alloc", "free", "clear", "backup_state", "restore_state"}
-    assert not {"alloc", "free"} & set(vars(a))  # the wrappers are gone with the block
+        assert a._recording is not None
+        with pytest.raises(PagedOnlyError):
+            a.alloc_extend([0], [1], [-1], 1)  # a paged allocator's call: no record of a token allocator holds it
+        a.merge_and_sort_free()  # nothing to merge here: no record either
+        a.free(a.alloc(2))
+    assert a._recording is None  # the recording is gone with the block
+    assert [op.name for op in T.load(tmp_path / "t.npz").operations] == ["alloc", "free"]
 
 
 # -- replay: every result, from the state the recording found ----------------------------------
@@ -281,7 +285,9 @@ def test_calls_the_record_cannot_hold_are_skipped(tmp_path: Path, capsys: Any) -
     assert R.replay(trace) == (2, 3, None)
     code, out, _ = run_main(tmp_path / "t.npz", capsys)
     assert code == 0
-    assert out.endswith("all 2 operations match; 3 not replayable (what they were given is not in the record), skipped\n")
+    assert out.endswith(
+        "all 2 operations match; 3 not replayable (what they were given is not in the record), skipped\n"
+    )
 
 
 def test_a_tracking_allocators_double_free_replays_without_its_sites(tmp_path: Path) -> None:
@@ -451,7 +457,7 @@ def test_recordings_of_an_allocator_do_not_nest_and_leave_it_as_it_was(tmp_path:
         a.recording(tmp_path / "b.npz"),
     ):
         pass
-    assert not set(a._recorded) & set(vars(a))
+    assert a._recording is None
     assert not (tmp_path / "b.npz").exists()
     with pytest.raises(SlotRangeError):
         a.free([0])  # the method, unwrapped, as before
@@ -462,7 +468,7 @@ def test_an_allocator_pickles_and_copies_while_recording(tmp_path: Path) -> None
     with a.recording(tmp_path / "a.npz"):
         a.alloc(8)
         for b in (pickle.loads(pickle.dumps(a)), copy.deepcopy(a)):
-            assert not set(b._recorded) & set(vars(b))  # the copy does not record into the file
+            assert b._recording is None  # the copy does not record into the file
             assert b.alloc(4).tolist() == [12, 13, 14, 15]  # type: ignore[union-attr]
     assert len(T.load(tmp_path / "a.npz")) == 1
 
@@ -631,3 +637,96 @@ def test_replay_bounds_the_memory_an_allocators_trace_would_build(tmp_path: Path
     assert code == 2
     assert f"needs {swa_need:,} bytes to replay, more than the {swa_need - 1:,} allowed" in err
     assert R.main([str(tmp_path / "swa.npz"), "--max-pool-bytes", str(swa_need)]) == 0
+
+
+@pytest.mark.parametrize("kind", ["host", "host tracked", "paged", "token", "swa"])
+def test_calls_through_methods_bound_before_the_block_are_recorded(kind: str, tmp_path: Path) -> None:
+    """Schedulers keep ``alloc, free = pool.alloc, pool.free``: those calls change the pool, so the trace has them."""
+    from hostpool_nb import LogicalHostPool
+
+    kv = SimpleNamespace(full_kv_pool=None, swa_kv_pool=None)
+    pool: Any = {
+        "host": lambda: LogicalHostPool(1024, 16),
+        "host tracked": lambda: LogicalHostPool(1024, 16, track=True),
+        "paged": lambda: PagedTokenToKVPoolAllocator(1024, 16, None),
+        "token": lambda: TokenToKVPoolAllocator(64, None),
+        "swa": lambda: SWATokenToKVPoolAllocator(256, 128, kv, page_size=16),
+    }[kind]()
+    alloc, free, clear, begin, end = pool.alloc, pool.free, pool.clear, pool.free_group_begin, pool.free_group_end
+    backup, restore = pool.backup_state, pool.restore_state
+    n = pool.page_size
+    with pool.recording(tmp_path / "t.npz"):
+        held = [alloc(n), alloc(2 * n), alloc(n)]
+        free(held[0])
+        free(np.asarray(held[1]).tolist())  # a list: the slow path
+        state = backup()
+        begin()
+        free(held[2])
+        end()
+        restore(state)
+        host = kind.startswith("host")
+        if not host:
+            pool.alloc_extend([0], [n + 1], [-1], n + 1) if kind != "token" else alloc(3)
+        clear()
+        alloc(n)
+    trace = T.load(tmp_path / "t.npz")
+    names = [op.name for op in trace.operations]
+    group = ["free_group_begin", "free", "free_group_end"]
+    assert names[:9] == ["alloc", "alloc", "alloc", "free", "free", "backup", *group]
+    extra = [] if host else ["alloc" if kind == "token" else "alloc_extend"]
+    assert names[9:] == ["restore", *extra, "clear", "alloc"]
+    assert R.replay(trace) == (len(names), 0, None)
+
+
+def test_a_recording_sees_other_threads_calls_through_bound_methods(tmp_path: Path) -> None:
+    import threading
+
+    a = PagedTokenToKVPoolAllocator(1 << 16, 16, None)
+    alloc, free = a.alloc, a.free
+    go, stop = threading.Event(), threading.Event()
+    calls = [0]
+
+    def worker() -> None:
+        go.wait()
+        while not stop.is_set():
+            free(alloc(64))
+            calls[0] += 2
+
+    t = threading.Thread(target=worker)
+    t.start()
+    with a.recording(tmp_path / "t.npz"):
+        go.set()
+        while calls[0] < 200:
+            pass
+        stop.set()
+        t.join(10)
+    trace = T.load(tmp_path / "t.npz")
+    assert len(trace) == calls[0]  # every call of the worker's, made while the block was open
+    assert R.replay(trace) == (calls[0], 0, None)
+
+
+def test_every_recorded_method_hands_its_calls_to_the_recording() -> None:
+    """What a trace holds is what ``_recorded`` says: each of those methods looks for the recording first."""
+    import inspect
+
+    from hostpool_nb import LogicalHostPool
+    from hostpool_nb._recording import _Calls, _RankedCalls
+
+    kinds: list[Any] = [LogicalHostPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, SWATokenToKVPoolAllocator]
+    for cls in kinds:
+        calls = _RankedCalls if hasattr(cls(*_args_of(cls)), "dp_size") else _Calls
+        for name in cls._recorded:
+            source = inspect.getsource(getattr(cls, name))
+            looks = "self._recording" in source or "_alloc_other" in source
+            assert looks, f"{cls.__name__}.{name} does not hand its calls to a recording"
+            assert callable(getattr(calls, name, None)), f"a recording has no {name} for {cls.__name__}"
+
+
+def _args_of(cls: type) -> tuple[Any, ...]:
+    if cls is SWATokenToKVPoolAllocator:
+        return (64, 32, SimpleNamespace(full_kv_pool=None, swa_kv_pool=None))
+    if cls is PagedTokenToKVPoolAllocator:
+        return (64, 4, None)
+    if cls is TokenToKVPoolAllocator:
+        return (64, None)
+    return (64, 16)
