@@ -261,5 +261,7 @@ def recorded_trace(ctx: Context) -> list[Row]:
     ctx.label(f"recorded trace {path}")
     trace = load(path)
     timing = time_trace(trace, ctx.repeats(5), with_torch=TORCH in ctx.impls)
-    ctx.notes.extend(timing.notes)
+    ctx.notes.extend(f"recorded trace: {note}" for note in timing.notes)
+    if not timing.per_op:  # too short to time: the note says so
+        return []
     return [Row("recorded trace", f"{path} {len(trace)} ops", "s", timing.per_op, samples=timing.samples)]

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import gc
 import importlib.util
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -349,6 +351,10 @@ def _compare(op: Operation, value: Any, exc: BaseException | None) -> Divergence
 # -- timing a trace -----------------------------------------------------------------------
 
 _ALLOC, _FREE, _ALLOC_MANY, _OTHER, _RAISES = range(5)
+#: The fewest operations ``--time`` times: below, a fresh pool's first calls would be most of the figure.
+MIN_TIMED = 100
+MIN_SAMPLE_S = 0.005  # each sample lasts at least this long: a batch of replays
+MAX_BATCH = 50
 
 
 @dataclass
@@ -368,8 +374,8 @@ class TraceTiming:
     >>> trace = load(path)
     >>> from hostpool_nb.replay import time_trace
     >>> timing = time_trace(trace, repeats=1, with_torch=False)
-    >>> sorted(timing.per_op), timing.notes
-    (['hostpool_nb', 'numpy'], ['2 operations replayed'])
+    >>> timing.per_op, timing.notes[1][:38]  # two calls: a figure would mislead
+    ({}, 'not timed: 2 operations are too few to')
     """
 
     per_op: dict[str, float]
@@ -472,19 +478,24 @@ def _run_steps(pool: Any, steps: list[Any]) -> None:
             _run(pool, arg, backups)
 
 
-def _check_original(pool: Any, steps: list[tuple[int, Any, Operation]], name: str) -> None:
-    """One replay with every answer compared to the record: equal slots and counts, or a TraceError."""
+def _check_original(pool: Any, steps: list[tuple[int, Any, Operation]], name: str) -> tuple[int, str] | None:
+    """One replay with every answer compared to the record; the first operation where the original does
+    otherwise (or fails), and how, or ``None``."""
     for code, arg, op in steps:
-        got = pool.alloc(arg) if code == _ALLOC else pool.free(arg) if code == _FREE else pool.clear()
+        try:
+            got = pool.alloc(arg) if code == _ALLOC else pool.free(arg) if code == _FREE else pool.clear()
+        except Exception as exc:  # noqa: BLE001 - the original's own failure (an assert): where it stops
+            return op.index, f"the original ({name}) fails at operation {op.index} ({op.name}): {exc!r}"
         if code == _ALLOC:
             want = op.slots if op.result >= 0 else None
             if not _same_slots(want, None if got is None else np.asarray(got)):
-                raise TraceError(
+                return op.index, (
                     f"the original ({name}) diverges at operation {op.index} ({op.name}): "
                     f"expected {describe_slots(want)}, got {describe_slots(got)}"
                 )
         elif code == _FREE and got != op.result:
-            raise TraceError(f"the original ({name}) diverges at operation {op.index} (free): {got}, not {op.result}")
+            return op.index, f"the original ({name}) diverges at operation {op.index} (free): {got}, not {op.result}"
+    return None
 
 
 def _original_at_start(trace: Trace, backend: str) -> Any:
@@ -579,22 +590,31 @@ def _original_swa_at_start(trace: Trace) -> Any:
     return pool
 
 
-def _check_original_ranked(pool: Any, plan: list[tuple[str, tuple[Any, ...], Operation]]) -> None:
-    """One replay on the original allocator with every allocation compared to the record, or a TraceError."""
+def _check_original_ranked(pool: Any, plan: list[tuple[str, tuple[Any, ...], Operation]]) -> tuple[int, str] | None:
+    """One replay on the original allocator with every allocation compared to the record; the first operation
+    where the original does otherwise (or fails: its own asserts), and how, or ``None``."""
     backups: dict[int, Any] = {}
     for _, _, op in plan:
-        got = _ranked_call(pool, op, backups)
+        try:
+            got = _ranked_call(pool, op, backups)
+        except Exception as exc:  # noqa: BLE001 - the original's own failure (an assert): where it stops
+            return op.index, f"the original fails at operation {op.index} ({op.name}): {exc!r}"
         if op.name in ("alloc", "alloc_extend", "alloc_decode"):
             want = op.slots if op.result >= 0 else None
             if not _same_slots(want, None if got is None else np.asarray(got)):
-                raise TraceError(
+                return op.index, (
                     f"the original diverges at operation {op.index} ({op.name}): "
                     f"expected {describe_slots(want)}, got {describe_slots(got)}"
                 )
+    return None
 
 
 def time_trace(
-    trace: Trace, repeats: int = 5, with_torch: bool | None = None, max_pool_bytes: int = MAX_POOL_BYTES
+    trace: Trace,
+    repeats: int = 5,
+    with_torch: bool | None = None,
+    max_pool_bytes: int = MAX_POOL_BYTES,
+    min_operations: int | None = None,
 ) -> TraceTiming:
     """Seconds per recorded operation of ``trace`` on hostpool_nb and on the original algorithm.
 
@@ -615,6 +635,17 @@ def time_trace(
         The original always runs on numpy.
     max_pool_bytes : int, optional
         The most memory the pools may take (1 GiB by default).
+    min_operations : int, optional
+        The fewest replayable operations it times (:data:`MIN_TIMED`, 100,
+        by default): a shorter trace's figure would be mostly a fresh pool's
+        first calls, and is not given (``per_op`` empty, a note says why).
+
+    Where the original algorithm does otherwise than the record, or fails
+    (its own asserts), both are timed on the operations before, and a note
+    says where and why; where it cannot run the trace at all (calls it
+    lacks), hostpool_nb is timed alone, and a note says why. Each sample
+    replays the trace on as many fresh pools (built outside the timed
+    region) as make it last 5 ms, up to 50.
 
     Returns
     -------
@@ -626,41 +657,77 @@ def time_trace(
     if divergence is not None:
         raise TraceError(f"hostpool_nb diverges from the trace at {divergence}: was it recorded on this version?")
     notes = [f"{done} operations replayed" + (f", {skipped} not replayable skipped" if skipped else "")]
-    makers: dict[str, Any] = {"hostpool_nb": lambda: fresh_pool(trace, trace.track)}
-    run: Any = _run_ranked if trace.ranked else _run_steps
-    plans: dict[str, list[Any]] = {
-        "hostpool_nb": _ranked_plan(trace, True, makers["hostpool_nb"]()) if trace.ranked else _pool_steps(trace)
-    }
+    if with_torch is None:
+        with_torch = importlib.util.find_spec("torch") is not None
     problem = original_problem(trace)
+    originals = [] if problem is not None else ["numpy"] if trace.ranked or not with_torch else ["numpy", "torch"]
     if problem is not None:
         notes.append(f"the original algorithm is not timed: {problem}")
-    elif trace.ranked:  # the original allocator runs on numpy alone
-        makers["numpy"] = functools.partial(_original_allocator_at_start, trace)
-        plans["numpy"] = _ranked_plan(trace, False, makers["numpy"]())
-        _check_original_ranked(makers["numpy"](), plans["numpy"])
-    else:
-        if with_torch is None:
-            with_torch = importlib.util.find_spec("torch") is not None
-        backends = ["numpy", "torch"] if with_torch else ["numpy"]
-        for backend in backends:
-            convert: Any = (lambda a: a) if backend == "numpy" else _torch_of
-            plans[backend] = _original_steps(trace, convert)
-            makers[backend] = functools.partial(_original_at_start, trace, backend)
-            _check_original(makers[backend](), plans[backend], backend)
+    for backend in originals:  # where the original does otherwise, both are timed on the calls before
+        makers, plans = _implementations(trace, [backend])
+        stop = _original_stops(trace, backend, makers[backend](), plans[backend])
+        if stop is not None:
+            index, why = stop
+            trace = dataclasses.replace(trace, operations=trace.operations[:index])
+            kept = sum(op.replayable for op in trace.operations)
+            notes.append(f"{why}; both are timed on the {_operations(kept)} before it")
+    timed = sum(op.replayable for op in trace.operations)
+    if timed < (MIN_TIMED if min_operations is None else min_operations):
+        notes.append(
+            f"not timed: {_operations(timed)} {'is' if timed == 1 else 'are'} too few to time (a pool's first calls, "
+            f"on memory not touched yet, would be most of it); record a stretch of {MIN_TIMED} or more"
+        )
+        return TraceTiming({}, {}, notes)
+    makers, plans = _implementations(trace, originals)
+    run: Any = _run_ranked if trace.ranked else _run_steps
     samples: dict[str, list[float]] = {name: [] for name in makers}
     names = list(makers)
-    for r in range(repeats + 1):  # the first round warms up (kernels loaded) and is dropped
+    batch = 1
+    for r in range(repeats + 1):  # the first round warms up (kernels loaded), sizes the batches, and is dropped
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            pool = makers[name]()
+            pools = [makers[name]() for _ in range(batch)]  # built outside the timed region
             gc.disable()
             t0 = time.perf_counter()
-            run(pool, plans[name])
-            seconds = (time.perf_counter() - t0) / max(done, 1)
+            for pool in pools:
+                run(pool, plans[name])
+            seconds = (time.perf_counter() - t0) / (batch * timed)
             gc.enable()
             if r:
                 samples[name].append(seconds)
+            else:  # enough replays a sample that it lasts MIN_SAMPLE_S (the fastest implementation's)
+                batch = max(batch, min(MAX_BATCH, math.ceil(MIN_SAMPLE_S / max(seconds * timed, 1e-9))))
+    if batch > 1:
+        notes.append(f"each sample times {batch} replays, each on a fresh pool (built untimed)")
     per_op = {name: float(np.median(s)) for name, s in samples.items()}
     return TraceTiming(per_op, samples, notes)
+
+
+def _operations(n: int) -> str:
+    return f"{n} operation" + ("" if n == 1 else "s")
+
+
+def _implementations(trace: Trace, originals: list[str]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """For hostpool_nb and each of ``originals`` ("numpy", "torch"): how to make a fresh pool, and its calls."""
+    makers: dict[str, Any] = {"hostpool_nb": lambda: fresh_pool(trace, trace.track)}
+    plans: dict[str, list[Any]] = {
+        "hostpool_nb": _ranked_plan(trace, True, makers["hostpool_nb"]()) if trace.ranked else _pool_steps(trace)
+    }
+    for backend in originals:
+        if trace.ranked:  # the original allocator runs on numpy alone
+            makers[backend] = functools.partial(_original_allocator_at_start, trace)
+            plans[backend] = _ranked_plan(trace, False, makers[backend]())
+        else:
+            convert: Any = (lambda a: a) if backend == "numpy" else _torch_of
+            makers[backend] = functools.partial(_original_at_start, trace, backend)
+            plans[backend] = _original_steps(trace, convert)
+    return makers, plans
+
+
+def _original_stops(trace: Trace, backend: str, pool: Any, plan: list[Any]) -> tuple[int, str] | None:
+    """Where the original algorithm does otherwise than the record on ``trace`` (or fails), and how."""
+    if trace.ranked:
+        return _check_original_ranked(pool, plan)
+    return _check_original(pool, plan, backend)
 
 
 def _torch_of(slots: Any) -> Any:
@@ -725,12 +792,13 @@ def main(argv: list[str] | None = None) -> int:
         except TraceError as exc:
             print(f"python -m hostpool_nb.replay: error: {exc}", file=sys.stderr)
             return 2
-        ours = timing.per_op["hostpool_nb"]
+        ours = timing.per_op.get("hostpool_nb", 0.0)
         for name, seconds in timing.per_op.items():
             ratio = "" if name == "hostpool_nb" else f": {_ratio(seconds / ours)} {name}"
             label = name if name == "hostpool_nb" else f"original on {name}"
             print(f"  {label:>17}: {_duration(seconds):>9} per operation (median of {args.repeats}){ratio}")
-        print("  x numpy, x torch = the original's time / hostpool_nb's (above 1x: hostpool_nb is faster)")
+        if len(timing.per_op) > 1:
+            print("  x numpy, x torch = the original's time / hostpool_nb's (above 1x: hostpool_nb is faster)")
         for line in timing.notes[1:]:
             print(f"  {line}")
     return 0

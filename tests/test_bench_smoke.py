@@ -388,14 +388,26 @@ def test_a_recorded_trace_is_timed_on_every_implementation(tmp_path: Path) -> No
     path = tmp_path / "t.npz"
     p = LogicalHostPool(1024, 16)
     with p.recording(path):
-        held = [p.alloc(64) for _ in range(8)]
-        for h in held[::2]:
-            p.free(h)
+        for _ in range(60):
+            held = [p.alloc(64) for _ in range(2)]
+            for h in held:
+                p.free(h)
     ctx = tiny_context()
     ctx.raw["trace_path"] = str(path)
     (row,) = WORKLOADS["recorded"].run(ctx)
     assert set(row.values) == {HOSTPOOL, NUMPY}
-    assert row.params == f"{path} 12 ops"
+    assert row.params == f"{path} 240 ops"
+
+
+def test_a_recorded_trace_too_short_to_time_is_a_note_not_a_row(tmp_path: Path) -> None:
+    path = tmp_path / "t.npz"
+    p = LogicalHostPool(1024, 16)
+    with p.recording(path):
+        p.free(p.alloc(64))
+    ctx = tiny_context()
+    ctx.raw["trace_path"] = str(path)
+    assert WORKLOADS["recorded"].run(ctx) == []
+    assert any("not timed: 2 operations are too few to time" in note for note in ctx.notes), ctx.notes
 
 
 # -- bench.compare ---------------------------------------------------------------------------------

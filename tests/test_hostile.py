@@ -37,6 +37,14 @@ from tests.conftest import JIT_DISABLED, run_child
 from tests.paged_model import assert_unchanged as paged_unchanged
 from tests.paged_model import capture as paged_capture
 
+
+@pytest.fixture(autouse=True)
+def short_traces_are_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests time traces of a few calls, to test how timing works: the minimum it asks for is lifted
+    (its own tests set it back)."""
+    monkeypatch.setattr(R, "MIN_TIMED", 1)
+
+
 PS = 16
 
 

@@ -28,6 +28,14 @@ from hostpool_nb import DoubleFreeError, HostPoolError, LogicalHostPool
 from hostpool_nb import replay as R
 from hostpool_nb import trace as T
 
+
+@pytest.fixture(autouse=True)
+def short_traces_are_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests time traces of a few calls, to test how timing works: the minimum it asks for is lifted
+    (its own tests set it back)."""
+    monkeypatch.setattr(R, "MIN_TIMED", 1)
+
+
 REPO = Path(__file__).resolve().parent.parent
 PROG = "python -m hostpool_nb.replay"
 
@@ -1222,6 +1230,13 @@ def test_readmes_recording_example_replays_as_written(tmp_path: Path, capsys: An
     out = capsys.readouterr().out
     assert "all 1 operations match" in out
     assert "original on numpy" in out  # the original is timed from the same start
+    R.MIN_TIMED = 100  # as a user runs it (the fixture puts it back): one call is too few to time
+    assert R.main([str(path), "--time", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1:] == [
+        "  not timed: 1 operation is too few to time (a pool's first calls, on memory not touched yet, would be "
+        "most of it); record a stretch of 100 or more"
+    ]
 
 
 @pytest.mark.parametrize("merge", ["fifo", "sorted"])
