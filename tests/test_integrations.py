@@ -587,3 +587,20 @@ def test_a_spawned_worker_builds_hostpool_nbs_allocator_when_the_launcher_instal
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "hostpool_nb.integrations.sgl_jax"
+
+
+def test_install_refused_after_a_replacement_was_displaced_changes_nothing(engine: StandIn) -> None:
+    """Another library put a class at one target that hostpool_nb cannot stand in for: the others stay."""
+    sgl_jax.install()
+    before = {where: _held(where) for where in _originals()}
+    before_status = status()
+
+    class Theirs(original_paged.TokenToKVPoolAllocator):
+        def only_theirs(self) -> None: ...
+
+    sys.modules[sgl_jax.ALLOCATORS].TokenToKVPoolAllocator = Theirs
+    with pytest.raises(IntegrationError, match=r"TokenToKVPoolAllocator\.only_theirs is missing"):
+        sgl_jax.install()
+    after = {where: _held(where) for where in _originals()}
+    assert after == {**before, f"{sgl_jax.ALLOCATORS}.TokenToKVPoolAllocator": Theirs}
+    assert [r for r in before_status if r.where != f"{sgl_jax.ALLOCATORS}.TokenToKVPoolAllocator"] == status()

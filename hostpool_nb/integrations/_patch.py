@@ -115,12 +115,21 @@ def _import(engine: str, module: str, how: str) -> Any:
         ) from error
 
 
-def _planned(engine: str, targets: tuple[Target, ...], how: str) -> list[tuple[Target, Any, type, type]]:
-    """Every target checked, its replacement made; an ``IntegrationError`` naming the first that does not fit."""
+def _planned(
+    engine: str, targets: tuple[Target, ...], how: str, ours: dict[str, Replacement]
+) -> list[tuple[Target, Any, type, type]]:
+    """Every target checked, its replacement made; an ``IntegrationError`` naming the first that does not fit.
+
+    ``ours``: the replacements an earlier install put in place and that are
+    still there; each is planned as its original, which it will be again.
+    """
     plan = []
     for target in targets:
         module = _import(engine, target.module, how)
         original = getattr(module, target.attribute, None)
+        earlier = ours.get(target.where)
+        if earlier is not None and original is earlier.replacement:
+            original = earlier.original
         if not isinstance(original, type):
             what = "missing" if original is None else f"a {type(original).__name__}, not a class"
             raise IntegrationError(
@@ -168,10 +177,11 @@ def install(engine: str, package: str, targets: tuple[Target, ...], how: str) ->
         done = _INSTALLED.get(engine)
         if done is not None and all(_in_place(r) for r in done):
             return {r.where: r.original for r in done}
-        # Some were replaced or unloaded since: the rest back first, then install afresh over what is there.
+        # Some were replaced or unloaded since: install afresh over what is there, the rest put back first. The
+        # plan comes first, as if they were back: a refused install changes nothing.
         earlier = {r.where: r.original for r in done} if done is not None else {}
+        plan = _planned(engine, targets, how, {r.where: r for r in done or () if _in_place(r)})
         _restore(engine)
-        plan = _planned(engine, targets, how)
         replaced: list[Replacement] = []
         originals: dict[int, type] = {}
         for target, module, original, replacement in plan:
