@@ -69,6 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--full", action="store_true", help=f"the complete run: --scale {FULL_SCALE:g}")
     ap.add_argument("--only", metavar="NAMES", help=f"comma-separated workloads, of: {', '.join(WORKLOADS)}")
     ap.add_argument("--trace", metavar="PATH", help="time a trace recorded with pool.recording(PATH) too")
+    ap.add_argument(
+        "--max-pool-bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --trace: refuse to build pools taking more memory than this (default 1 GiB)",
+    )
     ap.add_argument("--json", metavar="PATH", help="write every figure, with the machine's details, to PATH")
     ap.add_argument("--plot", metavar="PATH", help="draw the round trips to a PNG (needs matplotlib)")
     ap.add_argument("--no-torch", action="store_true", help="leave the torch baseline out even if torch imports")
@@ -95,11 +102,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.only = names
     elif args.trace is not None and not chosen:
         args.only = ["recorded"]  # --trace with no option that says what else runs: only the trace
+    if args.max_pool_bytes is not None and args.trace is None:
+        fail("--max-pool-bytes bounds the pools of --trace: give --trace PATH too")
     if args.trace is not None:
+        from hostpool_nb.replay import MAX_POOL_BYTES, check_buildable, original_problem
         from hostpool_nb.trace import TraceError, load
 
-        try:
-            load(args.trace)
+        if args.max_pool_bytes is None:
+            args.max_pool_bytes = MAX_POOL_BYTES
+        if args.max_pool_bytes < 1:
+            fail(f"--max-pool-bytes must be positive, got {args.max_pool_bytes}")
+        try:  # everything that can stop the trace's timing, said now in one line, not after the other workloads
+            trace = load(args.trace)
+            check_buildable(trace, args.max_pool_bytes, with_original=original_problem(trace) is None)
         except (OSError, TraceError) as exc:
             fail(f"--trace {args.trace}: {exc}")
     _writable("--json", args.json)
@@ -123,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = not args.no_progress and not is_terminal(sys.stdout)
     ctx = Context(args.scale, impls, progress.advance, progress.label)
     ctx.raw["trace_path"] = args.trace
+    ctx.raw["max_pool_bytes"] = args.max_pool_bytes
     started = time.perf_counter()
     rows = []
     done = 0.0

@@ -251,7 +251,7 @@ def kv_trace(ctx: Context) -> list[Row]:
 @workload("recorded", seconds=0)
 def recorded_trace(ctx: Context) -> list[Row]:
     """``--trace PATH``: a trace recorded with ``pool.recording(PATH)``, timed by ``hostpool_nb.replay``."""
-    from hostpool_nb.replay import time_trace
+    from hostpool_nb.replay import MAX_POOL_BYTES, time_trace
 
     path = ctx.raw.get("trace_path")
     if path is None:
@@ -260,7 +260,8 @@ def recorded_trace(ctx: Context) -> list[Row]:
 
     ctx.label(f"recorded trace {path}")
     trace = load(path)
-    timing = time_trace(trace, ctx.repeats(5), with_torch=TORCH in ctx.impls)
+    bound = ctx.raw.get("max_pool_bytes") or MAX_POOL_BYTES
+    timing = time_trace(trace, ctx.repeats(5), with_torch=TORCH in ctx.impls, max_pool_bytes=bound)
     ctx.notes.extend(f"recorded trace: {note}" for note in timing.notes)
     if not timing.per_op:  # too short to time: the note says so
         return []

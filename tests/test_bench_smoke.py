@@ -333,6 +333,7 @@ def _exit(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str
         (["--plot", "/"], "cannot write --plot /: it is a directory"),
         (["--trace", "/no/such.trace"], "--trace /no/such.trace: [Errno 2] No such file or directory"),
         (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--max-pool-bytes", "100"], "--max-pool-bytes bounds the pools of --trace: give --trace PATH too"),
     ],
 )
 def test_a_mistake_is_one_line_and_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -340,6 +341,23 @@ def test_a_mistake_is_one_line_and_exit_2(argv: list[str], message: str, capsys:
     assert code == 2
     assert err.startswith(f"python -m bench: error: {message}")
     assert err.count("\n") == 1
+
+
+def test_a_trace_too_large_to_time_is_one_line_naming_the_option_that_raises_the_bound(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "t.npz"
+    p = LogicalHostPool(1 << 20, 64)
+    with p.recording(path):
+        p.free(p.alloc(1 << 20))
+    code, err = _exit(["--trace", str(path), "--max-pool-bytes", "1000000"], capsys)
+    assert code == 2
+    assert err.startswith(f"python -m bench: error: --trace {path}: the recorded pool (size=1048576, page_size=64)")
+    assert err.rstrip().endswith("raise --max-pool-bytes to replay it")
+    assert err.count("\n") == 1
+    code, err = _exit(["--trace", str(path), "--max-pool-bytes", "0"], capsys)
+    assert (code, err) == (2, "python -m bench: error: --max-pool-bytes must be positive, got 0\n")
+    assert cli.parse_args(["--trace", str(path), "--max-pool-bytes", str(1 << 26)]).max_pool_bytes == 1 << 26
 
 
 def test_full_is_scale_3_and_a_trace_alone_times_only_the_trace(tmp_path: Path) -> None:
