@@ -15,9 +15,9 @@ calls name a ``dp_rank`` if it has ``dp_size``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import operator
 import os
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +29,8 @@ from numpy.typing import NDArray
 from ._convert import as_slots
 from ._errors import HostPoolError
 from .trace import ERRORS, HEADER_DTYPE, OP_DTYPE, OPS, VERSION
+
+_names = itertools.count()
 
 
 class Recorder:
@@ -95,8 +97,7 @@ class Recorder:
         messages = np.array(self.messages[:n_messages] if n_messages else [""], dtype=np.str_)
         target = Path(path)
         if tmp is None:
-            fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
-            os.close(fd)
+            tmp = temporary_beside(target)
         try:
             with open(tmp, "wb") as f:
                 np.savez(f, header=header, ops=ops, data=data, messages=messages, start=self.start)
@@ -134,27 +135,42 @@ def recording(pool: Any, path: str | os.PathLike[str]) -> Iterator[None]:
     if str(path) == "" or target.is_dir():
         raise HostPoolError(f"cannot record to {str(path)!r}: it is a directory, not a file name")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
+        tmp = temporary_beside(target)
     except OSError as exc:
         raise HostPoolError(f"cannot record to {path}: {exc.strerror or exc}") from None
-    os.close(fd)
     try:
         rec = start(pool, Recorder)
     except BaseException:  # recording already, or not from this state: nothing is left behind
         os.unlink(tmp)
         raise
+    writer = os.getpid()  # a child forked inside the block ends it too, and must not write the parent's file
     try:
         yield
     except BaseException as exc:
         _stop(pool)
-        try:
-            rec.write(target, tmp)
-        except Exception as lost:  # noqa: BLE001 - the block's own exception is the one to raise
-            if hasattr(exc, "add_note"):  # Python 3.11+
-                exc.add_note(f"hostpool_nb: the trace {path} could not be written: {lost!r}")
+        if os.getpid() == writer:
+            try:
+                rec.write(target, tmp)
+            except Exception as lost:  # noqa: BLE001 - the block's own exception is the one to raise
+                if hasattr(exc, "add_note"):  # Python 3.11+
+                    exc.add_note(f"hostpool_nb: the trace {path} could not be written: {lost!r}")
         raise
     _stop(pool)
-    rec.write(target, tmp)
+    if os.getpid() == writer:
+        rec.write(target, tmp)
+
+
+def temporary_beside(target: Path) -> str:
+    """A new empty file in ``target``'s folder, made with the permissions a new file gets (the umask's)."""
+    for _ in range(100):
+        name = target.parent / f"{target.name}.{os.getpid()}.{next(_names):x}.tmp"
+        try:
+            fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return str(name)
+    raise FileExistsError(f"no new temporary file name beside {target}")
 
 
 def start(pool: Any, recorder: type[Recorder]) -> Recorder:

@@ -1342,3 +1342,46 @@ def test_a_restore_of_the_snapshot_after_the_last_one_taken_is_damage(tmp_path: 
     with pytest.raises(T.TraceError) as info:
         T.load(bad)
     assert str(info.value) == f"{bad} is damaged: operation 1 (restore) names snapshot 1, of 1 taken before it"
+
+
+_FORK_IN_BLOCK = """
+import json, os, sys
+from hostpool_nb import LogicalHostPool
+pool = LogicalHostPool(1024, 16)
+path = json.loads(sys.argv[1])["path"]
+import time
+with pool.recording(path):
+    pool.alloc(16)
+    pid = os.fork()
+    if pid == 0:
+        pool.alloc(16)
+        pool.alloc(16)
+        time.sleep(1)  # the parent's block ends first
+        sys.exit(0)  # leaves the block in the child: its calls are not the parent's trace
+    pool.alloc(32)
+os.waitpid(pid, 0)
+print(json.dumps({"ok": True}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
+def test_a_child_forked_inside_a_recording_block_does_not_write_the_parents_trace(tmp_path: Path) -> None:
+    from tests.conftest import run_child
+
+    path = tmp_path / "t.npz"
+    assert run_child(_FORK_IN_BLOCK, {"path": str(path)}, timeout=120) == {"ok": True}
+    trace = T.load(path)
+    assert [(op.name, op.arg) for op in trace.operations] == [("alloc", 16), ("alloc", 32)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.npz"]  # no temporary file of the child's left
+
+
+def test_a_trace_gets_the_permissions_a_new_file_gets(tmp_path: Path) -> None:
+    """Traces are handed to others: not 0600 (a temporary file's), but what the umask gives a new file."""
+    umask = os.umask(0o022)
+    try:
+        pool = LogicalHostPool(1024, 16)
+        with pool.recording(tmp_path / "t.npz"):
+            pool.alloc(16)
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "t.npz").stat().st_mode & 0o777 == 0o644
