@@ -427,13 +427,16 @@ def load(path: str | os.PathLike[str]) -> Trace:
         if not magic.startswith(_ZIP_MAGIC):
             raise TraceError(f"{path} is not a hostpool_nb trace (not a readable .npz archive: no zip signature)")
         try:
-            archive = zipfile.ZipFile(f)
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-            raise TraceError(f"{path} is not a hostpool_nb trace (not a readable .npz archive: {exc})") from None
-        try:
             total = os.fstat(f.fileno()).st_size
         except OSError as exc:
             raise TraceError(f"{path} cannot be read as a trace: {exc.strerror or exc}") from None
+        try:
+            archive = zipfile.ZipFile(f)
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+            raise TraceError(  # it begins as a zip archive: damaged, most often cut short (a copy that stopped)
+                f"{path} is a damaged trace: it begins as an .npz (zip) archive, but the directory that ends one "
+                f"is not in its {total:,} bytes: the file was cut short, or changed since it was written ({exc})"
+            ) from None
         with archive:
             names = _MEMBERS + (("start",) if "start.npy" in archive.NameToInfo else ())
             for name in _MEMBERS:

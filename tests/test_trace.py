@@ -617,7 +617,8 @@ def test_replay_command_line(tmp_path: Path, capsys: Any) -> None:
     assert (code, out) == (2, "")
     # One line: the error, no traceback.
     assert re.fullmatch(
-        re.escape(f"{PROG}: error: {broken} is not a hostpool_nb trace (not a readable .npz archive: ") + r"[^\n]+\)\n",
+        re.escape(f"{PROG}: error: {broken} is a damaged trace: it begins as an .npz (zip) archive, but the ")
+        + r"[^\n]+ the file was cut short, or changed since it was written \([^\n]+\)\n",
         err,
     ), err
     # Exit 1 (main() is what the module runs): a slot of operation 2 changed.
@@ -904,7 +905,13 @@ UNREADABLE = ["truncated-half", "truncated-end", "empty-file", "text-file", "gar
 @pytest.mark.parametrize("case", UNREADABLE)
 def test_unreadable_file(case: str, tmp_path: Path, capsys: Any) -> None:
     bad = unreadable(small_trace(tmp_path / "good.npz"), tmp_path, case)
-    prefix = f"{bad} is not a hostpool_nb trace (not a readable .npz archive: "
+    size = bad.stat().st_size
+    prefix = (  # what begins as an archive is called damaged, with what it most likely is: cut short
+        f"{bad} is a damaged trace: it begins as an .npz (zip) archive, but the directory that ends one is not in "
+        f"its {size:,} bytes: the file was cut short, or changed since it was written ("
+        if case.startswith("truncated")
+        else f"{bad} is not a hostpool_nb trace (not a readable .npz archive: "
+    )
     # A truncated archive leaks its file handle (test_a_damaged_archive_is_closed): ignored here,
     # where the error (which holds the handle) is dropped.
     with warnings.catch_warnings():
