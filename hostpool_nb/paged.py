@@ -46,6 +46,11 @@ Where docs/behaviour.md (section 3) leaves a choice, this module takes the one b
 - ``alloc_decode`` requires ``seq_lens >= 1`` (they count the new token);
   a pool whose slot ids would not fit the int32 results is refused at
   construction.
+- As the original, a ``size`` that is not a whole number of pages for every
+  rank leaves the rest unused (``PagedTokenToKVPoolAllocator(size=1000,
+  page_size=16, ...)`` serves 62 pages, 992 slots); the allocator's
+  ``repr`` says how many slots of ``size`` are in no page. (The host pool,
+  whose original refuses such a size, refuses it.)
 - The three derive from :class:`BaseTokenToKVPoolAllocator`, as sglang-jax's
   from its base of that name, and offer what it gives them; where the
   original's inherited method fails (``merge_and_sort_free`` on the token
@@ -540,6 +545,20 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
     def _pages_of(cls, size: int, page_size: int, dp_size: int) -> int:
         """The pages of each rank of an allocator of this shape (``size``, ``page_size`` and ``dp_size`` checked)."""
         raise NotImplementedError
+
+    def __repr__(self) -> str:
+        ps, dp = self.page_size, self.dp_size
+        unused = self.size - dp * self._pages * ps  # as the original: slots that make no whole page of a rank
+        with self.lock:
+            available = [int(st[_layout.H_NFREE] + st[_layout.H_NREL]) * ps for st in self._st]
+        unit = "slot" if ps == 1 else "page"
+        return (
+            f"{type(self).__name__}(size={self.size}, page_size={ps}, dp_size={dp}: {self._pages} {unit}s a rank"
+            + (f", {unused} slot{'s' * (unused != 1)} of size in no rank's {unit}s" if unused else "")
+            + f", available={available if dp > 1 else available[0]}"
+            + (", tracking" if self.track else "")
+            + ")"
+        )
 
     def _declared_fits(self, args: dict[str, Any], saved: dict[str, Any], what: str) -> None:
         """``HostPoolError`` unless the pickle's ranks and groups are the arrays its arguments declare.
@@ -1886,6 +1905,19 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArraySta
             if problem is not None:
                 return f"{self._kind} rank {r} is corrupted: its mapping: {problem}"
         return None
+
+    def __repr__(self) -> str:
+        dp = self.dp_size
+        sides = [
+            (name, [sub.available_size(r) for r in range(dp)])
+            for name, sub in (("full", self.full_attn_allocator), ("swa", self.swa_attn_allocator))
+        ]
+        with self.lock:
+            said = ", ".join(f"available_{name}={got if dp > 1 else got[0]}" for name, got in sides)
+        return (
+            f"SWATokenToKVPoolAllocator(size={self.size_full}, size_swa={self.size_swa}, page_size={self.page_size}, "
+            f"dp_size={dp}: {said}" + (", tracking" if self.track else "") + ")"
+        )
 
     def _pickled(self) -> dict[str, Any]:
         raise TypeError(_NO_PICKLE)

@@ -1388,3 +1388,25 @@ def test_a_pickle_declaring_another_size_is_refused_before_anything_is_built(kin
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20, f"{peak:,} bytes allocated before the pickle was refused"
+
+
+def test_a_size_of_no_whole_pages_is_served_as_the_original_and_the_repr_says_what_is_left_out() -> None:
+    a = PagedTokenToKVPoolAllocator(1000, 16, None)
+    o = oracle_mod.PagedTokenToKVPoolAllocator(1000, 16, None)
+    assert a.available_size() == o.available_size() == 992  # the original's: 62 whole pages
+    assert repr(a) == (
+        "PagedTokenToKVPoolAllocator(size=1000, page_size=16, dp_size=1: 62 pages a rank, 8 slots of size in no "
+        "rank's pages, available=992)"
+    )
+    a.alloc(64)
+    assert repr(a).endswith("62 pages a rank, 8 slots of size in no rank's pages, available=928)")
+    token = TokenToKVPoolAllocator(10, None, dp_size=3, track=True)
+    assert repr(token) == (
+        "TokenToKVPoolAllocator(size=10, page_size=1, dp_size=3: 3 slots a rank, 1 slot of size in no rank's "
+        "slots, available=[3, 3, 3], tracking)"
+    )
+    whole = PagedTokenToKVPoolAllocator(1024, 16, None, dp_size=2)
+    assert (
+        repr(whole)
+        == "PagedTokenToKVPoolAllocator(size=1024, page_size=16, dp_size=2: 32 pages a rank, available=[512, 512])"
+    )

@@ -480,3 +480,11 @@ def test_a_tracked_snapshot_restores_who_held_what_on_both_sides() -> None:
     untracked = SWATokenToKVPoolAllocator(256, 128, hybrid(), page_size=4, track=False).backup_state()
     with pytest.raises(HostPoolError, match="track"):
         a.restore_state(untracked)
+
+
+def test_the_repr_says_each_sides_available_slots() -> None:
+    a = made(4, dp_size=2)  # rank 0 holds a request of two pages
+    assert repr(a) == (
+        "SWATokenToKVPoolAllocator(size=128, size_swa=64, page_size=4, dp_size=2: available_full=[56, 64], "
+        "available_swa=[24, 32])"
+    )
