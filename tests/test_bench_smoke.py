@@ -460,3 +460,16 @@ def test_the_startup_ranges_refuse_no_runs(capsys: pytest.CaptureFixture[str]) -
             startup.main(bad)
         assert exited.value.code == 2
         assert "--repeats and --warmup-repeats must be at least 1" in capsys.readouterr().err
+
+
+def test_bench_trace_times_an_allocators_recording(tmp_path: Path) -> None:
+    from hostpool_nb.paged import TokenToKVPoolAllocator
+
+    a = TokenToKVPoolAllocator(256, None)
+    with a.recording(tmp_path / "t.npz"):
+        for _ in range(60):
+            a.free(a.alloc(100))
+    out = tmp_path / "bench.json"
+    assert cli.main(["--trace", str(tmp_path / "t.npz"), "--json", str(out), "--no-progress"]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["workload"], r["params"]) for r in rows] == [("recorded trace", f"{tmp_path / 't.npz'} 120 ops")]

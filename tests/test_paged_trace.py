@@ -5,7 +5,7 @@ recording begins from (free groups open, pages pending after another
 rank's ``clear()``), restores of snapshots from before the recording,
 calls whose arguments the record cannot hold, the divergence report,
 damaged traces of allocators, ``python -m hostpool_nb.replay`` and
-``--time`` on them, and ``python -m bench --trace``. The differential
+``--time`` on them. The differential
 state machines (``test_paged_state_machine.py``) record stretches of their
 runs and replay each on a fresh allocator and on the original.
 """
@@ -338,18 +338,6 @@ def test_replay_time_times_the_allocator_against_the_original(tmp_path: Path, ca
     assert lines[1].strip().startswith("hostpool_nb:")
     assert lines[2].strip().startswith("original on numpy:")
     assert lines[2].endswith("x numpy")
-
-
-def test_bench_trace_times_an_allocators_recording(tmp_path: Path) -> None:
-    from bench.__main__ import main as bench_main
-
-    a = TokenToKVPoolAllocator(256, None)
-    with a.recording(tmp_path / "t.npz"):
-        for _ in range(10):
-            a.free(a.alloc(100))
-    out = tmp_path / "bench.json"
-    assert bench_main(["--trace", str(tmp_path / "t.npz"), "--json", str(out), "--no-progress"]) == 0
-    assert "recorded trace" in out.read_text()
 
 
 # -- damaged traces of allocators --------------------------------------------------------------
