@@ -33,7 +33,7 @@ autodoc_class_signature = "mixed"
 autodoc_default_options = {
     "members": True,
     "show-inheritance": True,
-    "inherited-members": "BaseException,object",
+    "inherited-members": "BaseException,ImportError,object",  # an exception's msg, name, path are not its API
 }
 # The docs build from the docs extra alone: the torch adapter's page is made without torch installed.
 autodoc_mock_imports = ["torch"]

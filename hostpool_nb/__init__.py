@@ -46,6 +46,11 @@ from ._stats import HostPageStats, PoolStats
 
 __version__ = "0.1.0"
 
+# help(), reprs and tracebacks name the public path, where each is imported from (pickles find it there too).
+for _cls in (HostPagePool, HostPageState, HostPageStats, LogicalHostPool, PoolState, PoolStats):
+    _cls.__module__ = __name__
+del _cls
+
 __all__ = [
     "AlignmentError",
     "DoubleFreeError",

@@ -24,11 +24,11 @@ class DataPlaneHooks:
     ``prepare_transfer_indices`` returns two of them, unchanged.
     """
 
-    #: sglang's ``HostPoolGroup`` reads it: ``None``, a pool that shares no allocation domain.
+    #: ``None``, a pool that shares no allocation domain (sglang's ``HostPoolGroup`` reads it).
     shared_allocation_domain = None
-    #: sglang's ``HostPoolGroup`` reads it: ``False``, no page envelope stored.
+    #: ``False``, no page envelope stored (sglang's ``HostPoolGroup`` reads it).
     stores_page_envelope = False
-    #: sglang's ``HostPoolGroup`` reads it: ``None``, no storage format.
+    #: ``None``, no storage format (sglang's ``HostPoolGroup`` reads it).
     storage_format_tag = None
 
     def destroy(self) -> None:

@@ -1182,7 +1182,7 @@ class TokenToKVPoolAllocator(_RankedAllocator):
     _kind = "TokenToKVPoolAllocator"
     _snapshot_kind = "token"
     _sorted = False
-    #: ``None``, as the original's: its base class's page lists, which a token allocator does not keep.
+    #: ``None``, as the original's (its base class's page lists, which a token allocator does not keep).
     free_pages: ClassVar[None] = None
     #: ``None``, as the original's (see :attr:`free_pages`).
     release_pages: ClassVar[None] = None
@@ -1342,7 +1342,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArraySta
 
     _kind = "SWATokenToKVPoolAllocator"
     _state_class = SWAState
-    #: ``None``, as the original's: its base class's page lists, which the sub-allocators keep instead.
+    #: ``None``, as the original's (its base class's page lists, which the sub-allocators keep instead).
     free_pages: ClassVar[None] = None
     #: ``None``, as the original's (see :attr:`free_pages`).
     release_pages: ClassVar[None] = None
@@ -1935,6 +1935,11 @@ _NO_PICKLE = (
     "restore_state() for a snapshot"
 )
 
+
+# help(), reprs and tracebacks name the public path, where each is imported from (pickles find it there too).
+for _cls in (HostKVPoolMixin, PagedState, SWAState):
+    _cls.__module__ = __name__
+del _cls
 
 __all__ = [
     "BaseTokenToKVPoolAllocator",

@@ -40,8 +40,8 @@ from .trace import SWA, Operation, StartState, Trace, TraceError, describe_slots
 
 #: The pool kinds replay builds, by the name a trace's header gives.
 REPLAYS = ("LogicalHostPool", "PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator", "SWATokenToKVPoolAllocator")
-#: The most memory a replay builds its pools with, unless ``--max-pool-bytes`` says otherwise: a trace's
-#: header names the pool, and a file of a few bytes may name one of terabytes.
+#: The most memory a replay builds its pools with, unless ``--max-pool-bytes`` says otherwise (a trace's
+#: header names the pool, and a file of a few bytes may name one of terabytes).
 MAX_POOL_BYTES = 1 << 30
 
 
@@ -351,7 +351,7 @@ def _compare(op: Operation, value: Any, exc: BaseException | None) -> Divergence
 # -- timing a trace -----------------------------------------------------------------------
 
 _ALLOC, _FREE, _ALLOC_MANY, _OTHER, _RAISES = range(5)
-#: The fewest operations ``--time`` times: below, a fresh pool's first calls would be most of the figure.
+#: The fewest operations ``--time`` times (below, a fresh pool's first calls would be most of the figure).
 MIN_TIMED = 100
 MIN_SAMPLE_S = 0.005  # each sample lasts at least this long: a batch of replays
 MAX_BATCH = 50

@@ -121,7 +121,7 @@ OPS = (
     "merge_and_sort_free",
     "free_swa",
 )
-#: The exceptions a recorded call may have raised, by their number in the file ("": none).
+#: The exceptions a recorded call may have raised, by their number in the file ("" for none).
 ERRORS = (
     "",
     "TypeError",
@@ -156,7 +156,7 @@ CALLS = {
     ),
 }
 SWA = "SWATokenToKVPoolAllocator"
-#: The pool kinds whose calls name a ``dp_rank``: sglang-jax's allocators.
+#: The pool kinds whose calls name a ``dp_rank`` (sglang-jax's allocators).
 RANKED = ("PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator", SWA)
 _OP_FIELDS = [
     ("op", "u1"),
@@ -179,7 +179,7 @@ _HEADER_FIELDS = [
 ]
 #: One operation's record in the file (version 3).
 OP_DTYPE = np.dtype([*_OP_FIELDS, ("rank", "<i4")])
-#: The file's header record (version 3): the pool's kind and constructor arguments.
+#: The file's header record (version 3), the pool's kind and constructor arguments.
 HEADER_DTYPE = np.dtype(
     [*_HEADER_FIELDS, ("dp_size", "<i8"), ("strict", "?"), ("debug_mode", "?"), ("size_swa", "<i8")]
 )
@@ -287,7 +287,7 @@ class StartState:
 
     @property
     def fresh(self) -> bool:
-        """Whether this is a new host pool's state: every page free, ascending from 0, nothing open."""
+        """Whether this is a new host pool's state (every page free, ascending from 0, nothing open)."""
         f = self.free
         return (
             self.group_depth == 0
@@ -339,7 +339,7 @@ class Trace:
 
     @property
     def start(self) -> StartState | None:
-        """The state the recording began from (rank 0's, for an allocator); ``None``: a fresh pool."""
+        """The state the recording began from (rank 0's, for an allocator), or ``None`` for a fresh pool."""
         return None if self.starts is None else self.starts[0]
 
     @property

@@ -73,11 +73,10 @@ def _resolve(name: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def inventory(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+def html(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The docs, built as CI builds them: the folder of their HTML."""
     pytest.importorskip("myst_parser")
     pytest.importorskip("sphinx")
-    from sphinx.util.inventory import InventoryFile
-
     out = tmp_path_factory.mktemp("html")
     # As CI builds it (every warning an error), and nitpicky: a reference that resolves to no entry is
     # said too. Those of docstrings' types (numpy.ndarray, ...) are allowed; a guide page's are not.
@@ -89,7 +88,14 @@ def inventory(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     assert [line for line in warnings if line not in unresolved] == []
     # Warnings of docstrings are located in api.md, which pulls them in; every other page is a guide page.
     assert [line for line in unresolved if ".md:" in line and "/api.md:" not in line] == []
-    with (out / "objects.inv").open("rb") as f:
+    return out
+
+
+@pytest.fixture(scope="module")
+def inventory(html: Path) -> set[str]:
+    from sphinx.util.inventory import InventoryFile
+
+    with (html / "objects.inv").open("rb") as f:
         loaded = InventoryFile.load(f, "", lambda base, uri: uri)
     return {name for kind, entries in loaded.items() if kind.startswith("py:") for name in entries}
 
@@ -180,3 +186,22 @@ def test_the_errors_name_their_public_path() -> None:
         obj = getattr(hostpool_nb, name)
         if isinstance(obj, type) and issubclass(obj, Warning | Exception):
             assert obj.__module__ == "hostpool_nb", name
+
+
+# A type as docstrings give them: ``int``, ``numpy.ndarray``, ``tuple of Site, or None``, ``list[int]``.
+_TYPE = re.compile(r"^[\w.]+(\[[\w., ]+\])?( of [\w.]+)?((, or| or|,) [\w.]+(\[[\w., ]+\])?)*$")
+
+
+def test_every_type_field_on_the_api_page_is_a_type(html: Path) -> None:
+    """An attribute's doc whose first line has a colon is read as ``type: description``: no sentence as a type."""
+    page = (html / "api.html").read_text()
+    field = r'<dt class="field-\w+">Type<span class="colon">:</span></dt>\s*<dd[^>]*>(.*?)</dd>'
+    fields = re.findall(field, page, re.S)
+    assert fields, "the page has no Type fields: the pattern needs updating"
+    types = [" ".join(re.sub(r"<[^>]+>", " ", f).split()) for f in fields]
+    assert [t for t in types if not _TYPE.match(t)] == []
+
+
+def test_an_exceptions_inherited_attributes_are_not_its_api(inventory: set[str]) -> None:
+    assert "hostpool_nb.integrations.IntegrationError" in inventory
+    assert not {"msg", "name", "path"} & {n.rpartition(".")[2] for n in inventory if ".IntegrationError." in n}

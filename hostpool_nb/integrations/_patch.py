@@ -237,7 +237,22 @@ def uninstall(engine: str) -> dict[str, type]:
 
 
 def status() -> list[Replacement]:
-    """Every attribute the integrations replaced that still holds hostpool_nb's class, engine by engine."""
+    """Every attribute the integrations replaced that still holds hostpool_nb's class, engine by engine.
+
+    Examples
+    --------
+    >>> from hostpool_nb.integrations import sgl_jax, status
+    >>> from hostpool_nb.originals.engines import stand_in_engine
+    >>> status()  # nothing installed
+    []
+    >>> with stand_in_engine("sgl_jax"):
+    ...     _ = sgl_jax.install()
+    ...     first = status()[0]
+    >>> first.where.rpartition(".")[2], first.replacement.__module__
+    ('TokenToKVPoolAllocator', 'hostpool_nb.integrations.sgl_jax')
+    >>> status()  # the stand-in's end uninstalled it
+    []
+    """
     with _LOCK:
         return [r for replaced in _INSTALLED.values() for r in replaced if _in_place(r)]
 

@@ -41,7 +41,7 @@ from ._patch import Target, announcing
 
 ENGINE = "sgl_jax"
 #: The sglang-jax release whose source and engine hostpool_nb is checked against (CI installs it and downloads
-#: its wheel): bumped on purpose.
+#: its wheel), bumped on purpose.
 TESTED_VERSION = "0.1.0rc0"
 _HOW_TO_INSTALL = f'pip install --pre "sglang-jax[cpu]=={TESTED_VERSION}", on Python 3.12 or later'
 #: Where sglang-jax defines its device allocators.
@@ -115,12 +115,47 @@ def install() -> dict[str, type]:
     -------
     dict
         ``"module.attribute"`` -> the class that was there.
+
+    Examples
+    --------
+    On the stand-in engine (sglang-jax's module paths, the original
+    algorithms): sglang-jax's modules then build hostpool_nb's classes.
+
+    >>> from hostpool_nb.integrations import sgl_jax
+    >>> from hostpool_nb.originals.engines import stand_in_engine
+    >>> with stand_in_engine("sgl_jax") as engine:
+    ...     replaced = sgl_jax.install()
+    ...     again = sgl_jax.install()  # installed already: the same mapping, nothing changes
+    ...     built = engine.build("TokenToKVPoolAllocator", 64, None)
+    >>> again == replaced, type(built).__module__
+    (True, 'hostpool_nb.integrations.sgl_jax')
+    >>> sorted(where.rpartition(".")[2] for where in replaced)[:3]
+    ['LRUHostKVPool', 'LRUHostKVPool', 'PagedTokenToKVPoolAllocator']
     """
     return _patch.install(ENGINE, "sgl_jax", TARGETS, _HOW_TO_INSTALL)
 
 
 def uninstall() -> dict[str, type]:
-    """Put sglang-jax's own classes back where ``install`` replaced them (and they are still in place)."""
+    """Put sglang-jax's own classes back where ``install`` replaced them (and they are still in place).
+
+    Returns
+    -------
+    dict
+        ``"module.attribute"`` -> the class put back (empty: nothing was installed).
+
+    Examples
+    --------
+    >>> import sys
+    >>> from hostpool_nb.integrations import sgl_jax
+    >>> from hostpool_nb.originals.engines import stand_in_engine
+    >>> with stand_in_engine("sgl_jax"):
+    ...     replaced = sgl_jax.install()
+    ...     put_back = sgl_jax.uninstall()
+    ...     mine = sys.modules[sgl_jax.ALLOCATORS].TokenToKVPoolAllocator.__module__
+    ...     twice = sgl_jax.uninstall()
+    >>> put_back == replaced, mine, twice
+    (True, 'hostpool_nb.originals.paged', {})
+    """
     return _patch.uninstall(ENGINE)
 
 

@@ -22,10 +22,10 @@ from typing import Any
 from . import _patch
 from ._patch import IntegrationError, Target, announcing
 
-#: The sglang release whose ``LogicalHostPool`` hostpool_nb's is checked against (CI downloads its wheel):
+#: The sglang release whose ``LogicalHostPool`` hostpool_nb's is checked against (CI downloads its wheel),
 #: bumped on purpose.
 TESTED_VERSION = "0.5.23"
-#: Where sglang defines ``LogicalHostPool``: the module ``install()`` replaces it in.
+#: The module that defines sglang's ``LogicalHostPool``, where ``install()`` replaces it.
 MODULE = "sglang.srt.mem_cache.memory_pool_host"
 ENGINE = "sglang"
 
@@ -76,12 +76,40 @@ def install() -> dict[str, type]:
     -------
     dict
         ``"module.attribute"`` -> the class that was there.
+
+    Examples
+    --------
+    On the stand-in engine (sglang's module paths, the original
+    algorithm); sglang's pool is hostpool_nb.torch's, which needs torch:
+
+    >>> from hostpool_nb.integrations import IntegrationError, sglang
+    >>> from hostpool_nb.originals.engines import stand_in_engine
+    >>> with stand_in_engine("sglang") as engine:
+    ...     try:
+    ...         replaced = sorted(sglang.install())
+    ...         built = type(engine.build("LogicalHostPool", 64, 16)).__module__
+    ...     except IntegrationError as error:  # no torch here: nothing replaced, and it says so
+    ...         replaced, built = [], f"{error.name} missing"
+    >>> replaced in ([], [  # the module that defines it, and one that imported it by name
+    ...     "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler.LogicalHostPool",
+    ...     "sglang.srt.mem_cache.memory_pool_host.LogicalHostPool",
+    ... ])
+    True
+    >>> built in ("hostpool_nb.integrations.sglang", "torch missing")
+    True
     """
     return _patch.install(ENGINE, "sglang", TARGETS, f'pip install "sglang=={TESTED_VERSION}"')
 
 
 def uninstall() -> dict[str, type]:
-    """Put sglang's own class back where ``install`` replaced it (and it is still in place); what was put back."""
+    """Put sglang's own class back where ``install`` replaced it (and it is still in place); what was put back.
+
+    Examples
+    --------
+    >>> from hostpool_nb.integrations import sglang
+    >>> sglang.uninstall()  # nothing installed: nothing to put back
+    {}
+    """
     return _patch.uninstall(ENGINE)
 
 

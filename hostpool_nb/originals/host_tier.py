@@ -53,7 +53,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)  # as the original: its module's logger
 
-#: Where sglang-jax's PD metrics live: ``host_pool_alloc(pool_name, n)`` and ``host_pool_free(pool_name, n)``.
+#: Where sglang-jax's PD metrics live, ``host_pool_alloc(pool_name, n)`` and ``host_pool_free(pool_name, n)``.
 PD_METRICS = "sgl_jax.srt.disaggregation.common.metrics"
 
 
