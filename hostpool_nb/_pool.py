@@ -228,6 +228,7 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         self._alloc_short = self._sized(self._alloc_kernels, 0)
         self._free_short = self._sized(self._free_kernels, 0)
         self._make_lock()
+        self._recording = None  # an instance attribute: read on the checked paths, faster than the class's
         self._st = st
         # A view for Python-side checks; the kernels find it inside ``_st``.
         self._owner = _layout.owner_flags(st, size // page_size)
@@ -305,8 +306,15 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
             If ``need_size`` is negative.
         """
         if type(need_size) is not int or not 0 <= need_size <= self._plain_limit:
-            # Not a plain int, tracking pools, a recording (_plain_limit -1 then), negative and long sizes.
-            return self._alloc_other(need_size, tag)
+            # Not a plain int, tracking pools, a recording (_plain_limit -1 then), negative and long sizes:
+            # written out here, as a call more costs a tracked round trip a tenth of its time.
+            rec = self._recording
+            if rec is not None and rec.owner != get_ident():
+                return rec.alloc(need_size, tag=tag)  # type: ignore[no-any-return]
+            if type(need_size) is not int:
+                need_size = as_count(need_size, "need_size")
+            if not 0 <= need_size <= self._plain_limit:
+                return self._alloc_checked(need_size, tag)
         # The hot path, for a plain pool and a size without a capacity check
         # first: the kernel refuses a size that is not page-aligned (before
         # any change), which saves the check here. The output is allocated
@@ -326,17 +334,6 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         finally:
             lock.release()
         return out if status >= 0 else self._failed_alloc(status, need_size, out)
-
-    def _alloc_other(self, need_size: Any, tag: Any) -> NDArray[np.int64] | None:
-        """``alloc`` off the hot path: a recording's, then conversion, then the hot path or the checked one."""
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.alloc(need_size, tag=tag)  # type: ignore[no-any-return]
-        if type(need_size) is not int:
-            need_size = as_count(need_size, "need_size")
-            if 0 <= need_size <= self._plain_limit:
-                return self.alloc(need_size)  # a plain int now: the hot path
-        return self._alloc_checked(need_size, tag)
 
     def _alloc_checked(self, need_size: int, tag: Any) -> NDArray[np.int64] | None:
         """``alloc`` for a tracking pool, a negative size or a long one: every check in Python."""
@@ -538,11 +535,12 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
                 kernel = self._free_short
             else:
                 kernel = self._k.free_gil if size <= _GIL_SLOTS else self._k.free
-        elif self._recording is not None and self._recording.owner != get_ident():
-            return self._recording.free(indices)  # type: ignore[no-any-return]
         elif self._tracker is not None:
             return self._free_tracked(slots)
         else:
+            rec = self._recording  # a recording's calls come this way (or the tracked one)
+            if rec is not None and rec.owner != get_ident():
+                return rec.free(indices)  # type: ignore[no-any-return]
             kernel = self._sized(self._free_kernels, size)
         # The kernel refuses a length that is not a multiple of page_size
         # (before any change) and returns the number of slots freed, a
@@ -558,7 +556,10 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         return status
 
     def _free_tracked(self, slots: NDArray[np.int64]) -> int:
-        """``free`` for a tracking pool: the freeing site is recorded with the pages."""
+        """``free`` for a tracking pool: the freeing site is recorded with the pages (and a recording's call)."""
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.free(slots)  # type: ignore[no-any-return]
         tracker = self._tracker
         if tracker is None:  # pragma: no cover - only called for a tracking pool
             raise RuntimeError("_free_tracked called on a pool that does not track")
