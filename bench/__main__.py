@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(rows, TORCH in impls, wide=args.wide))
     print()
-    print(wrap(summary(rows), width=width))
+    for line in summary(rows).splitlines():
+        print(wrap(line, "", "  ", width))
     for note in ctx.notes:
         print(wrap(note, "- ", "  ", width))
     if args.json:

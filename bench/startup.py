@@ -81,8 +81,13 @@ def _cold(tmp: Path) -> Callable[[str], Callable[[], float]]:
     return cold
 
 
-def measure_startup(repeats: int, with_torch: bool, names: list[str]) -> dict[str, list[float]]:
-    """Samples of each start-up: ``warm``, each of :data:`FIRST_CALLS` ``names`` cold, ``torch``, ``python``."""
+def measure_startup(
+    repeats: int, with_torch: bool, names: list[str], tick: Callable[[], None] | None = None
+) -> dict[str, list[float]]:
+    """Samples of each start-up: ``warm``, each of :data:`FIRST_CALLS` ``names`` cold, ``torch``, ``python``.
+
+    ``tick()`` after each process: the progress bar moves through the minute this takes.
+    """
     tmp = Path(tempfile.mkdtemp(prefix="hostpool_nb_bench_"))
     cold = _cold(tmp)
     try:
@@ -93,7 +98,7 @@ def measure_startup(repeats: int, with_torch: bool, names: list[str]) -> dict[st
         if with_torch:
             runners["torch"] = lambda: run_python("import torch")
         runners["python"] = lambda: run_python("pass")
-        return interleaved(runners, repeats)
+        return interleaved(runners, repeats, tick)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -102,7 +107,8 @@ def measure_startup(repeats: int, with_torch: bool, names: list[str]) -> dict[st
 def startup(ctx: Context) -> list[Row]:
     ctx.label("start-up (fresh processes)")
     names = list(FIRST_CALLS)[:1] if ctx.tiny else list(FIRST_CALLS)  # the tests' run: the target row only
-    s = measure_startup(ctx.repeats(), TORCH in ctx.impls, names)
+    processes = ctx.repeats() * (len(names) + 2 + (TORCH in ctx.impls))
+    s = measure_startup(ctx.repeats(), TORCH in ctx.impls, names, lambda: ctx.tick(1 / processes))
     torch_s = {TORCH: s[TORCH]} if TORCH in s else {}
     warm = Row(
         "start-up",
@@ -124,7 +130,6 @@ def startup(ctx: Context) -> list[Row]:
         if name == "import + alloc/free":
             row.target, row.met = f"<={COLD_TARGET_S:g} s", row.values[HOSTPOOL] <= COLD_TARGET_S
         rows.append(row)
-    ctx.tick(1)
     ctx.notes.append(
         f"start-up: wall time of a fresh python -c, median of {ctx.repeats()}: warm numba cache, or cold (an "
         f"empty NUMBA_CACHE_DIR each run: what the first calls named compile; alloc/free is a page size 64 "
@@ -139,23 +144,46 @@ def startup(ctx: Context) -> list[Row]:
 WARMUP = "import sys; from hostpool_nb.warmup import main; sys.exit(main(['--quiet']))"
 
 
-def ranges(repeats: int, warmup_repeats: int) -> list[tuple[str, list[float]]]:
-    """(what, samples) for every start-up time the docs quote, each sample a fresh process."""
+def ranges(
+    repeats: int, warmup_repeats: int, say: Callable[[str], None] | None = None
+) -> list[tuple[str, list[float]]]:
+    """(what, samples) for every start-up time the docs quote, each sample a fresh process.
+
+    ``say(line)`` as each process ends: what it was and how long it took, and how many are left.
+    """
     tmp = Path(tempfile.mkdtemp(prefix="hostpool_nb_startup_"))
     cold = _cold(tmp)
+    quick = {
+        "import + first alloc/free, page size 64, warm cache": WARM,
+        "import + first alloc/free, page size 64, empty cache": FIRST_CALLS["import + alloc/free"],
+        "import + first alloc/free, page size 1, empty cache": FIRST_CALLS["page size 1 alloc/free"],
+        "paged alloc_extend, empty cache": FIRST_CALLS["paged alloc_extend"],
+        "python -m hostpool_nb.warmup, warm cache": WARMUP,
+    }
+    slow = {"python -m hostpool_nb.warmup, empty cache": WARMUP}
+    total = 1 + repeats * len(quick) + warmup_repeats * len(slow)
+    done = [0]
+
+    def told(what: str, run: Callable[[], float]) -> Callable[[], float]:
+        def timed() -> float:
+            seconds = run()
+            done[0] += 1
+            if say is not None:
+                say(f"[{done[0]}/{total}] {what}: {_seconds(seconds)} s")
+            return seconds
+
+        return timed
+
     try:
         warm_dir = str(tmp / "warm")
-        run_python(WARMUP, warm_dir)  # every kernel in the warm cache
-        quick = {
-            "import + first alloc/free, page size 64, warm cache": lambda: run_python(WARM, warm_dir),
-            "import + first alloc/free, page size 64, empty cache": cold(FIRST_CALLS["import + alloc/free"]),
-            "import + first alloc/free, page size 1, empty cache": cold(FIRST_CALLS["page size 1 alloc/free"]),
-            "paged alloc_extend, empty cache": cold(FIRST_CALLS["paged alloc_extend"]),
-            "python -m hostpool_nb.warmup, warm cache": lambda: run_python(WARMUP, warm_dir),
+        told("python -m hostpool_nb.warmup, filling the warm cache", lambda: run_python(WARMUP, warm_dir))()
+        runners = {
+            what: told(what, (lambda c=code: run_python(c, warm_dir)) if "warm cache" in what else cold(code))
+            for what, code in quick.items()
         }
-        got = interleaved(quick, repeats)
-        slow = interleaved({"python -m hostpool_nb.warmup, empty cache": cold(WARMUP)}, warmup_repeats)
-        return [*got.items(), *slow.items()]
+        got = interleaved(runners, repeats)
+        late = interleaved({what: told(what, cold(code)) for what, code in slow.items()}, warmup_repeats)
+        return [*got.items(), *late.items()]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -179,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.warmup_repeats < 1:
         ap.error("--repeats and --warmup-repeats must be at least 1")
-    found = ranges(args.repeats, args.warmup_repeats)
+    total = 1 + 5 * args.repeats + args.warmup_repeats
+    print(f"{total} fresh processes, one after another; a line on stderr as each ends", file=sys.stderr, flush=True)
+    found = ranges(args.repeats, args.warmup_repeats, lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     print(wrap(f"start-up of fresh processes, seconds, min-max (median) of each: {machine_line(machine_info())}"))
     width = max(len(what) for what, _ in found)
     for what, samples in found:

@@ -81,13 +81,17 @@ class Progress:
             from tqdm import tqdm
         except ImportError:
             return
+        self._total = max(total_s, 1.0)
+        # The ETA is the estimates of the work left, not tqdm's extrapolation of the rate so far: the first
+        # workload compiles the kernels, and a rate taken then says an hour for minutes of work.
         self._bar = tqdm(
-            total=max(total_s, 1.0),
+            total=self._total,
             file=stream,
             leave=False,
             dynamic_ncols=True,
-            bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} elapsed, about {remaining} left",
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} elapsed{postfix}",
         )
+        self._bar.set_postfix_str(self._left(), refresh=False)
 
     @property
     def shown(self) -> bool:
@@ -97,10 +101,18 @@ class Progress:
         if self._bar is not None:
             self._bar.set_description_str(text, refresh=True)
 
+    def _left(self) -> str:
+        left = max(0.0, self._total - self._done)
+        return f", about {int(left) // 60}:{int(left) % 60:02d} left by the estimates"
+
     def advance(self, seconds: float) -> None:
+        if self._bar is None:
+            self._done += seconds
+            return
+        seconds = max(0.0, min(seconds, self._total - self._done))  # never past the end: an estimate is one
         self._done += seconds
-        if self._bar is not None:
-            self._bar.update(seconds)
+        self._bar.update(seconds)
+        self._bar.set_postfix_str(self._left())  # drawn now, with the count it goes with
 
     def reach(self, seconds: float) -> None:
         """Move to ``seconds`` done (a workload's end), whatever its cells reported."""
