@@ -400,7 +400,7 @@ def report(sessions: list[Path], show_diff: bool) -> int:
     return 0
 
 
-# Bugs planted by hand in the run bookkeeping of the lists (docs/mutation.md):
+# Bugs planted by hand in the run bookkeeping of the lists and the ring's wrap (docs/mutation.md):
 # (name, module, the text replaced, its replacement). Each must be killed.
 PLANTED = [
     (
@@ -482,6 +482,18 @@ PLANTED = [
         "        older = (free << 16) | (prev >> 48)\n",
         "        older = free << 16\n",
     ),
+    (
+        "a free staged one entry past the ring when the live window ends at its last entry (run kernels)",
+        "hostpool_nb/_layout.py",
+        "    return tail - n if tail >= n else tail\n",
+        "    return tail - n if tail > n else tail\n",
+    ),
+    (
+        "a free staged one entry past the ring when the live window ends at its last entry (short kernel)",
+        "hostpool_nb/_kernels.py",
+        "    tail: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL] + st[H_EPEND]\n    if tail >= n:\n",
+        "    tail: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL] + st[H_EPEND]\n    if tail > n:\n",
+    ),
 ]
 
 
@@ -505,6 +517,7 @@ def run_planted(workers: int) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     group = next(g for g in load_config()["groups"] if g["name"] == "core")
+    baseline(group)  # else every planted bug would count as killed
     cmd = shlex.split(group["test-command"].replace("{python}", sys.executable))
     with ThreadPoolExecutor(max(workers, 1)) as pool:
         killed = list(pool.map(lambda bug: _run_planted_one(cmd, *bug), PLANTED))

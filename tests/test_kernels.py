@@ -329,3 +329,42 @@ def test_a_sorted_pool_merges_before_allocating_on_every_path(ps: int, how: str)
     assert int(pool._st[L.H_MERGES]) == 1
     assert int(pool._st[L.H_ALLOC_CALLS]) == calls + 1  # the refused first attempt is not counted
     pool.check_invariants()
+
+
+@pytest.mark.parametrize("track", [False, True])
+@pytest.mark.parametrize(("page_size", "rest"), [(1, 1100), (1, 3), (3, 400), (16, 70), (16, 2)])
+@pytest.mark.parametrize("past", [-1, 0, 1])
+def test_a_free_stages_from_the_rings_start_when_the_window_ends_at_its_last_entry(
+    page_size: int, rest: int, past: int, track: bool
+) -> None:
+    """A free stages its pages just past the live window, wrapped: at ring position 0 when the window ends at the end.
+
+    The window is walked to end one entry before, exactly at, and one after
+    the ring's last entry, then ``rest`` pages are freed in one call (long
+    enough for the run kernels, or short). Staged one entry past the ring (a
+    ``>`` for ``>=`` in the wrap), the free writes outside the ring and the
+    pages come back wrong or the pool is corrupt.
+    """
+    singles = 4
+    n = rest + singles
+    pool = LogicalHostPool(n * page_size, page_size, track=track)
+    held = list(pool.alloc(n * page_size).reshape(n, page_size))
+    # One page's round trip moves the ring's head one entry on.
+    while (int(pool._st[L.H_HEAD]) + singles - past) % n != 0:
+        page = held.pop(0)
+        pool.free(page)
+        held.append(pool.alloc(page_size))
+    order = []  # the pages, in the order allocation must hand them out again
+    for _ in range(singles):
+        page = held.pop(0)
+        pool.free(page)
+        order.append(int(page[0]) // page_size)
+    st = pool._st
+    assert int(st[L.H_HEAD] + st[L.H_EFREE] + st[L.H_EREL] + st[L.H_EPEND]) == n + past
+    batch = np.concatenate(held)
+    order += [int(s) // page_size for s in batch[::page_size]]
+    assert pool.free(batch) == batch.size
+    pool.check_invariants()
+    again = pool.alloc(n * page_size)
+    assert again is not None
+    assert [int(s) // page_size for s in again[::page_size]] == order

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sqlite3
 from pathlib import Path
 
@@ -77,10 +78,51 @@ def test_every_module_of_the_library_is_in_exactly_one_group_whose_tests_exist()
         for module in group["modules"]:
             where.setdefault(module, []).append(group["name"])
         for word in group["test-command"].split():
-            if word.startswith("tests/"):
-                assert (root / word).is_file(), (group["name"], word)
+            if word.startswith("tests/"):  # a file, or one test of it
+                assert (root / word.split("::")[0]).is_file(), (group["name"], word)
     package = root / "hostpool_nb"
     modules = {p.relative_to(root).as_posix() for p in [*package.glob("*.py"), *package.glob("integrations/*.py")]}
     modules -= {"hostpool_nb/__init__.py", "hostpool_nb/warmup.py", "hostpool_nb/integrations/__init__.py"}
     assert sorted(m for m in modules if m not in where) == []
     assert {m: g for m, g in where.items() if len(g) != 1} == {}
+
+
+def test_a_group_whose_tests_fail_unmutated_is_refused_before_any_mutant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every mutant of such a group would 'die': the tool must stop, not score it."""
+    failing = {"name": "g", "test-command": "{python} -c \"import sys; print('unmutated run'); sys.exit(3)\""}
+    with pytest.raises(SystemExit, match="group g: the tests fail without any mutation"):
+        mutation.baseline(failing)
+    assert "unmutated run" in capsys.readouterr().err
+    mutation.baseline({"name": "g", "test-command": "{python} -c pass"})  # a passing group goes on
+
+    # The planted bugs are judged by the core group's tests: those are checked first too.
+    monkeypatch.setattr(mutation, "load_config", lambda: {"groups": [{**failing, "name": "core"}]})
+    planted: list[object] = []
+
+    def plant(*bug: object) -> bool:
+        planted.append(bug)
+        return True
+
+    monkeypatch.setattr(mutation, "_run_planted_one", plant)
+    with pytest.raises(SystemExit, match="group core: the tests fail without any mutation"):
+        mutation.run_planted(1)
+    assert planted == []
+
+
+def test_a_session_is_not_run_when_its_group_fails_unmutated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fresh, resumed and --retest-survivors runs all check the unmutated code before a worker starts."""
+    session = _session(tmp_path / "g.sqlite", 4)
+    monkeypatch.setattr(mutation, "SESSIONS", tmp_path)
+    started: list[int] = []
+    monkeypatch.setattr(mutation, "workers", lambda n, *a: started.append(n))
+    group = {"name": "g", "modules": ["m.py"], "test-command": '{python} -c "raise SystemExit(1)"'}
+    for flags in ([], ["--fresh"], ["--retest-survivors"]):
+        args = argparse.Namespace(
+            module=None, retest_survivors="--retest-survivors" in flags, fresh="--fresh" in flags, sample=None
+        )
+        with pytest.raises(SystemExit, match="fail without any mutation"):
+            mutation.run_group({}, group, args)
+    assert started == []
+    assert session.exists()  # a refused run leaves the old session as it was
