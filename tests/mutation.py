@@ -12,7 +12,9 @@ Why cosmic-ray: mutmut 3 leaves every decorated function unmutated, and every
 kernel here is a decorated ``@_jit(...)`` function; cosmic-ray mutates the
 source whatever its decorators. The suite runs with ``NUMBA_DISABLE_JIT=1``
 (set here), so the kernels run as the plain Python they are written in and a
-mutant costs a test run, not a 10 s compile.
+mutant costs a test run, not a 10 s compile. ``--jit`` compiles them: the
+tests then see what only compiled code does (numba checks no bounds and
+wraps integers), at a compile per mutant of a kernel module.
 
 It is slow (thousands of mutants, a test run each), so it is not part of
 CI. Mutants run in parallel, one worker per copy of the working tree (a
@@ -173,18 +175,19 @@ def _wait_listening(url: str, proc: subprocess.Popen[bytes]) -> None:
 
 
 def counts(session: Path) -> dict[str, int]:
-    """Outcome counts of a session: pending, killed, survived, incompetent, skipped."""
+    """Outcome counts of a session: pending, killed (``timeouts`` of them), survived, incompetent, skipped."""
     db = sqlite3.connect(session)
     try:
         total = db.execute("select count(*) from work_items").fetchone()[0]
         rows = db.execute(
-            "select worker_outcome, test_outcome, count(*) from work_results group by worker_outcome, test_outcome"
+            "select worker_outcome, test_outcome, output = 'timeout', count(*) from work_results "
+            "group by worker_outcome, test_outcome, output = 'timeout'"
         ).fetchall()
     finally:
         db.close()
-    out = {"total": total, "killed": 0, "survived": 0, "incompetent": 0, "skipped": 0, "other": 0}
+    out = {"total": total, "killed": 0, "timeouts": 0, "survived": 0, "incompetent": 0, "skipped": 0, "other": 0}
     done = 0
-    for worker, test, n in rows:
+    for worker, test, timed_out, n in rows:
         done += n
         if worker == "SKIPPED":
             out["skipped"] += n
@@ -192,6 +195,8 @@ def counts(session: Path) -> dict[str, int]:
             out["other"] += n  # the worker failed (exception, crash): counted apart
         elif test == "KILLED":
             out["killed"] += n
+            if timed_out:  # killed, but say how many: a timeout too short for the tests would look like a kill
+                out["timeouts"] += n
         elif test == "SURVIVED":
             out["survived"] += n
         else:
@@ -280,14 +285,33 @@ def reset_survivors(session: Path) -> int:
         db.close()
 
 
-def baseline(group: dict[str, Any]) -> None:
-    """The group's tests must pass on the unmutated code, or every mutant 'dies'."""
+def baseline(group: dict[str, Any], jit: bool = False) -> float:
+    """The group's tests must pass on the unmutated code, or every mutant 'dies'; return how long they took.
+
+    With ``jit``, in a cache of their own: every mutant of a kernel module
+    compiles its kernels again, so the time includes the compiles.
+    """
     cmd = shlex.split(group["test-command"].replace("{python}", sys.executable))
-    env = worker_env(bool(group.get("jit", False)))
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    env = worker_env(jit)
+    with tempfile.TemporaryDirectory(prefix="hostpool-mutation-cache-") as cache:
+        if jit:
+            env["NUMBA_CACHE_DIR"] = cache
+        start = time.monotonic()
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+        took = time.monotonic() - start
     if done.returncode != 0:
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-2000:])
         raise SystemExit(f"python -m tests.mutation: error: group {group['name']}: the tests fail without any mutation")
+    return took
+
+
+def session_timeout(cfg: dict[str, Any], took: float) -> float:
+    """A mutant's time limit: the configured one, or three times the unmutated run if that is longer.
+
+    A mutant that loops forever is killed by the limit; one merely slower
+    than the limit (two workers sharing the cores) must not be.
+    """
+    return max(float(cfg.get("timeout", 0.0)), 3.0 * took)
 
 
 def _progress(session: Path, proc: subprocess.Popen[bytes], every: float) -> None:
@@ -309,8 +333,8 @@ def _progress(session: Path, proc: subprocess.Popen[bytes], every: float) -> Non
 def run_group(cfg: dict[str, Any], group: dict[str, Any], args: argparse.Namespace) -> Path:
     """Run (or resume) one group's session; return its path."""
     modules = [m for m in group["modules"] if not args.module or m in args.module]
-    session = SESSIONS / f"{group['name']}.sqlite"
-    jit = bool(group.get("jit", False))
+    jit = bool(group.get("jit", False)) or args.jit
+    session = session_path(group, args.jit)
     if args.retest_survivors:
         if not session.exists():
             raise SystemExit(f"python -m tests.mutation: error: no session at {session} to retest")
@@ -320,12 +344,13 @@ def run_group(cfg: dict[str, Any], group: dict[str, Any], args: argparse.Namespa
         print(f"[{group['name']}] nothing pending in {session} (--fresh starts over)", file=sys.stderr)
         return session
     print(f"[{group['name']}] baseline: the group's tests on the unmutated code", file=sys.stderr, flush=True)
-    baseline(group)
+    timeout = session_timeout(cfg, baseline(group, jit))
+    print(f"[{group['name']}] a mutant's tests get {timeout:.0f} s", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="hostpool-mutation-") as tmp_name:
         tmp = Path(tmp_name)
         config_file = tmp / "cosmic-ray.toml"
         with workers(args.workers, tmp, jit) as urls:
-            config_file.write_text(cosmic_ray_config(cfg, group, modules, urls))
+            config_file.write_text(cosmic_ray_config({**cfg, "timeout": timeout}, group, modules, urls))
             cr = [sys.executable, "-m", "cosmic_ray.cli"]
             if fresh:
                 session.unlink(missing_ok=True)
@@ -349,6 +374,11 @@ def run_group(cfg: dict[str, Any], group: dict[str, Any], args: argparse.Namespa
     return session
 
 
+def session_path(group: dict[str, Any], jit: bool) -> Path:
+    """Where a group's session lives; runs with ``--jit`` keep their own."""
+    return SESSIONS / f"{group['name']}{'-jit' if jit else ''}.sqlite"
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = load_config()
     groups = [g for g in cfg["groups"] if not args.group or g["name"] in args.group]
@@ -360,7 +390,7 @@ def run(args: argparse.Namespace) -> int:
     (SESSIONS / ".gitignore").write_text("*\n")
     sessions = [] if args.report else [run_group(cfg, g, args) for g in groups]
     if args.report:
-        sessions = [SESSIONS / f"{g['name']}.sqlite" for g in groups if (SESSIONS / f"{g['name']}.sqlite").exists()]
+        sessions = [session_path(g, args.jit) for g in groups if session_path(g, args.jit).exists()]
     return report(sessions, args.show_diff)
 
 
@@ -380,7 +410,8 @@ def report(sessions: list[Path], show_diff: bool) -> int:
             lo, hi = interval(c["killed"], c["killed"] + c["survived"])
             spread = f", 95% interval {lo:.1%}..{hi:.1%}"
         print(
-            f"{session.stem}: {c['total']} mutants{of}; killed {c['killed']}, survived {c['survived']}, "
+            f"{session.stem}: {c['total']} mutants{of}; killed {c['killed']} ({c['timeouts']} by the timeout), "
+            f"survived {c['survived']}, "
             f"incompetent {c['incompetent']}, worker errors {c['other']}, pending {c['pending']}; "
             f"score {score(c):.1%}{spread}"
         )
@@ -547,6 +578,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--seed", type=int, default=0, help="seed of --sample (default: 0)")
     ap.add_argument("--planted", action="store_true", help="run only the bugs planted by hand in the run bookkeeping")
+    ap.add_argument(
+        "--jit",
+        action="store_true",
+        help="compile the kernels (catches what only compiled code does: unchecked bounds, integer width); "
+        "sessions of their own",
+    )
     args = ap.parse_args(argv)
     if args.planted:
         return run_planted(args.workers)

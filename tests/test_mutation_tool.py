@@ -16,7 +16,7 @@ def _session(path: Path, jobs: int) -> Path:
     db = sqlite3.connect(path)
     db.execute("create table work_items (job_id text primary key)")
     db.execute("create table mutation_specs (job_id text, module_path text)")
-    db.execute("create table work_results (job_id text, worker_outcome text, test_outcome text)")
+    db.execute("create table work_results (job_id text, worker_outcome text, test_outcome text, output text)")
     db.executemany("insert into work_items values (?)", [(f"j{i:04d}",) for i in range(jobs)])
     db.executemany("insert into mutation_specs values (?, 'm.py')", [(f"j{i:04d}",) for i in range(jobs)])
     db.commit()
@@ -120,9 +120,36 @@ def test_a_session_is_not_run_when_its_group_fails_unmutated(tmp_path: Path, mon
     group = {"name": "g", "modules": ["m.py"], "test-command": '{python} -c "raise SystemExit(1)"'}
     for flags in ([], ["--fresh"], ["--retest-survivors"]):
         args = argparse.Namespace(
-            module=None, retest_survivors="--retest-survivors" in flags, fresh="--fresh" in flags, sample=None
+            module=None,
+            retest_survivors="--retest-survivors" in flags,
+            fresh="--fresh" in flags,
+            sample=None,
+            jit=False,
         )
         with pytest.raises(SystemExit, match="fail without any mutation"):
             mutation.run_group({}, group, args)
     assert started == []
     assert session.exists()  # a refused run leaves the old session as it was
+
+
+def test_a_mutant_gets_three_times_the_unmutated_run_and_timeouts_are_counted_apart(tmp_path: Path) -> None:
+    """A timeout counts as a kill (a loop made endless), so a limit below the tests' own time would fake kills."""
+    assert mutation.session_timeout({"timeout": 90.0}, 10.0) == 90.0
+    assert mutation.session_timeout({"timeout": 90.0}, 70.0) == 210.0
+    session = _session(tmp_path / "s.sqlite", 5)
+    db = sqlite3.connect(session)
+    db.executemany(
+        "insert into work_results (job_id, worker_outcome, test_outcome) values (?, ?, ?)",
+        [("j0000", "NORMAL", "KILLED"), ("j0001", "NORMAL", "KILLED"), ("j0002", "NORMAL", "SURVIVED")],
+    )
+    db.execute("update work_results set output = 'timeout' where job_id = 'j0001'")
+    db.commit()
+    db.close()
+    c = mutation.counts(session)
+    assert (c["killed"], c["timeouts"], c["survived"], c["pending"]) == (2, 1, 1, 2)
+
+
+def test_jit_runs_keep_sessions_of_their_own() -> None:
+    group = {"name": "paged"}
+    assert mutation.session_path(group, False).name == "paged.sqlite"
+    assert mutation.session_path(group, True).name == "paged-jit.sqlite"
