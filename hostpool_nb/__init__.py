@@ -26,6 +26,9 @@ allocators into sglang or sglang-jax with one call before the engine starts.
 from ._errors import (
     AlignmentError,
     DoubleFreeError,
+    HostKVAlignmentError,
+    HostKVDoubleFreeError,
+    HostKVSlotRangeError,
     HostPoolError,
     KernelCacheWarning,
     LockRefUnderflowError,
@@ -54,6 +57,9 @@ del _cls
 __all__ = [
     "AlignmentError",
     "DoubleFreeError",
+    "HostKVAlignmentError",
+    "HostKVDoubleFreeError",
+    "HostKVSlotRangeError",
     "HostPagePool",
     "HostPageState",
     "HostPageStats",

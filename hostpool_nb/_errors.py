@@ -117,6 +117,62 @@ class PagedOnlyError(HostPoolError, NotImplementedError):
     """
 
 
+class HostKVAlignmentError(AlignmentError, AssertionError):
+    """An allocation from one of sglang's HiCache host pools that is not a whole number of (logical) pages.
+
+    Both an :class:`AlignmentError` and an ``AssertionError``: sglang's
+    ``HostKVCache.alloc`` checks the size with an ``assert``, whose text
+    this error's message begins with; code that catches ``AssertionError``
+    keeps working, and, unlike the ``assert``, the check does not vanish
+    under ``python -O``. Raised only by the pools
+    :mod:`hostpool_nb.integrations.sglang` keeps the books of.
+
+    Examples
+    --------
+    >>> from hostpool_nb import AlignmentError, HostKVAlignmentError
+    >>> error = HostKVAlignmentError("The requested size should be ...")
+    >>> isinstance(error, AlignmentError), isinstance(error, AssertionError)
+    (True, True)
+    """
+
+
+class HostKVDoubleFreeError(DoubleFreeError, AssertionError):
+    """A free of one of sglang's HiCache host pools names a slot that is not allocated (or names one twice).
+
+    Both a :class:`DoubleFreeError` and an ``AssertionError``, whose text
+    (``Double-free detected: ...``) its message begins with: sglang's
+    ``HostKVCache.free`` checks with an ``assert``. Raised for every pool
+    :mod:`hostpool_nb.integrations.sglang` keeps the books of, the Mamba
+    and DeepSeek V4 paged pools included, whose originals check nothing
+    (``docs/sglang.md`` says how to accept those pools' double frees as
+    the originals do).
+
+    Examples
+    --------
+    >>> from hostpool_nb import DoubleFreeError, HostKVDoubleFreeError
+    >>> error = HostKVDoubleFreeError("Double-free detected: ...")
+    >>> isinstance(error, DoubleFreeError), isinstance(error, AssertionError)
+    (True, True)
+    """
+
+
+class HostKVSlotRangeError(SlotRangeError, IndexError):
+    """A free of one of sglang's HiCache host pools names a slot outside the pool, or a negative one.
+
+    Both a :class:`SlotRangeError` and an ``IndexError``, which sglang's
+    ``HostKVCache.free`` raises (from torch) for an id past the end; a
+    negative id, which the original takes for one counted from the end,
+    is refused too.
+
+    Examples
+    --------
+    >>> from hostpool_nb import HostKVSlotRangeError, SlotRangeError
+    >>> error = HostKVSlotRangeError("free got slot -1 ...")
+    >>> isinstance(error, SlotRangeError), isinstance(error, IndexError)
+    (True, True)
+    """
+
+
 class PageStateError(HostPoolError, RuntimeError):
     """A host page is not in the state a call needs (``HostPagePool``).
 
@@ -261,6 +317,9 @@ class KernelCacheWarning(UserWarning):
 __all__ = [
     "AlignmentError",
     "DoubleFreeError",
+    "HostKVAlignmentError",
+    "HostKVDoubleFreeError",
+    "HostKVSlotRangeError",
     "HostPoolError",
     "KernelCacheWarning",
     "LockRefUnderflowError",

@@ -337,11 +337,8 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
 
     def _alloc_checked(self, need_size: int, tag: Any) -> NDArray[np.int64] | None:
         """``alloc`` for a tracking pool, a negative size or a long one: every check in Python."""
-        page_size = self.page_size
-        if need_size % page_size != 0:
-            raise AlignmentError(
-                f"LogicalHostPool allocation must be page-aligned, got need_size={need_size}, page_size={page_size}"
-            )
+        if need_size % self.page_size != 0:
+            raise self._alloc_misaligned(need_size)
         if need_size < 0:
             raise HostPoolError(f"need_size must be non-negative, got need_size={need_size}")
         tracker = self._tracker
@@ -415,11 +412,14 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         if status == _STATUS_SHORT:
             return None
         if status == _STATUS_MISALIGNED:
-            raise AlignmentError(
-                f"LogicalHostPool allocation must be page-aligned, got need_size={need_size}, "
-                f"page_size={self.page_size}"
-            )
+            raise self._alloc_misaligned(need_size)
         raise self._corrupt("alloc", status)
+
+    def _alloc_misaligned(self, need_size: int) -> AlignmentError:
+        """The error of an allocation that is not whole pages (a pool serving another original words it as that)."""
+        return AlignmentError(
+            f"LogicalHostPool allocation must be page-aligned, got need_size={need_size}, page_size={self.page_size}"
+        )
 
     def alloc_many(self, sizes: Any, *, tag: Any = None) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
         """Allocate a batch of requests at once: all of them, or none.

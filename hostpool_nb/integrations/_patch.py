@@ -9,6 +9,11 @@ pass; then it sets each attribute, and the same attribute of every module
 of the engine already imported that holds the original by name. Modules
 imported later read the replaced attribute. ``uninstall`` puts back every
 attribute that still holds what ``install`` put there.
+
+A :class:`MethodsTarget` replaces methods of an engine class in place
+instead, for a class whose subclasses the engine has already defined (they
+would keep the original class as their base): each subclass that inherits
+a method, defined before the call or after, then runs hostpool_nb's.
 """
 
 from __future__ import annotations
@@ -18,11 +23,11 @@ import importlib
 import logging
 import sys
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from ._surface import surface_of, surface_problems
+from ._surface import Parameters, parameters_of, surface_of, surface_problems
 
 _log = logging.getLogger("hostpool_nb")
 
@@ -70,6 +75,41 @@ class Target:
 
 
 @dataclass(frozen=True)
+class MethodsTarget:
+    """Methods of one engine class, ``module.attribute``, replaced on the class itself.
+
+    ``parameters``: each method, as the release hostpool_nb is tested with
+    defines it on that class (not inherited), with its parameters; a method
+    the class does not define, or defines with other parameters, is another
+    release's, and ``install()`` refuses it. ``replacement(cls, originals)``
+    returns hostpool_nb's methods, given the class's own by name.
+    """
+
+    module: str
+    attribute: str
+    parameters: Mapping[str, Parameters]
+    replacement: Callable[[type, dict[str, Any]], dict[str, Any]]
+
+    @property
+    def where(self) -> str:
+        return f"{self.module}.{self.attribute}"
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A target checked: on ``holder`` (a module, or a class for methods), attribute -> (original, replacement)."""
+
+    target: Target | MethodsTarget
+    holder: Any
+    swaps: dict[str, tuple[Any, Any]]
+
+    def where(self, attribute: str) -> str:
+        if isinstance(self.target, MethodsTarget):
+            return f"{self.target.where}.{attribute}"
+        return self.target.where
+
+
+@dataclass(frozen=True)
 class Replacement:
     """An attribute ``install`` set: ``where`` (``module.attribute``) held ``original``, now ``replacement``.
 
@@ -90,8 +130,10 @@ class Replacement:
 
     engine: str
     where: str
-    original: type
-    replacement: type
+    original: Any  # a class, or a function for a method replaced on its class
+    replacement: Any
+    # The class a method was replaced on; None for a module's attribute (looked up by name, as it may be unloaded).
+    holder: Any = field(default=None, repr=False, compare=False)
 
     def __str__(self) -> str:
         mine = f"{self.replacement.__module__}.{self.replacement.__qualname__}"
@@ -116,8 +158,8 @@ def _import(engine: str, module: str, how: str) -> Any:
 
 
 def _planned(
-    engine: str, targets: tuple[Target, ...], how: str, ours: dict[str, Replacement]
-) -> list[tuple[Target, Any, type, type]]:
+    engine: str, targets: tuple[Target | MethodsTarget, ...], how: str, ours: dict[str, Replacement]
+) -> list[_Planned]:
     """Every target checked, its replacement made; an ``IntegrationError`` naming the first that does not fit.
 
     ``ours``: the replacements an earlier install put in place and that are
@@ -138,6 +180,9 @@ def _planned(
                 "Nothing was replaced.",
                 name=target.module,
             )
+        if isinstance(target, MethodsTarget):
+            plan.append(_planned_methods(engine, target, original, ours))
+            continue
         if original.__module__.startswith(__package__ + "."):
             raise IntegrationError(
                 f"{engine}: {target.where} holds hostpool_nb's {original.__qualname__} already, put there by "
@@ -162,11 +207,54 @@ def _planned(
                     + ". Nothing was replaced.",
                     name=target.module,
                 )
-        plan.append((target, module, original, replacement))
+        plan.append(_Planned(target, module, {target.attribute: (original, replacement)}))
     return plan
 
 
-def install(engine: str, package: str, targets: tuple[Target, ...], how: str) -> dict[str, type]:
+def _planned_methods(engine: str, target: MethodsTarget, cls: type, ours: dict[str, Replacement]) -> _Planned:
+    """The methods of ``cls`` checked against the release the target pins, and hostpool_nb's made from them."""
+    originals = {}
+    for name, pinned in target.parameters.items():
+        where = f"{target.where}.{name}"
+        current = vars(cls).get(name)
+        earlier = ours.get(where)
+        if earlier is not None and current is earlier.replacement:
+            current = earlier.original
+        problem = None
+        if current is None:
+            problem = "is not defined there (inherited or missing)"
+        elif not callable(current):
+            problem = f"is a {type(current).__name__}, not a method"
+        elif getattr(current, "__module__", "").startswith(__package__ + "."):
+            problem = "is hostpool_nb's already, put there by another copy of hostpool_nb's integrations"
+        else:
+            theirs = parameters_of(current)
+            if theirs != pinned:
+                found = pinned.problems(theirs) or theirs.problems(pinned) or ["its parameters differ"]
+                problem = "takes other parameters than the release tested: " + "; ".join(found)
+        if problem is not None:
+            raise IntegrationError(
+                f"{engine}: {where} {problem}; this version of {engine} is not one hostpool_nb's integration "
+                f"knows (help(hostpool_nb.integrations.{engine}) says which were tested). Nothing was replaced.",
+                name=target.module,
+            )
+        originals[name] = current
+    made = target.replacement(cls, dict(originals))
+    swaps = {}
+    for name, mine in made.items():
+        problems = target.parameters[name].problems(parameters_of(mine))
+        if problems:  # hostpool_nb's own mistake: said before anything changes
+            raise IntegrationError(
+                f"{engine}: hostpool_nb's {target.where}.{name} does not take what the original does: "
+                + "; ".join(problems)
+                + ". Nothing was replaced.",
+                name=target.module,
+            )
+        swaps[name] = (originals[name], mine)
+    return _Planned(target, cls, swaps)
+
+
+def install(engine: str, package: str, targets: tuple[Target | MethodsTarget, ...], how: str) -> dict[str, Any]:
     """Replace ``targets`` (and the engine's by-name imports of them); ``{where: original}`` of what was replaced.
 
     Installed already: nothing changes and the same mapping is returned.
@@ -184,13 +272,19 @@ def install(engine: str, package: str, targets: tuple[Target, ...], how: str) ->
         _restore(engine)
         replaced: list[Replacement] = []
         originals: dict[int, type] = {}
-        for target, module, original, replacement in plan:
-            setattr(module, target.attribute, replacement)
-            replaced.append(Replacement(engine, target.where, original, replacement))
-            originals[id(original)] = replacement
-            if target.where in earlier:  # what the engine's modules imported by name before another patch
-                originals.setdefault(id(earlier[target.where]), replacement)
-        replaced += _rebind_imported_names(engine, package, originals, {t.module for t in targets})
+        for planned in plan:
+            methods = isinstance(planned.target, MethodsTarget)
+            for attribute, (original, replacement) in planned.swaps.items():
+                setattr(planned.holder, attribute, replacement)
+                where = planned.where(attribute)
+                replaced.append(Replacement(engine, where, original, replacement, planned.holder if methods else None))
+                if methods:
+                    continue
+                originals[id(original)] = replacement
+                if where in earlier:  # what the engine's modules imported by name before another patch
+                    originals.setdefault(id(earlier[where]), replacement)
+        defining = {t.module for t in targets if isinstance(t, Target)}
+        replaced += _rebind_imported_names(engine, package, originals, defining)
         _INSTALLED[engine] = replaced
         return {r.where: r.original for r in replaced}
 
@@ -213,24 +307,26 @@ def _rebind_imported_names(
 
 
 def _in_place(r: Replacement) -> bool:
-    """Whether the module ``r`` names is loaded and its attribute still holds ``r``'s replacement."""
-    module_name, _, attribute = r.where.rpartition(".")
-    module = sys.modules.get(module_name)
+    """Whether ``r``'s attribute still holds its replacement (on its class, or in its module, which is loaded)."""
+    holder_name, _, attribute = r.where.rpartition(".")
+    if r.holder is not None:
+        return vars(r.holder).get(attribute) is r.replacement
+    module = sys.modules.get(holder_name)
     return module is not None and getattr(module, attribute, None) is r.replacement
 
 
-def _restore(engine: str) -> dict[str, type]:
+def _restore(engine: str) -> dict[str, Any]:
     """Under the lock: the originals back where ``engine``'s replacements still are; what was put back."""
     restored = {}
     for r in _INSTALLED.pop(engine, []):
         if _in_place(r):
-            module_name, _, attribute = r.where.rpartition(".")
-            setattr(sys.modules[module_name], attribute, r.original)
+            holder_name, _, attribute = r.where.rpartition(".")
+            setattr(r.holder if r.holder is not None else sys.modules[holder_name], attribute, r.original)
             restored[r.where] = r.original
     return restored
 
 
-def uninstall(engine: str) -> dict[str, type]:
+def uninstall(engine: str) -> dict[str, Any]:
     """Put back what ``install`` replaced, where it is still in place; ``{where: original}`` of what was put back."""
     with _LOCK:
         return _restore(engine)
@@ -257,6 +353,11 @@ def status() -> list[Replacement]:
         return [r for replaced in _INSTALLED.values() for r in replaced if _in_place(r)]
 
 
+def log_in_use(engine: str, what: str) -> None:
+    """The one INFO line an engine's pool on hostpool_nb logs when it is built."""
+    _log.info("hostpool_nb in use: %s builds %s", engine, what)
+
+
 def announcing(base: type, engine: str, describe: Callable[[Any], str], module: str, name: str | None = None) -> type:
     """A subclass of ``base`` that logs one INFO line when it is constructed: that hostpool_nb is in use, and how.
 
@@ -271,7 +372,7 @@ def announcing(base: type, engine: str, describe: Callable[[Any], str], module: 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        _log.info("hostpool_nb in use: %s builds %s", engine, describe(self))
+        log_in_use(engine, describe(self))
 
     made = type(name or base.__name__, (base,), {"__init__": __init__, "__doc__": base.__doc__, "__module__": module})
     made.__qualname__ = made.__name__

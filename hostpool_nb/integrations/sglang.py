@@ -1,32 +1,111 @@
-"""sglang: its host tier's ``LogicalHostPool`` becomes ``hostpool_nb.torch.LogicalHostPool``, from outside sglang.
+"""sglang: its whole HiCache host tier keeps its free slots in hostpool_nb, from outside sglang.
 
 ::
 
     from hostpool_nb.integrations import sglang
-    sglang.install()   # before sglang builds its host pool; needs torch, as sglang does
+    sglang.install()   # before sglang builds its host pools; needs torch, as sglang does
 
-The class is replaced in ``sglang.srt.mem_cache.memory_pool_host`` and in
-every sglang module imported so far that imported it by name (sglang
-0.5.23 does in ``managers/cache_controller.py`` and
-``mem_cache/hybrid_cache/hybrid_pool_assembler.py``). Each pool sglang then
-builds logs one INFO line on the ``hostpool_nb`` logger. Tested with sglang
-:data:`TESTED_VERSION` (its source, checked against hostpool_nb's class by
-``tests/test_sglang_surface.py``) and with a stand-in engine
-(``hostpool_nb.originals.engines``).
+Two kinds of replacement, both checked first against sglang
+:data:`TESTED_VERSION`:
+
+- ``LogicalHostPool`` (DeepSeek V4's logical host pool) becomes
+  ``hostpool_nb.torch.LogicalHostPool``, in
+  ``sglang.srt.mem_cache.memory_pool_host`` and in every sglang module
+  imported so far that imported it by name (sglang 0.5.23 does in
+  ``managers/cache_controller.py`` and
+  ``mem_cache/hybrid_cache/hybrid_pool_assembler.py``);
+- the bookkeeping methods (``clear``, ``available_size``,
+  ``_merge_release_slots``, ``alloc``, ``free``) of the three classes that
+  define them, :data:`HOST_KV_CACHE` (``HostKVCache``, whose bookkeeping the
+  MHA, MLA, DSA and MiniMax pools inherit), :data:`MAMBA` and
+  :data:`DEEPSEEK_V4_PAGED` (and ``QSAIndexerPoolHost``, which inherits
+  it), are replaced on the classes themselves: every subclass, defined
+  before the call or after, keeps its books on hostpool_nb
+  (``docs/sglang.md``); :func:`books` gives a pool's.
+
+Each pool sglang then builds logs one INFO line on the ``hostpool_nb``
+logger. Tested with sglang :data:`TESTED_VERSION` (its source, checked
+against hostpool_nb's by ``tests/test_sglang_surface.py``; its methods run
+side by side with hostpool_nb's by ``tests/test_sglang_host_wheel.py``) and
+with a stand-in engine (``hostpool_nb.originals.engines``).
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from . import _patch
-from ._patch import IntegrationError, Target, announcing
+from ._patch import IntegrationError, MethodsTarget, Target, announcing
+from ._surface import NO_DEFAULT, Parameters
 
 #: The sglang release whose ``LogicalHostPool`` hostpool_nb's is checked against (CI downloads its wheel),
 #: bumped on purpose.
 TESTED_VERSION = "0.5.23"
 #: The module that defines sglang's ``LogicalHostPool``, where ``install()`` replaces it.
 MODULE = "sglang.srt.mem_cache.memory_pool_host"
+#: The environment variable that, set to ``accept``, makes the Mamba and DeepSeek V4 paged pools accept double
+#: frees, as their originals do.
+DOUBLE_FREES = "HOSTPOOL_NB_SGLANG_DOUBLE_FREE"
+
+
+@dataclass(frozen=True)
+class Bookkeeping:
+    """One of sglang's three bookkeepings of host slots (docs/behaviour.md, section 5), and what hostpool_nb keeps.
+
+    ``defined_by`` is the sglang class that defines it, in ``module``;
+    ``methods`` the methods it defines there in :data:`TESTED_VERSION`,
+    which ``install()`` replaces. The books span ``logical_size`` slots in
+    pages of ``logical_page_size`` where ``logical`` (the base class: decode
+    context parallelism widens both), else ``size`` and ``page_size``.
+    ``rounds_up``: an allocation is rounded up to whole pages, not refused.
+    ``checks_frees``: the original refuses a double free, so hostpool_nb
+    always does; else a setting may make hostpool_nb accept them too.
+
+    Examples
+    --------
+    >>> from hostpool_nb.integrations.sglang import HOST_KV_CACHE, MAMBA
+    >>> HOST_KV_CACHE.defined_by, HOST_KV_CACHE.checks_frees, MAMBA.checks_frees
+    ('HostKVCache', True, False)
+    """
+
+    defined_by: str
+    module: str
+    methods: tuple[str, ...]
+    logical: bool
+    rounds_up: bool
+    checks_frees: bool
+
+    def geometry(self, pool: Any) -> tuple[int, int]:
+        """``(slots, page_size)`` of the books of the engine's ``pool``."""
+        if self.logical:
+            return int(pool.logical_size), int(pool.logical_page_size)
+        return int(pool.size), int(pool.page_size)
+
+
+_ALL = ("clear", "available_size", "_merge_release_slots", "alloc", "free")
+#: The bookkeeping ``HostKVCache`` defines and the MHA, MLA, DSA and MiniMax pools inherit.
+HOST_KV_CACHE = Bookkeeping(
+    "HostKVCache", "sglang.srt.mem_cache.pool_host.base", _ALL, logical=True, rounds_up=False, checks_frees=True
+)
+#: The bookkeeping ``MambaPoolHost`` defines, with no checks on ``free``.
+MAMBA = Bookkeeping(
+    "MambaPoolHost",
+    "sglang.srt.mem_cache.pool_host.mamba",
+    ("clear", "available_size", "alloc", "free"),
+    logical=False,
+    rounds_up=False,
+    checks_frees=False,
+)
+#: The bookkeeping ``DeepSeekV4PagedHostPool`` defines and ``QSAIndexerPoolHost`` inherits (allocations rounded
+#: up, no checks on ``free``).
+DEEPSEEK_V4_PAGED = Bookkeeping(
+    "DeepSeekV4PagedHostPool", MODULE, _ALL, logical=False, rounds_up=True, checks_frees=False
+)
+#: The three, each defined by a class whose methods ``install()`` replaces.
+BOOKKEEPINGS = (HOST_KV_CACHE, MAMBA, DEEPSEEK_V4_PAGED)
 ENGINE = "sglang"
 
 _made: dict[str, type] = {}
@@ -60,10 +139,91 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-TARGETS = (Target(MODULE, "LogicalHostPool", lambda original: _announcing_pool()),)
+def _host_pool_targets() -> tuple[MethodsTarget, ...]:
+    """One target per bookkeeping: its class's methods, with their parameters in :data:`TESTED_VERSION`."""
+    plain = Parameters((), (), var_positional=False, var_keyword=False)
+    taking = {
+        "alloc": Parameters((("need_size", NO_DEFAULT),), (), var_positional=False, var_keyword=False),
+        "free": Parameters((("indices", NO_DEFAULT),), (), var_positional=False, var_keyword=False),
+    }
+    return tuple(
+        MethodsTarget(b.module, b.defined_by, {name: taking.get(name, plain) for name in b.methods}, _made_for(b))
+        for b in BOOKKEEPINGS
+    )
 
 
-def install() -> dict[str, type]:
+def _made_for(bookkeeping: Bookkeeping) -> Callable[[type, dict[str, Any]], dict[str, Any]]:
+    """What makes hostpool_nb's methods of ``bookkeeping`` from the class's own (at ``install()``: torch then)."""
+
+    def made(cls: type, own: dict[str, Any]) -> dict[str, Any]:
+        return _host_books_module().methods(bookkeeping, own, _announce_books)  # type: ignore[no-any-return]
+
+    return made
+
+
+def _host_books_module() -> Any:
+    try:
+        from . import _sglang_host  # noqa: PLC0415 - torch only when asked for
+    except ImportError as error:
+        raise IntegrationError(
+            f"sglang's integration keeps its host pools' books with hostpool_nb.torch, which needs torch ({error})",
+            name="torch",
+        ) from error
+    return _sglang_host
+
+
+def _announce_books(pool: Any, kept: Any) -> None:
+    extra = ", double frees accepted" if kept.accept_double_frees else ""
+    _patch.log_in_use(
+        ENGINE,
+        f"{type(pool).__name__} on hostpool_nb ({kept.bookkeeping.defined_by}'s bookkeeping): {kept.size} slots, "
+        f"page_size={kept.page_size}, tracking {'on' if kept.track else 'off'}{extra}",
+    )
+
+
+TARGETS: tuple[Target | MethodsTarget, ...] = (
+    Target(MODULE, "LogicalHostPool", lambda original: _announcing_pool()),
+    *_host_pool_targets(),
+)
+
+
+def books(pool: Any) -> Any:
+    """The hostpool_nb books of one of sglang's host pools built after :func:`install`: a ``hostpool_nb.torch`` pool.
+
+    For the diagnostics a :class:`hostpool_nb.LogicalHostPool` offers:
+    ``check_invariants()``, ``leak_report()`` and ``outstanding()`` (with
+    ``HOSTPOOL_NB_TRACK=1`` set before the pool is built), ``recording()``,
+    ``stats()``. Its ``accept_double_frees`` may be set for a Mamba or
+    DeepSeek V4 paged pool (whose originals accept double frees; see
+    :data:`DOUBLE_FREES` for all of them).
+
+    Raises
+    ------
+    HostPoolError
+        If ``pool`` keeps its own books (not one of sglang's host pools, or
+        one built before ``install()``).
+    IntegrationError
+        If torch is not importable.
+
+    Examples
+    --------
+    >>> from hostpool_nb.integrations import sglang
+    >>> sglang.books(object())  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    hostpool_nb.HostPoolError: object keeps its own books: ...
+    """
+    from .._errors import HostPoolError  # noqa: PLC0415 - the check needs no torch
+
+    if not hasattr(pool, "_hostpool_nb"):
+        raise HostPoolError(
+            f"{type(pool).__name__} keeps its own books: hostpool_nb keeps those of sglang's host pools built "
+            "after hostpool_nb.integrations.sglang.install()"
+        )
+    return _host_books_module().books(pool)
+
+
+def install() -> dict[str, Any]:
     """Put hostpool_nb's ``LogicalHostPool`` where sglang looks it up; ``{"module.attribute": original}``.
 
     Everything is checked before anything is replaced: sglang not
@@ -88,21 +248,32 @@ def install() -> dict[str, type]:
     ...     try:
     ...         replaced = sorted(sglang.install())
     ...         built = type(engine.build("LogicalHostPool", 64, 16)).__module__
+    ...         mha = engine.build("MHATokenToKVPoolHost", page_size=16, host_token_capacity=64)
+    ...         slots = mha.alloc(32).tolist()  # on hostpool_nb's books now
     ...     except IntegrationError as error:  # no torch here: nothing replaced, and it says so
-    ...         replaced, built = [], f"{error.name} missing"
-    >>> replaced in ([], [  # the module that defines it, and one that imported it by name
+    ...         replaced, built, slots = [], f"{error.name} missing", list(range(32))
+    >>> [w for w in replaced if w.endswith("LogicalHostPool")] in ([], [  # where defined, where imported by name
     ...     "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler.LogicalHostPool",
     ...     "sglang.srt.mem_cache.memory_pool_host.LogicalHostPool",
     ... ])
     True
-    >>> built in ("hostpool_nb.integrations.sglang", "torch missing")
+    >>> sorted({w.rsplit(".", 2)[1] for w in replaced if not w.endswith("LogicalHostPool")}) in ([], [
+    ...     "DeepSeekV4PagedHostPool", "HostKVCache", "MambaPoolHost",  # the classes whose methods keep books
+    ... ])
     True
+    >>> built in ("hostpool_nb.integrations.sglang", "torch missing"), slots == list(range(32))
+    (True, True)
     """
     return _patch.install(ENGINE, "sglang", TARGETS, f'pip install "sglang=={TESTED_VERSION}"')
 
 
-def uninstall() -> dict[str, type]:
-    """Put sglang's own class back where ``install`` replaced it (and it is still in place); what was put back.
+def uninstall() -> dict[str, Any]:
+    """Put sglang's own class and methods back where ``install`` replaced them (and they are still in place).
+
+    Every host pool that keeps its books on hostpool_nb gets the original
+    bookkeeping's lists back first (its free slots in the order allocation
+    would take them, its slots in use), so it goes on under sglang's own
+    methods. Returns what was put back.
 
     Examples
     --------
@@ -110,7 +281,21 @@ def uninstall() -> dict[str, type]:
     >>> sglang.uninstall()  # nothing installed: nothing to put back
     {}
     """
+    if "hostpool_nb.integrations._sglang_host" in sys.modules:  # pools have books only if it was imported
+        sys.modules["hostpool_nb.integrations._sglang_host"].hand_back_all()
     return _patch.uninstall(ENGINE)
 
 
-__all__ = ["MODULE", "TESTED_VERSION", "install", "uninstall"]
+__all__ = [
+    "BOOKKEEPINGS",
+    "DEEPSEEK_V4_PAGED",
+    "DOUBLE_FREES",
+    "HOST_KV_CACHE",
+    "MAMBA",
+    "MODULE",
+    "TESTED_VERSION",
+    "Bookkeeping",
+    "books",
+    "install",
+    "uninstall",
+]

@@ -10,6 +10,9 @@ each original does.
 
 - :mod:`.sglang`: sglang's ``LogicalHostPool`` (host KV slots), on numpy or,
   with ``backend="torch"``, on torch CPU tensors as the original is;
+- :mod:`.sglang_host`: sglang's HiCache host pools (the ``HostKVCache``
+  family: MHA, MLA, DSA, MiniMax, Mamba, DeepSeek V4 paged), their
+  bookkeeping on torch CPU tensors;
 - :mod:`.paged`: sglang-jax's device allocators, in numpy;
 - :mod:`.host_tier`: sglang-jax's host KV pool bookkeeping, in Python lists.
 

@@ -5,7 +5,9 @@ the length of a ``with`` block, modules at the engine's paths holding its
 classes as hostpool_nb's originals describe them, plus one module of the
 engine that imported them by name and builds them, as the engine's own
 modules do (sglang's ``hybrid_pool_assembler``, sglang-jax's
-``model_runner``):
+``model_runner``). sglang's host pools (``sglang.srt.mem_cache.pool_host``)
+are a fresh copy of :mod:`~hostpool_nb.originals.sglang_host`'s hierarchy
+in each block:
 
 >>> import logging
 >>> from hostpool_nb.integrations import sgl_jax
@@ -33,6 +35,7 @@ from typing import Any
 from .._hooks import DataPlaneHooks
 from . import host_tier, paged
 from . import sglang as _sglang
+from . import sglang_host as _sglang_host
 
 #: The engines :func:`stand_in_engine` stands in for.
 ENGINES = ("sglang", "sgl_jax")
@@ -80,14 +83,22 @@ class StandIn:
 def _modules(engine: str) -> dict[str, dict[str, Any]]:
     """Module path -> its attributes, parents first; the last is the module that imported the classes by name."""
     if engine == "sglang":
-        host = {"LogicalHostPool": LogicalHostPool}
+        # A fresh copy of the host pools' hierarchy each time: install() replaces methods on those classes.
+        classes = _sglang_host.hierarchy()
+        pools = {
+            f"sglang.srt.mem_cache.{where}": {name: classes[name] for name in names}
+            for where, names in _sglang_host.MODULES.items()
+        }
+        pools["sglang.srt.mem_cache.memory_pool_host"]["LogicalHostPool"] = LogicalHostPool
         return {
             "sglang": {},
             "sglang.srt": {},
             "sglang.srt.mem_cache": {},
-            "sglang.srt.mem_cache.memory_pool_host": host,
+            "sglang.srt.mem_cache.pool_host": {},
+            **pools,
             "sglang.srt.mem_cache.hybrid_cache": {},
-            "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler": dict(host),
+            # What builds them: the modules of sglang that import them by name, in one.
+            "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler": {"LogicalHostPool": LogicalHostPool, **classes},
         }
     allocators = {name: getattr(paged, name) for name in paged.__all__}
     host_pools = {"LRUHostKVPool": host_tier.LRUHostKVPool, "QueueHostKVPool": host_tier.QueueHostKVPool}

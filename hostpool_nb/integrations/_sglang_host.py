@@ -1,0 +1,373 @@
+"""sglang's HiCache host pools (the ``HostKVCache`` family) keeping their free slots in hostpool_nb.
+
+sglang builds a host pool per model family (MHA, MLA, the DSA indexer,
+MiniMax, Mamba state, DeepSeek V4's paged pools), each a subclass of
+``HostKVCache``, most inheriting its bookkeeping, two with their own
+(docs/behaviour.md, section 5). Replacing the classes where sglang looks
+them up would miss the subclasses already defined, so ``install()``
+replaces the bookkeeping methods themselves, on the three classes that
+define them: every subclass that inherits them, defined before the call or
+after, then keeps its books here. Everything else of the engine's pool
+(buffers, layouts, transfers, attributes) is untouched.
+
+Each pool built while installed gets, at its constructor's ``clear()``, a
+:class:`HostKVBooks` (``hostpool_nb.torch.LogicalHostPool`` with sglang's
+exception types) under the attribute ``_hostpool_nb``, holding the pool's
+own ``self.lock``. A pool built before ``install()`` keeps the original
+bookkeeping (its own lists); ``uninstall()`` hands each pool that has books
+back its lists, so it goes on under the original methods. :func:`books`
+gives the books of a pool, for ``check_invariants()``, ``leak_report()``
+and the rest.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import _fork, _layout
+from .._convert import as_count, as_slots
+from .._errors import (
+    AlignmentError,
+    DoubleFreeError,
+    HostKVAlignmentError,
+    HostKVDoubleFreeError,
+    HostKVSlotRangeError,
+    HostPoolError,
+    SlotRangeError,
+)
+from ..torch import LogicalHostPool as _TorchPool
+from ..torch import _tensor_as_numpy, _tensor_count
+from .sglang import DEEPSEEK_V4_PAGED, DOUBLE_FREES, HOST_KV_CACHE, Bookkeeping
+
+_log = logging.getLogger("hostpool_nb")
+_Tensor = torch.Tensor
+
+#: The attribute of an engine's pool that holds its books.
+KEY = "_hostpool_nb"
+
+
+def accepts_double_frees_by_default() -> bool:
+    """Whether :data:`DOUBLE_FREES` asks pools whose original checks no free to accept double frees."""
+    return os.environ.get(DOUBLE_FREES, "").strip().lower() in ("accept", "1")
+
+
+class HostKVBooks(_TorchPool):
+    """The free-slot books of one of sglang's host pools: :class:`hostpool_nb.torch.LogicalHostPool`, sglang's errors.
+
+    Every check of the torch pool, raised before anything changes, with
+    the exception types code written against sglang catches: a partial
+    page in ``alloc`` is a :class:`~hostpool_nb.HostKVAlignmentError` (an
+    ``AssertionError``, as sglang's ``assert``), a double free a
+    :class:`~hostpool_nb.HostKVDoubleFreeError` (likewise), a slot out of
+    range or negative a :class:`~hostpool_nb.HostKVSlotRangeError` (an
+    ``IndexError``, as torch raises for sglang). ``free`` takes 1-D input
+    only (sglang counts a 2-D tensor's rows), and an empty tensor of any
+    dtype frees nothing, as sglang's does.
+
+    ``accept_double_frees`` (only where the original checks no free: the
+    Mamba and DeepSeek V4 paged pools): a free that names slots already
+    free, or a slot twice, frees the others and returns the length given,
+    as the original returns; the slots already free stay free once (the
+    original would list them twice and hand them out twice). The first such
+    free of a pool logs a WARNING.
+    """
+
+    def __init__(self, size: int, page_size: int, *, bookkeeping: Bookkeeping, accept_double_frees: bool) -> None:
+        self.bookkeeping = bookkeeping
+        self.accept_double_frees = accept_double_frees  # checked before anything is built
+        super().__init__(size, page_size)
+        self._warned = False
+
+    @property
+    def accept_double_frees(self) -> bool:
+        """Whether a free naming slots already free frees the others, as the original does (not only refused)."""
+        return self._accepts
+
+    @accept_double_frees.setter
+    def accept_double_frees(self, value: bool) -> None:
+        if type(value) is not bool:
+            raise TypeError(f"accept_double_frees must be a bool, got {type(value).__name__} {value!r}")
+        if value and self.bookkeeping.checks_frees:
+            raise HostPoolError(
+                "accept_double_frees=True is only for pools whose original accepts double frees; "
+                f"{self.bookkeeping.defined_by}'s refuses them (an AssertionError)"
+            )
+        self._accepts = value
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "bookkeeping": self.bookkeeping, "accept_double_frees": self._accepts}
+
+    def __setstate__(self, saved: Any) -> None:
+        fields = dict(saved) if isinstance(saved, dict) else {}
+        self.bookkeeping = fields.pop("bookkeeping", HOST_KV_CACHE)
+        self._accepts = False
+        self.accept_double_frees = fields.pop("accept_double_frees", False)  # checked against the bookkeeping
+        self._warned = False
+        super().__setstate__(fields if isinstance(saved, dict) else saved)
+
+    def _alloc_misaligned(self, need_size: int) -> AlignmentError:
+        return HostKVAlignmentError(
+            "The requested size should be a multiple of the page size: "
+            f"need_size={need_size}, page_size={self.page_size}"
+        )
+
+    def _free_error(self, status: int, slots: Any) -> Exception:
+        error = super()._free_error(status, slots)
+        if isinstance(error, DoubleFreeError):
+            return HostKVDoubleFreeError(f"Double-free detected: {error}")
+        if isinstance(error, SlotRangeError):
+            return HostKVSlotRangeError(str(error))
+        return error
+
+    def free(self, indices: Any) -> int:
+        """``hostpool_nb.torch.LogicalHostPool.free``, 1-D input only; double frees accepted where asked.
+
+        Parameters
+        ----------
+        indices : torch.Tensor or array_like of int
+            Slot ids, 1-D: whole pages, each in ascending order.
+
+        Returns
+        -------
+        int
+            The number of slots freed (with double frees accepted, the
+            number given).
+        """
+        if type(indices) is not _Tensor or indices.dim() != 1:
+            indices = self._one_dimensional(indices)
+            if indices is None:
+                return 0
+        try:
+            return super().free(indices)
+        except HostKVDoubleFreeError:
+            if not self._accepts:
+                raise
+        return self._free_accepting(indices)
+
+    def _one_dimensional(self, indices: Any) -> Any:
+        """``indices`` if 1-D, ``None`` if an empty tensor (freed as nothing, any dtype); else a ``HostPoolError``."""
+        if isinstance(indices, _Tensor):
+            if indices.numel() == 0:
+                return None
+            shape = tuple(indices.shape)
+        else:
+            shape = np.shape(indices)
+        if len(shape) != 1:
+            raise HostPoolError(
+                f"indices must be 1-D, got shape {shape}: sglang's host pools count a 2-D input's rows, not its "
+                "slots; flatten it first"
+            )
+        return indices
+
+    def _free_accepting(self, indices: Any) -> int:
+        """A free whose pages already free (or named twice) are left out, the others freed; the length given."""
+        slots = as_slots(_tensor_as_numpy(indices) if isinstance(indices, _Tensor) else indices)
+        ps = self.page_size
+        with self.lock:
+            pages = slots[::ps] // ps
+            listed = (pages >= 0) & (pages < self.size // ps)
+            held = np.zeros(pages.shape[0], dtype=bool)
+            held[listed] = self._owner[pages[listed]] == _layout.OWNER_ALLOCATED
+            first = np.zeros(pages.shape[0], dtype=bool)
+            first[np.unique(pages, return_index=True)[1]] = True
+            keep = (held & first) | ~listed  # a page out of range stays, so that the free says so
+            super().free(slots.reshape(-1, ps)[keep].reshape(-1))
+            if not self._warned:
+                self._warned = True
+                _log.warning(
+                    "hostpool_nb: a %s accepted a double free of %d slots (as sglang's own bookkeeping does; "
+                    "they stay free once): a bug in the caller. Further ones are accepted silently.",
+                    self.bookkeeping.defined_by,
+                    (~keep).sum() * ps,
+                )
+        return int(slots.shape[0])
+
+    def hand_back(self) -> dict[str, Any]:
+        """The original bookkeeping's lists for this state: what ``uninstall()`` gives the engine's pool back.
+
+        The free list in the order allocation takes it (the release list
+        already merged into it: the same order), and which slots are in use.
+        """
+        with self.lock:
+            twin = copy.deepcopy(self)
+        order = twin.alloc(twin.available_size())
+        used = torch.ones(self.size, dtype=torch.bool)
+        used[order] = False
+        return {"free_slots": order, "slot_used": used}
+
+
+_live: weakref.WeakSet[Any] = weakref.WeakSet()  # the engine's pools that have books
+_live_lock = threading.Lock()
+
+
+def books(pool: Any) -> HostKVBooks:
+    """The hostpool_nb books of one of sglang's host pools built after ``install()``.
+
+    For the diagnostics of :class:`hostpool_nb.LogicalHostPool`:
+    ``check_invariants()``, ``leak_report()`` and ``outstanding()`` (with
+    ``HOSTPOOL_NB_TRACK=1``), ``recording()``, ``stats()``.
+
+    Raises
+    ------
+    HostPoolError
+        If ``pool`` keeps its own books: not one of sglang's host pools,
+        or one built before ``install()``.
+    """
+    found = getattr(pool, KEY, None)
+    if not isinstance(found, HostKVBooks):
+        raise HostPoolError(
+            f"{type(pool).__name__} keeps its own books: hostpool_nb keeps those of sglang's host pools built "
+            "after hostpool_nb.integrations.sglang.install()"
+        )
+    return found
+
+
+def _rlock_type() -> type:
+    return type(threading.RLock())
+
+
+def _keep_books(pool: Any, bookkeeping: Bookkeeping, announce: Callable[[Any, HostKVBooks], None]) -> HostKVBooks:
+    """Give the engine's ``pool`` its books (its constructor's first ``clear()``), sharing the pool's lock."""
+    size, page_size = bookkeeping.geometry(pool)
+    kept = HostKVBooks(
+        size,
+        page_size,
+        bookkeeping=bookkeeping,
+        accept_double_frees=not bookkeeping.checks_frees and accepts_double_frees_by_default(),
+    )
+    lock = getattr(pool, "lock", None)
+    if isinstance(lock, _rlock_type()):
+        kept.lock = lock  # the engine's own lock: a caller holding it holds the books too
+    else:
+        pool.lock = kept.lock
+    _fork.follow(pool, "lock", kept)  # a fork that leaves the books' lock unusable in a child, leaves this one
+    setattr(pool, KEY, kept)
+    with _live_lock:
+        _live.add(pool)
+    announce(pool, kept)
+    return kept
+
+
+def methods(
+    bookkeeping: Bookkeeping, originals: dict[str, Callable[..., Any]], announce: Callable[[Any, HostKVBooks], None]
+) -> dict[str, Callable[..., Any]]:
+    """hostpool_nb's versions of ``bookkeeping.methods``, for the class that defines them.
+
+    ``originals``: that class's own, which a pool built before ``install()``
+    (it has its own lists) goes on using.
+    """
+    original_clear = originals["clear"]
+    rounds_up = bookkeeping.rounds_up
+
+    def clear(self: Any) -> None:
+        try:
+            kept = self._hostpool_nb
+        except AttributeError:
+            if "free_slots" in vars(self):  # built before install(): its own books
+                original_clear(self)
+            else:  # the constructor's clear(): the pool's books start here
+                _keep_books(self, bookkeeping, announce)
+            return
+        kept.clear()
+
+    def available_size(self: Any) -> Any:
+        try:
+            kept = self._hostpool_nb
+        except AttributeError:
+            return originals["available_size"](self)
+        return kept.available_size()
+
+    def _merge_release_slots(self: Any) -> None:
+        try:
+            kept = self._hostpool_nb
+        except AttributeError:
+            originals["_merge_release_slots"](self)
+            return
+        kept.merge()
+
+    if rounds_up:
+
+        def alloc(self: Any, need_size: Any) -> Any:
+            try:
+                kept = self._hostpool_nb
+            except AttributeError:
+                return originals["alloc"](self, need_size)
+            ps = kept.page_size
+            if type(need_size) is int and need_size > 0:
+                need_size = (need_size + ps - 1) // ps * ps
+            elif type(need_size) is not int:  # a 0-d tensor or a numpy integer: checked, then rounded up
+                count = _tensor_count(need_size) if isinstance(need_size, _Tensor) else as_count(need_size, "need_size")
+                need_size = (count + ps - 1) // ps * ps if count > 0 else count
+            return kept.alloc(need_size)
+
+    else:
+
+        def alloc(self: Any, need_size: Any) -> Any:
+            try:
+                kept = self._hostpool_nb
+            except AttributeError:
+                return originals["alloc"](self, need_size)
+            return kept.alloc(need_size)
+
+    def free(self: Any, indices: Any) -> Any:
+        try:
+            kept = self._hostpool_nb
+        except AttributeError:
+            return originals["free"](self, indices)
+        return kept.free(indices)
+
+    mine: dict[str, Callable[..., Any]] = {
+        "clear": clear,
+        "available_size": available_size,
+        "_merge_release_slots": _merge_release_slots,
+        "alloc": alloc,
+        "free": free,
+    }
+    made = {}
+    for name in bookkeeping.methods:
+        fn = mine[name]
+        fn.__qualname__ = f"{bookkeeping.defined_by}.{name}"
+        fn.__doc__ = f"hostpool_nb's {name} of sglang's {bookkeeping.defined_by} (hostpool_nb.integrations.sglang)."
+        made[name] = fn
+    return made
+
+
+def hand_back_all() -> int:
+    """Give every engine pool with books its original lists back (``uninstall()``); how many pools."""
+    with _live_lock:
+        pools = list(_live)
+        _live.clear()
+    for pool in pools:
+        kept = getattr(pool, KEY, None)
+        if not isinstance(kept, HostKVBooks):
+            continue
+        with kept.lock:
+            lists = kept.hand_back()
+            pool.free_slots = lists["free_slots"]
+            pool.release_slots = []
+            pool.num_release_slots = 0
+            if kept.bookkeeping.checks_frees:
+                pool.slot_used = lists["slot_used"]
+            if kept.bookkeeping is not DEEPSEEK_V4_PAGED:
+                pool.mem_state = torch.zeros((kept.size,), dtype=torch.uint8, device=getattr(pool, "device", "cpu"))
+            delattr(pool, KEY)
+    return len(pools)
+
+
+__all__ = [
+    "KEY",
+    "HostKVBooks",
+    "accepts_double_frees_by_default",
+    "books",
+    "hand_back_all",
+    "methods",
+]

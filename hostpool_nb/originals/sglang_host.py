@@ -1,0 +1,526 @@
+"""sglang's HiCache host pools (the ``HostKVCache`` family): their free-slot bookkeeping, on torch CPU tensors.
+
+Written from docs/behaviour.md, section 5 (sglang 0.5.23's observed
+behaviour), not from sglang's code. Only the bookkeeping is here: a pool
+keeps no KV bytes, and its constructor takes the geometry directly rather
+than sizing itself from a device pool and the host's memory. The classes
+keep sglang's names, its hierarchy (the base class's bookkeeping inherited
+unchanged by the MHA, MLA, DSA and MiniMax pools; the Mamba and DeepSeek V4
+paged pools with their own) and its silent failures:
+
+- ``HostKVCache`` checks with ``assert``: a partial page in ``alloc``, a
+  slot freed while free (an ``AssertionError``, or nothing under
+  ``python -O``); a negative id indexes from the end; an id past the end
+  is torch's ``IndexError``; the double-alloc check runs after the free
+  list was cut;
+- ``MambaPoolHost`` and ``DeepSeekV4PagedHostPool`` check nothing on
+  ``free``; the latter rounds ``alloc`` up to a page.
+
+torch is imported when a pool is built, not with this module.
+
+Examples
+--------
+>>> from hostpool_nb.originals.sglang_host import MambaPoolHost
+>>> pool = MambaPoolHost(host_token_capacity=4)
+>>> slots = pool.alloc(2)
+>>> pool.free(slots), pool.free(slots)  # a double free, accepted
+(2, 2)
+>>> pool.available_size()  # more than the pool holds
+6
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _torch() -> Any:
+    import torch  # noqa: PLC0415 - when a pool is built: importing this module never imports torch
+
+    return torch
+
+
+def locked(method: _F) -> _F:
+    """The method runs holding the pool's ``self.lock``, as sglang's host pools' are."""
+
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return method(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
+class _FreeList:
+    """What every pool here shares: the free list and the lazily merged release list."""
+
+    size: int
+    free_slots: Any
+    release_slots: list[Any]
+    num_release_slots: int
+    available_size: Callable[[], int]
+    _merge_release_slots: Callable[[], None]
+
+    def _available(self) -> int:
+        return len(self.free_slots) + self.num_release_slots
+
+    def _merge(self) -> None:
+        if self.num_release_slots == 0:
+            return
+        if len(self.free_slots) == 0 and len(self.release_slots) == 1:
+            self.free_slots = self.release_slots[0]  # the one chunk becomes the free list, as it is
+        else:
+            self.free_slots = _torch().cat([self.free_slots, *self.release_slots])
+        self.release_slots = []
+        self.num_release_slots = 0
+
+    def _take(self, need_size: int) -> Any:
+        """Steps 2-4 of an allocation: ``None`` when short, else the front of the free list (merged if needed)."""
+        if need_size > self.available_size():
+            return None
+        if need_size > len(self.free_slots):
+            self._merge_release_slots()
+        taken = self.free_slots[:need_size]
+        self.free_slots = self.free_slots[need_size:]
+        return taken
+
+    def _release(self, indices: Any) -> int:
+        """A free without checks: the CPU copy appended, counted by ``len``."""
+        on_cpu = indices.cpu()
+        if on_cpu.numel() == 0:
+            return 0
+        self.release_slots.append(on_cpu)
+        self.num_release_slots += len(on_cpu)
+        return len(indices)
+
+
+def hierarchy() -> dict[str, type]:
+    """A fresh copy of the classes, by name: what the stand-in engine puts at sglang's paths for one ``with`` block.
+
+    ``install()`` replaces methods on the classes themselves; a fresh copy
+    per block keeps this module's own classes (the tests' oracles) as
+    written.
+    """
+
+    class HostKVCache(_FreeList):
+        """The base class's bookkeeping: logical slot ids, per-slot "in use" flags checked by ``assert``.
+
+        Parameters (keyword-only) are the geometry the real constructor
+        computes: ``page_size`` (the widened page, a multiple of ``dcp_size``),
+        ``host_token_capacity`` (physical slots, whole physical pages), and the
+        decode-context-parallel ``dcp_size`` and ``dcp_rank``.
+
+        Examples
+        --------
+        >>> from hostpool_nb.originals.sglang_host import HostKVCache
+        >>> pool = HostKVCache(page_size=4, host_token_capacity=16)
+        >>> pool.alloc(8).tolist(), pool.available_size()
+        ([0, 1, 2, 3, 4, 5, 6, 7], 8)
+        """
+
+        dcp_size = 1
+        dcp_rank = 0
+
+        def __init__(  # noqa: PLR0913 - the geometry the real constructor computes, by name
+            self,
+            *,
+            page_size: int,
+            host_token_capacity: int,
+            dcp_size: int = 1,
+            dcp_rank: int = 0,
+            layout: str = "layer_first",
+            device: str = "cpu",
+            pool_label: str = "kv",
+        ) -> None:
+            self.pool_label = pool_label
+            self.dcp_size = dcp_size
+            self.dcp_rank = dcp_rank
+            if page_size % dcp_size != 0:
+                raise AssertionError(f"page_size {page_size} must be a multiple of dcp_size {dcp_size}")
+            self.page_size = page_size // dcp_size  # the physical page
+            if host_token_capacity <= 0 or host_token_capacity % self.page_size:
+                raise ValueError(f"host_token_capacity must be positive whole pages, got {host_token_capacity}")
+            self.size = host_token_capacity
+            self.page_num = self.size // self.page_size
+            self.layout = layout
+            self.device = device
+            self.lock = threading.RLock()
+            self.clear()
+
+        @property
+        def logical_size(self) -> int:
+            return self.size * self.dcp_size
+
+        @property
+        def logical_page_size(self) -> int:
+            return self.page_size * self.dcp_size
+
+        def available_size(self) -> int:
+            return self._available()
+
+        def _merge_release_slots(self) -> None:
+            self._merge()
+
+        @locked
+        def clear(self) -> None:
+            torch = _torch()
+            n = self.logical_size
+            self.mem_state = torch.zeros((n,), dtype=torch.uint8, device=self.device)
+            self.free_slots = torch.arange(n, dtype=torch.int64)
+            self.release_slots = []
+            self.num_release_slots = 0
+            self.slot_used = torch.zeros(n, dtype=torch.bool)
+
+        @locked
+        def alloc(self, need_size: int) -> Any:
+            # The original's asserts: an AssertionError, and nothing at all under python -O.
+            assert need_size % self.logical_page_size == 0, "The requested size should be a multiple of the page size."
+            taken = self._take(need_size)
+            if taken is None:
+                return None
+            # After the free list was cut, as the original checks it.
+            assert not self.slot_used[taken].any(), (
+                f"Double-alloc detected: slots already allocated: {taken[self.slot_used[taken]].tolist()}."
+            )
+            self.slot_used[taken] = True
+            return taken
+
+        @locked
+        def free(self, indices: Any) -> int:
+            on_cpu = indices.cpu()
+            if on_cpu.numel() == 0:
+                return 0
+            assert self.slot_used[on_cpu].all(), (
+                f"Double-free detected: slots not currently allocated: {on_cpu[~self.slot_used[on_cpu]].tolist()}."
+            )
+            self.slot_used[on_cpu] = False
+            self.release_slots.append(on_cpu)
+            self.num_release_slots += len(on_cpu)
+            return len(indices)
+
+    class HiSparseHostPoolMixin:
+        """What sglang's HiSparse pools add to a host pool that the bookkeeping serves: allocation by pages.
+
+        Examples
+        --------
+        >>> from hostpool_nb.originals import sglang_host as S
+        >>> class Paged(S.HiSparseHostPoolMixin, S.HostKVCache):
+        ...     pass
+        >>> Paged(page_size=4, host_token_capacity=8).alloc_page(1).tolist()
+        [0, 1, 2, 3]
+        """
+
+        page_size: int
+        alloc: Callable[[int], Any]
+
+        def alloc_page(self, num_pages: int) -> Any:
+            return self.alloc(num_pages * self.page_size)
+
+    # The pools that inherit the base class's bookkeeping unchanged (their buffers and transfers are not here).
+    class MHATokenToKVPoolHost(HostKVCache):
+        """``pool_host.mha``: the base class's bookkeeping.
+
+        Examples
+        --------
+        >>> from hostpool_nb.originals.sglang_host import MHATokenToKVPoolHost
+        >>> pool = MHATokenToKVPoolHost(page_size=4, host_token_capacity=16)
+        >>> slots = pool.alloc(4)
+        >>> pool.free(slots)
+        4
+        >>> pool.free(slots)  # under python -O: accepted, and the slots listed twice
+        Traceback (most recent call last):
+        ...
+        AssertionError: Double-free detected: slots not currently allocated: [0, ...].
+        """
+
+    class MHATokenToKOnlyPoolHost(HostKVCache):
+        """``pool_host.mha``: the base class's bookkeeping.
+
+        Examples
+        --------
+        A negative id passes the check by wrapping around, and is handed out:
+
+        >>> import torch
+        >>> from hostpool_nb.originals.sglang_host import MHATokenToKOnlyPoolHost
+        >>> pool = MHATokenToKOnlyPoolHost(page_size=1, host_token_capacity=4)
+        >>> held = pool.alloc(4)
+        >>> pool.free(torch.tensor([-1]))  # the last slot's flag, cleared
+        1
+        >>> pool.alloc(1).tolist()
+        [-1]
+        """
+
+    class HiSparseMHATokenToKVPoolHost(HiSparseHostPoolMixin, MHATokenToKVPoolHost):
+        """``pool_host.mha``: the base class's bookkeeping, allocated by pages too.
+
+        Examples
+        --------
+        >>> from hostpool_nb.originals.sglang_host import HiSparseMHATokenToKVPoolHost
+        >>> pool = HiSparseMHATokenToKVPoolHost(page_size=4, host_token_capacity=16)
+        >>> pool.alloc_page(2).tolist()
+        [0, 1, 2, 3, 4, 5, 6, 7]
+        """
+
+    class AsymmetricMHATokenToKVPoolHost(MHATokenToKVPoolHost):
+        """``pool_host.mha``: the base class's bookkeeping.
+
+        Examples
+        --------
+        The same id twice in one free: both pass the check, both are listed.
+
+        >>> import torch
+        >>> from hostpool_nb.originals.sglang_host import AsymmetricMHATokenToKVPoolHost
+        >>> pool = AsymmetricMHATokenToKVPoolHost(page_size=1, host_token_capacity=4)
+        >>> slot = pool.alloc(1)
+        >>> pool.free(torch.cat([slot, slot])), pool.available_size()
+        (2, 5)
+        """
+
+    class MLATokenToKVPoolHost(HiSparseHostPoolMixin, HostKVCache):
+        """``pool_host.mla``: the base class's bookkeeping, allocated by pages too.
+
+        Examples
+        --------
+        Decode context parallelism: physical pages, logical slot ids.
+
+        >>> from hostpool_nb.originals.sglang_host import MLATokenToKVPoolHost
+        >>> pool = MLATokenToKVPoolHost(page_size=8, dcp_size=2, host_token_capacity=16)
+        >>> pool.page_size, pool.logical_page_size, pool.logical_size
+        (4, 8, 32)
+        """
+
+    class DSAIndexerPoolHost(HostKVCache):
+        """``pool_host.dsa``: the base class's bookkeeping.
+
+        Examples
+        --------
+        A 2-D input is counted by its rows:
+
+        >>> from hostpool_nb.originals.sglang_host import DSAIndexerPoolHost
+        >>> pool = DSAIndexerPoolHost(page_size=1, host_token_capacity=8)
+        >>> pool.free(pool.alloc(4).reshape(2, 2))
+        2
+        """
+
+    class MiniMaxM3Nvfp4IndexKPoolHost(HostKVCache):
+        """``pool_host.minimax_m3_nvfp4``: the base class's bookkeeping.
+
+        Examples
+        --------
+        >>> from hostpool_nb.originals.sglang_host import MiniMaxM3Nvfp4IndexKPoolHost
+        >>> MiniMaxM3Nvfp4IndexKPoolHost(page_size=4, host_token_capacity=16).alloc(3)
+        Traceback (most recent call last):
+        ...
+        AssertionError: The requested size should be a multiple of the page size.
+        """
+
+    class MiniMaxM3Nvfp4MainKVPoolHost(MiniMaxM3Nvfp4IndexKPoolHost):
+        """``pool_host.minimax_m3_nvfp4``: the base class's bookkeeping.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from hostpool_nb.originals.sglang_host import MiniMaxM3Nvfp4MainKVPoolHost
+        >>> pool = MiniMaxM3Nvfp4MainKVPoolHost(page_size=1, host_token_capacity=4)
+        >>> pool.free(torch.tensor([4]))
+        Traceback (most recent call last):
+        ...
+        IndexError: index 4 is out of bounds for dimension 0 with size 4
+        """
+
+    class MambaPoolHost(HostKVCache):
+        """``pool_host.mamba``: a slot per request's state, page size 1; no "in use" flags, no checks on ``free``.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from hostpool_nb.originals.sglang_host import MambaPoolHost
+        >>> pool = MambaPoolHost(host_token_capacity=4)
+        >>> pool.free(torch.tensor([9])), pool.available_size()  # out of range: listed
+        (1, 5)
+        """
+
+        def __init__(self, *, host_token_capacity: int, layout: str = "page_first", device: str = "cpu") -> None:
+            self.page_size = 1
+            self.size = host_token_capacity
+            self.page_num = self.size
+            self.layout = layout
+            self.device = device
+            self.lock = threading.RLock()
+            self.clear()
+
+        @locked
+        def clear(self) -> None:
+            torch = _torch()
+            self.mem_state = torch.zeros((self.size,), dtype=torch.uint8, device=self.device)
+            self.free_slots = torch.arange(self.size, dtype=torch.int64)
+            self.release_slots = []
+            self.num_release_slots = 0
+
+        def available_size(self) -> int:
+            return self._available()
+
+        @locked
+        def alloc(self, need_size: int) -> Any:
+            assert need_size % self.page_size == 0, "The requested size should be a multiple of the page size."
+            return self._take(need_size)
+
+        @locked
+        def free(self, indices: Any) -> int:
+            return self._release(indices)
+
+    class DeepSeekV4PagedHostPool(HiSparseHostPoolMixin, HostKVCache):
+        """``memory_pool_host``: a DeepSeek V4 paged pool's host mirror; rounds ``alloc`` up, checks no ``free``.
+
+        Examples
+        --------
+        >>> from hostpool_nb.originals.sglang_host import DeepSeekV4PagedHostPool
+        >>> pool = DeepSeekV4PagedHostPool("c4", num_host_pages=4, slot_page_size=4)
+        >>> pool.alloc(5).tolist()
+        [0, 1, 2, 3, 4, 5, 6, 7]
+        """
+
+        def __init__(
+            self,
+            pool_name: str,
+            num_host_pages: int,
+            slot_page_size: int,
+            layout: str = "layer_first",
+            device: str = "cpu",
+        ) -> None:
+            self.pool_name = pool_name
+            self.num_host_pages = num_host_pages
+            self.slot_page_size = slot_page_size
+            self.page_size = slot_page_size
+            self.size = num_host_pages * slot_page_size
+            self.layout = layout
+            self.device = device
+            self.lock = threading.RLock()
+            self.clear()
+
+        def clear(self) -> None:  # not locked, as the original's
+            self.free_slots = _torch().arange(self.size, dtype=_torch().int64)
+            self.release_slots = []
+            self.num_release_slots = 0
+
+        def available_size(self) -> int:
+            return self._available()
+
+        def _merge_release_slots(self) -> None:
+            self._merge()
+
+        @locked
+        def alloc(self, need_size: int) -> Any:
+            page = self.slot_page_size
+            return self._take((need_size + page - 1) // page * page)
+
+        @locked
+        def free(self, indices: Any) -> int:
+            return self._release(indices)
+
+    class QSAIndexerPoolHost(DeepSeekV4PagedHostPool):
+        """``pool_host.qsa``: the DeepSeek V4 paged pool's bookkeeping, inherited.
+
+        Examples
+        --------
+        >>> from hostpool_nb.originals.sglang_host import QSAIndexerPoolHost
+        >>> pool = QSAIndexerPoolHost("qsa", num_host_pages=2, slot_page_size=4)
+        >>> pool.alloc_page(1).tolist()
+        [0, 1, 2, 3]
+        """
+
+    class DeepSeekV4StateHostPool(HostKVCache):
+        """``memory_pool_host``: no allocator of its own (it reuses another pool's indices).
+
+        Examples
+        --------
+        >>> from hostpool_nb.originals.sglang_host import DeepSeekV4StateHostPool
+        >>> DeepSeekV4StateHostPool("state", 2, 4).alloc(4)
+        Traceback (most recent call last):
+        ...
+        NotImplementedError: state reuses SWA transfer indices and has no allocator
+        """
+
+        def __init__(self, pool_name: str, num_host_pages: int, slot_page_size: int) -> None:
+            self.pool_name = pool_name
+            self.page_size = slot_page_size
+            self.size = num_host_pages * slot_page_size
+            self.lock = threading.RLock()
+            self.clear()
+
+        def clear(self) -> None:
+            pass
+
+        def available_size(self) -> int:
+            raise NotImplementedError(f"{self.pool_name} reuses SWA transfer indices and has no allocator")
+
+        @locked
+        def alloc(self, need_size: int) -> Any:
+            raise NotImplementedError(f"{self.pool_name} reuses SWA transfer indices and has no allocator")
+
+        @locked
+        def free(self, indices: Any) -> int:
+            raise NotImplementedError(f"{self.pool_name} reuses SWA transfer indices and has no free list")
+
+    return {name: value for name, value in locals().items() if isinstance(value, type)}
+
+
+_CLASSES = hierarchy()
+HostKVCache = _CLASSES["HostKVCache"]
+HiSparseHostPoolMixin = _CLASSES["HiSparseHostPoolMixin"]
+MHATokenToKVPoolHost = _CLASSES["MHATokenToKVPoolHost"]
+MHATokenToKOnlyPoolHost = _CLASSES["MHATokenToKOnlyPoolHost"]
+HiSparseMHATokenToKVPoolHost = _CLASSES["HiSparseMHATokenToKVPoolHost"]
+AsymmetricMHATokenToKVPoolHost = _CLASSES["AsymmetricMHATokenToKVPoolHost"]
+MLATokenToKVPoolHost = _CLASSES["MLATokenToKVPoolHost"]
+DSAIndexerPoolHost = _CLASSES["DSAIndexerPoolHost"]
+MiniMaxM3Nvfp4IndexKPoolHost = _CLASSES["MiniMaxM3Nvfp4IndexKPoolHost"]
+MiniMaxM3Nvfp4MainKVPoolHost = _CLASSES["MiniMaxM3Nvfp4MainKVPoolHost"]
+MambaPoolHost = _CLASSES["MambaPoolHost"]
+DeepSeekV4PagedHostPool = _CLASSES["DeepSeekV4PagedHostPool"]
+QSAIndexerPoolHost = _CLASSES["QSAIndexerPoolHost"]
+DeepSeekV4StateHostPool = _CLASSES["DeepSeekV4StateHostPool"]
+
+
+#: Module (under ``sglang.srt.mem_cache``) -> the names of the classes sglang 0.5.23 defines there.
+MODULES: dict[str, tuple[str, ...]] = {
+    "pool_host.base": ("HostKVCache",),
+    "pool_host.hisparse": ("HiSparseHostPoolMixin",),
+    "pool_host.mha": (
+        "MHATokenToKVPoolHost",
+        "MHATokenToKOnlyPoolHost",
+        "HiSparseMHATokenToKVPoolHost",
+        "AsymmetricMHATokenToKVPoolHost",
+    ),
+    "pool_host.mla": ("MLATokenToKVPoolHost",),
+    "pool_host.dsa": ("DSAIndexerPoolHost",),
+    "pool_host.minimax_m3_nvfp4": ("MiniMaxM3Nvfp4IndexKPoolHost", "MiniMaxM3Nvfp4MainKVPoolHost"),
+    "pool_host.mamba": ("MambaPoolHost",),
+    "pool_host.qsa": ("QSAIndexerPoolHost",),
+    "memory_pool_host": ("DeepSeekV4PagedHostPool", "DeepSeekV4StateHostPool"),
+}
+
+__all__ = [
+    "MODULES",
+    "AsymmetricMHATokenToKVPoolHost",
+    "DSAIndexerPoolHost",
+    "DeepSeekV4PagedHostPool",
+    "DeepSeekV4StateHostPool",
+    "HiSparseHostPoolMixin",
+    "HiSparseMHATokenToKVPoolHost",
+    "HostKVCache",
+    "MHATokenToKOnlyPoolHost",
+    "MHATokenToKVPoolHost",
+    "MLATokenToKVPoolHost",
+    "MambaPoolHost",
+    "MiniMaxM3Nvfp4IndexKPoolHost",
+    "MiniMaxM3Nvfp4MainKVPoolHost",
+    "QSAIndexerPoolHost",
+    "hierarchy",
+    "locked",
+]
