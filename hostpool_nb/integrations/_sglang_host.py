@@ -142,31 +142,36 @@ class HostKVBooks(_TorchPool):
             The number of slots freed (with double frees accepted, the
             number given).
         """
-        if type(indices) is not _Tensor or indices.dim() != 1:
-            indices = self._one_dimensional(indices)
-            if indices is None:
-                return 0
+        if (type(indices) is not _Tensor or indices.dim() != 1) and self._nothing_to_free(indices):
+            return 0
         try:
             return super().free(indices)
         except HostKVDoubleFreeError:
             if not self._accepts:
                 raise
+        except TypeError:
+            if isinstance(indices, _Tensor) and indices.numel() == 0:
+                return 0  # an empty tensor of any dtype frees nothing, as sglang's free returns
+            raise
         return self._free_accepting(indices)
 
-    def _one_dimensional(self, indices: Any) -> Any:
-        """``indices`` if 1-D, ``None`` if an empty tensor (freed as nothing, any dtype); else a ``HostPoolError``."""
+    def _nothing_to_free(self, indices: Any) -> bool:
+        """Whether ``indices`` is an empty tensor (any dtype: sglang frees nothing); 2-D or more: ``HostPoolError``."""
         if isinstance(indices, _Tensor):
             if indices.numel() == 0:
-                return None
+                return True
             shape = tuple(indices.shape)
         else:
-            shape = np.shape(indices)
-        if len(shape) != 1:
+            try:
+                shape = np.shape(indices)
+            except (ValueError, TypeError):  # ragged: the pool says what is wrong with it
+                return False
+        if len(shape) > 1:  # a scalar goes on to the pool's TypeError
             raise HostPoolError(
                 f"indices must be 1-D, got shape {shape}: sglang's host pools count a 2-D input's rows, not its "
                 "slots; flatten it first"
             )
-        return indices
+        return False
 
     def _free_accepting(self, indices: Any) -> int:
         """A free whose pages already free (or named twice) are left out, the others freed; the length given."""
@@ -301,13 +306,12 @@ def methods(
                 kept = self._hostpool_nb
             except AttributeError:
                 return originals["alloc"](self, need_size)
+            if type(need_size) is not int:  # a 0-d tensor or a numpy integer: checked first
+                need_size = (
+                    _tensor_count(need_size) if isinstance(need_size, _Tensor) else as_count(need_size, "need_size")
+                )
             ps = kept.page_size
-            if type(need_size) is int and need_size > 0:
-                need_size = (need_size + ps - 1) // ps * ps
-            elif type(need_size) is not int:  # a 0-d tensor or a numpy integer: checked, then rounded up
-                count = _tensor_count(need_size) if isinstance(need_size, _Tensor) else as_count(need_size, "need_size")
-                need_size = (count + ps - 1) // ps * ps if count > 0 else count
-            return kept.alloc(need_size)
+            return kept.alloc((need_size + ps - 1) // ps * ps)  # up, as the original rounds (a negative size: refused)
 
     else:
 

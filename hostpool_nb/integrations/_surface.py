@@ -195,6 +195,19 @@ def surface_of_source(source: str, class_name: str) -> Surface:
     return found
 
 
+def own_methods_of_source(source: str, class_name: str) -> dict[str, Parameters]:
+    """The methods class ``class_name`` of ``source`` defines itself (private ones too), whatever its bases."""
+    tree = ast.parse(source)
+    found = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
+    if not found:
+        raise LookupError(f"no class {class_name} in the source")
+    return {
+        item.name: _parameters_of_def(item)
+        for item in found[0].body
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+
+
 def methods_of_source(source: str, class_name: str) -> dict[str, Parameters]:
     """Every method class ``class_name`` of ``source`` defines or inherits there, private ones too, by name."""
     found: dict[str, Parameters] = {}
@@ -251,6 +264,7 @@ __all__ = [
     "Surface",
     "attributes_set_in_init",
     "methods_of_source",
+    "own_methods_of_source",
     "parameters_of",
     "surface_of",
     "surface_of_source",

@@ -102,7 +102,12 @@ MAMBA = Bookkeeping(
 #: The bookkeeping ``DeepSeekV4PagedHostPool`` defines and ``QSAIndexerPoolHost`` inherits (allocations rounded
 #: up, no checks on ``free``).
 DEEPSEEK_V4_PAGED = Bookkeeping(
-    "DeepSeekV4PagedHostPool", MODULE, _ALL, logical=False, rounds_up=True, checks_frees=False
+    "DeepSeekV4PagedHostPool",
+    MODULE,
+    ("clear", "available_size", "alloc", "free"),
+    logical=False,
+    rounds_up=True,
+    checks_frees=False,
 )
 #: The three, each defined by a class whose methods ``install()`` replaces.
 BOOKKEEPINGS = (HOST_KV_CACHE, MAMBA, DEEPSEEK_V4_PAGED)

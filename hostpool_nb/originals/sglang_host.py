@@ -411,9 +411,6 @@ def hierarchy() -> dict[str, type]:
         def available_size(self) -> int:
             return self._available()
 
-        def _merge_release_slots(self) -> None:
-            self._merge()
-
         @locked
         def alloc(self, need_size: int) -> Any:
             page = self.slot_page_size
