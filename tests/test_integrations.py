@@ -340,7 +340,8 @@ def test_sglang_builds_hostpool_nbs_torch_pool(caplog: pytest.LogCaptureFixture)
             "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler.LogicalHostPool",
             *methods,
         }
-        assert len(methods) == 14
+        # HostKVCache's five, Mamba's four, DeepSeek V4 paged's four (it inherits _merge_release_slots)
+        assert len(methods) == 13
         caplog.set_level(logging.INFO, logger="hostpool_nb")
         pool = made.build("LogicalHostPool", 1024, 16, "layer_first")
         assert isinstance(pool, LogicalHostPool)
