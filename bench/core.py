@@ -97,7 +97,20 @@ class Workload:
 
 
 # The order a run takes, and the table shows: the core pool first, then what was built on it.
-ORDER = ("roundtrip", "batch", "trace", "recorded", "tracking", "memory", "startup", "paged", "swa", "engine", "host")
+ORDER = (
+    "roundtrip",
+    "batch",
+    "trace",
+    "recorded",
+    "tracking",
+    "memory",
+    "startup",
+    "paged",
+    "swa",
+    "engine",
+    "host",
+    "hicache",
+)
 WORKLOADS: dict[str, Workload] = {}
 
 

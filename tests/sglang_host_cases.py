@@ -19,11 +19,7 @@ replaced on the classes that define them) never touches another test's.
 
 from __future__ import annotations
 
-import ast
-import logging
-import os
 import threading
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,114 +28,42 @@ from typing import Any
 import pytest
 
 from hostpool_nb.integrations import sglang
-from hostpool_nb.originals import sglang_host
+from hostpool_nb.originals import _sglang_wheel, sglang_host
 
 SOURCES = ("stand-in", "wheel")
-# The modules of sglang (inside the wheel) that define each bookkeeping's methods, and those methods' helpers.
-_BASE_MODULE = "sglang/srt/mem_cache/pool_host/base.py"
 
 
 def wheel_path() -> Path | None:
-    """The pinned sglang wheel ``HOSTPOOL_NB_SGLANG_WHEEL`` names (a file, or a folder holding it), if any."""
-    where = os.environ.get("HOSTPOOL_NB_SGLANG_WHEEL")
-    if not where:
-        return None
-    path = Path(where)
-    if path.is_dir():
-        found = sorted(path.glob("sglang-*.whl"))
-        return found[-1] if found else None
-    return path
+    """The pinned sglang wheel ``HOSTPOOL_NB_SGLANG_WHEEL`` names, if any."""
+    return _sglang_wheel.wheel_path()
 
 
-def need_wheel() -> zipfile.ZipFile:
-    """The wheel, opened; the test skips (saying why) without one."""
+def need_wheel() -> Path:
+    """The wheel's path; the test skips (saying why) without one."""
     path = wheel_path()
     if path is None:
         pytest.skip(
             "HOSTPOOL_NB_SGLANG_WHEEL names no sglang wheel: sglang's own methods are not run (CI downloads it)"
         )
-    version = path.name.split("-")[1]
-    assert version == sglang.TESTED_VERSION, (
-        f"{path.name} is sglang {version}; the integration pins {sglang.TESTED_VERSION}"
+    found = _sglang_wheel.version(path)
+    assert found == sglang.TESTED_VERSION, (
+        f"{path.name} is sglang {found}; the integration pins {sglang.TESTED_VERSION}"
     )
-    return zipfile.ZipFile(path)
-
-
-def _module_path(module: str) -> str:
-    return module.replace(".", "/") + ".py"
-
-
-def _compiled(source: str, nodes: list[ast.stmt], where: str, namespace: dict[str, Any]) -> dict[str, Any]:
-    """``nodes`` (functions of ``source``, decorators and all) compiled and run in ``namespace``; what they define."""
-    future = ast.ImportFrom(module="__future__", names=[ast.alias(name="annotations")], level=0)
-    module = ast.Module(body=[future, *nodes], type_ignores=[])
-    ast.fix_missing_locations(module)
-    run = dict(namespace)
-    exec(compile(module, f"<sglang wheel: {where}>", "exec"), run)  # sglang's released code, run as the oracle
-    return {node.name: run[node.name] for node in nodes if isinstance(node, ast.FunctionDef)}
-
-
-def _class_functions(source: str, class_name: str, names: tuple[str, ...]) -> list[ast.stmt]:
-    tree = ast.parse(source)
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
-    found = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in names]
-    missing = set(names) - {n.name for n in found}
-    assert not missing, f"{class_name} of the wheel does not define {sorted(missing)}"
-    return found  # type: ignore[return-value]
-
-
-def _wheel_functions(wheel: zipfile.ZipFile) -> dict[str, dict[str, Any]]:
-    """Class name -> its bookkeeping methods, compiled from the wheel's source."""
-    import torch
-
-    base = wheel.read(_BASE_MODULE).decode()
-    helpers = [n for n in ast.parse(base).body if isinstance(n, ast.FunctionDef) and n.name == "synchronized"]
-    namespace: dict[str, Any] = {"torch": torch, "Optional": Any, "logger": logging.getLogger("sglang-wheel")}
-    namespace.update(_compiled(base, helpers, "synchronized", {"wraps": __import__("functools").wraps}))
-    made = {}
-    for b in sglang.BOOKKEEPINGS:
-        source = wheel.read(_module_path(b.module)).decode()
-        names = b.methods + (("logical_size", "logical_page_size") if b.logical else ())
-        made[b.defined_by] = _compiled(source, _class_functions(source, b.defined_by, names), b.defined_by, namespace)
-    return made
-
-
-_wheel_cache: dict[str, dict[str, dict[str, Any]]] = {}
+    return path
 
 
 def hierarchy(source: str) -> dict[str, type]:
     """Fresh classes of the three bookkeepings (and the stand-in's subclasses), their methods from ``source``."""
-    classes = sglang_host.hierarchy()
     if source == "stand-in":
-        return classes
-    wheel = need_wheel()
-    key = str(wheel.filename)
-    if key not in _wheel_cache:
-        _wheel_cache[key] = _wheel_functions(wheel)
-    functions = _wheel_cache[key]
-    # The stand-ins' constructors (the attributes the methods read), sglang's methods.
-    base = type("HostKVCache", (), {"dcp_size": 1, "dcp_rank": 0, "__init__": vars(classes["HostKVCache"])["__init__"]})
-    for name, fn in functions["HostKVCache"].items():
-        setattr(base, name, fn)
-    made = {"HostKVCache": base}
-    for name in ("MambaPoolHost", "DeepSeekV4PagedHostPool"):
-        made[name] = type(name, (base,), {"__init__": vars(classes[name])["__init__"], **functions[name]})
-    hisparse = classes["HiSparseHostPoolMixin"]
-    made["MHATokenToKVPoolHost"] = type("MHATokenToKVPoolHost", (base,), {})
-    made["MLATokenToKVPoolHost"] = type("MLATokenToKVPoolHost", (hisparse, base), {})
-    made["QSAIndexerPoolHost"] = type("QSAIndexerPoolHost", (made["DeepSeekV4PagedHostPool"],), {})
-    return made
+        return sglang_host.hierarchy()
+    return _sglang_wheel.hierarchy(need_wheel())
 
 
 def keep_books(classes: dict[str, type], announce: Callable[[Any, Any], None] | None = None) -> None:
     """Replace the bookkeeping methods on the classes that define them, as ``install()`` does."""
     from hostpool_nb.integrations import _sglang_host
 
-    for b in sglang.BOOKKEEPINGS:
-        cls = classes[b.defined_by]
-        own = {name: vars(cls)[name] for name in b.methods}
-        for name, fn in _sglang_host.methods(b, own, announce or (lambda pool, kept: None)).items():
-            setattr(cls, name, fn)
+    _sglang_host.take_over(classes, announce)
 
 
 @dataclass(frozen=True)

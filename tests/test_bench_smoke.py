@@ -37,10 +37,14 @@ TIMED = [n for n in WORKLOADS if n not in ("startup", "recorded")]
 
 @pytest.mark.parametrize("name", TIMED)
 def test_every_workload_runs_and_gives_positive_figures(name: str) -> None:
-    ctx = tiny_context()
+    ctx = tiny_context(with_torch=name == "hicache" and pool.torch_available())
     shares: list[float] = []
     ctx.tick = shares.append
     rows = WORKLOADS[name].run(ctx)
+    if name == "hicache" and TORCH not in ctx.impls:  # sglang's host pools keep torch tensors
+        assert rows == []
+        assert "torch is not in this run" in ctx.notes[0]
+        return
     assert rows
     for row in rows:
         assert row.values, row
@@ -68,6 +72,7 @@ def test_the_workloads_run_in_the_documented_order() -> None:
             "swa",
             "engine",
             "host",
+            "hicache",
         )
         if n in WORKLOADS
     ]
@@ -539,3 +544,24 @@ def test_bench_trace_times_an_allocators_recording(tmp_path: Path) -> None:
     assert cli.main(["--trace", str(tmp_path / "t.npz"), "--json", str(out), "--no-progress"]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [(r["workload"], r["params"]) for r in rows] == [("recorded trace", f"{tmp_path / 't.npz'} 120 ops")]
+
+
+def test_the_sglang_host_tier_cells_refuse_to_time_sides_that_disagree() -> None:
+    pytest.importorskip("torch")
+    from bench import hicache
+    from hostpool_nb.originals import sglang_host
+
+    cell = hicache.cells(tiny=True)[1]  # one page of 16 slots
+    original, ours = sglang_host.hierarchy(), sglang_host.hierarchy()
+    hand_out = ours["HostKVCache"].alloc
+
+    def from_the_back(self, need_size):  # type: ignore[no-untyped-def]
+        got = hand_out(self, need_size)
+        return None if got is None else got.flip(0)
+
+    ours["HostKVCache"].alloc = from_the_back
+    with pytest.raises(RuntimeError, match="disagree on the first cycle"):
+        hicache.measure(cell, original, ours, repeats=1, loop_s=0.0)
+    ours["HostKVCache"].alloc = hand_out
+    samples = hicache.measure(cell, original, ours, repeats=2, loop_s=0.0)
+    assert {k: len(v) for k, v in samples.items()} == {"torch": 2, "hostpool_nb": 2, "tracked": 2}

@@ -46,7 +46,7 @@ from .._errors import (
 )
 from ..torch import LogicalHostPool as _TorchPool
 from ..torch import _tensor_as_numpy, _tensor_count
-from .sglang import DEEPSEEK_V4_PAGED, DOUBLE_FREES, HOST_KV_CACHE, Bookkeeping
+from .sglang import BOOKKEEPINGS, DEEPSEEK_V4_PAGED, DOUBLE_FREES, HOST_KV_CACHE, Bookkeeping
 
 _log = logging.getLogger("hostpool_nb")
 _Tensor = torch.Tensor
@@ -345,6 +345,16 @@ def methods(
     return made
 
 
+def take_over(classes: dict[str, type], announce: Callable[[Any, HostKVBooks], None] | None = None) -> None:
+    """Replace the bookkeeping methods on ``classes`` (by sglang's class names) as ``install()`` does on the engine's:
+    for the tests' and the bench's own copies of the hierarchy."""
+    for b in BOOKKEEPINGS:
+        cls = classes[b.defined_by]
+        own = {name: vars(cls)[name] for name in b.methods}
+        for name, fn in methods(b, own, announce or (lambda pool, kept: None)).items():
+            setattr(cls, name, fn)
+
+
 def hand_back_all() -> int:
     """Give every engine pool with books its original lists back (``uninstall()``); how many pools."""
     with _live_lock:
@@ -374,4 +384,5 @@ __all__ = [
     "books",
     "hand_back_all",
     "methods",
+    "take_over",
 ]

@@ -1,0 +1,102 @@
+"""sglang's own host-pool bookkeeping, read from its released wheel: the oracle the tests and the bench run.
+
+``clear``, ``available_size``, ``_merge_release_slots``, ``alloc`` and
+``free`` of each class :data:`hostpool_nb.integrations.sglang.BOOKKEEPINGS`
+names (with the ``logical_*`` properties, and the ``synchronized`` decorator
+they use) are read from the wheel's source, compiled, and put on minimal
+classes whose constructors (the stand-ins') set the attributes those methods
+read. Nothing of sglang's code is in this repository, and sglang itself
+(which needs a GPU stack) is never imported: only its methods' text, from
+the wheel the user or CI downloaded.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import logging
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from hostpool_nb.integrations import sglang
+from hostpool_nb.originals import sglang_host
+
+WHEEL_ENV = "HOSTPOOL_NB_SGLANG_WHEEL"
+_BASE_MODULE = "sglang/srt/mem_cache/pool_host/base.py"
+
+
+def wheel_path() -> Path | None:
+    """The sglang wheel ``HOSTPOOL_NB_SGLANG_WHEEL`` names (a file, or a folder holding it), if any."""
+    where = os.environ.get(WHEEL_ENV)
+    if not where:
+        return None
+    path = Path(where)
+    if path.is_dir():
+        found = sorted(path.glob("sglang-*.whl"))
+        return found[-1] if found else None
+    return path
+
+
+def version(path: Path) -> str:
+    """The release a wheel's file name says it holds."""
+    return path.name.split("-")[1]
+
+
+def _compiled(nodes: list[ast.stmt], where: str, namespace: dict[str, Any]) -> dict[str, Any]:
+    """``nodes`` (functions, decorators and all) compiled and run in a copy of ``namespace``; what they define."""
+    future = ast.ImportFrom(module="__future__", names=[ast.alias(name="annotations")], level=0)
+    module = ast.Module(body=[future, *nodes], type_ignores=[])
+    ast.fix_missing_locations(module)
+    run = dict(namespace)
+    exec(compile(module, f"<sglang wheel: {where}>", "exec"), run)  # sglang's released code, run as the oracle
+    return {node.name: run[node.name] for node in nodes if isinstance(node, ast.FunctionDef)}
+
+
+def _class_functions(source: str, class_name: str, names: tuple[str, ...]) -> list[ast.stmt]:
+    tree = ast.parse(source)
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name), None)
+    if cls is None:
+        raise LookupError(f"the sglang wheel defines no class {class_name}")
+    found: list[ast.stmt] = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in names]
+    missing = set(names) - {n.name for n in found if isinstance(n, ast.FunctionDef)}
+    if missing:
+        raise LookupError(f"{class_name} of the sglang wheel does not define {sorted(missing)}")
+    return found
+
+
+@functools.cache
+def functions(path: Path) -> dict[str, dict[str, Any]]:
+    """Class name -> its bookkeeping methods, compiled from the wheel at ``path``."""
+    import torch  # noqa: PLC0415 - torch only where the wheel is read, not with the module
+
+    with zipfile.ZipFile(path) as wheel:
+        base = wheel.read(_BASE_MODULE).decode()
+        helpers: list[ast.stmt] = [
+            n for n in ast.parse(base).body if isinstance(n, ast.FunctionDef) and n.name == "synchronized"
+        ]
+        namespace: dict[str, Any] = {"torch": torch, "Optional": Any, "logger": logging.getLogger("sglang-wheel")}
+        namespace.update(_compiled(helpers, "synchronized", {"wraps": functools.wraps}))
+        made = {}
+        for b in sglang.BOOKKEEPINGS:
+            source = wheel.read(b.module.replace(".", "/") + ".py").decode()
+            names = b.methods + (("logical_size", "logical_page_size") if b.logical else ())
+            made[b.defined_by] = _compiled(_class_functions(source, b.defined_by, names), b.defined_by, namespace)
+    return made
+
+
+def hierarchy(path: Path) -> dict[str, type]:
+    """Fresh classes with the stand-ins' names, constructors and hierarchy, and the wheel's bookkeeping methods."""
+    classes = sglang_host.hierarchy()
+    found = functions(path)
+    base = type("HostKVCache", (), {"dcp_size": 1, "dcp_rank": 0, "__init__": vars(classes["HostKVCache"])["__init__"]})
+    for name, fn in found["HostKVCache"].items():
+        setattr(base, name, fn)
+    made: dict[str, type] = {"HostKVCache": base}
+    for name in ("MambaPoolHost", "DeepSeekV4PagedHostPool"):
+        made[name] = type(name, (base,), {"__init__": vars(classes[name])["__init__"], **found[name]})
+    made["MHATokenToKVPoolHost"] = type("MHATokenToKVPoolHost", (base,), {})
+    made["MLATokenToKVPoolHost"] = type("MLATokenToKVPoolHost", (classes["HiSparseHostPoolMixin"], base), {})
+    made["QSAIndexerPoolHost"] = type("QSAIndexerPoolHost", (made["DeepSeekV4PagedHostPool"],), {})
+    return made
