@@ -254,3 +254,124 @@ def test_threads_forking_at_once_never_hang_the_parent() -> None:
     """Six threads fork sixty times each while three threads use four pools: every fork returns, in both."""
     got = run_child(_CONCURRENT_FORKS, {"forks": 60, "threads": 6, "wait": 0.05}, timeout=400)
     assert got == {"hung forkers": 0, "outcomes": ["0"], "forks": 360, "after": "usable", "stuck workers": 0}
+
+
+# -- the waits' bounds, one at a time ------------------------------------------------------------
+
+_HELD_FOR = """
+    stop = threading.Event()
+    taken = threading.Event()
+    leaf = threading.Lock()  # a lock whose holder never waits for a pool's (as the compile lock)
+    _fork.hold(leaf)
+    pools = [LogicalHostPool(64, 16) for _ in SECONDS]
+    def holder():  # each pool's lock held for its SECONDS (the leaf for LEAF), from just before the fork
+        for pool in pools:
+            pool.lock.acquire()
+        if LEAF:
+            leaf.acquire()
+        started = time.monotonic()
+        taken.set()
+        todo = sorted([(s, p.lock) for s, p in zip(SECONDS, pools)] + ([(LEAF, leaf)] if LEAF else []),
+                      key=lambda x: x[0])
+        for seconds, lock in todo:
+            time.sleep(max(0.0, started + seconds - time.monotonic()))
+            lock.release()
+    workers = [holder]
+"""
+
+
+def _held_for(seconds: list[float], leaf: float, wait: float) -> dict[str, object]:
+    program = _HELD_FOR.replace("SECONDS", repr(seconds)).replace("LEAF", repr(leaf))
+    return run(program, forks=1, wait=wait)
+
+
+@pytest.mark.slow
+def test_a_wait_for_a_leaf_lock_moves_the_forks_deadline_on_by_that_wait() -> None:
+    """A compile in flight keeps its caller's pool as long: the fork's bound for pools starts again after it."""
+    # WAIT_S 0.5, the leaf busy for 1 s: the deadline is about 1.5 s. The pool freed at 1.2 s is the child's;
+    # the one held for 4 s is refused, and the fork does not wait for it.
+    got = _held_for([1.2, 4.0], leaf=1.0, wait=0.5)
+    assert got["outcomes"] == ["ok"]
+    assert got["usable"] == [1]  # 0: the leaf's wait was counted against WAIT_S; 2: the deadline went too far
+    assert 1.0 <= got["longest"] < 2.8
+
+
+@pytest.mark.slow
+def test_a_fork_waits_for_a_busy_pool_no_longer_than_its_bound() -> None:
+    """With every pool busy for seconds, a fork with WAIT_S 0.05 returns well within a second."""
+    got = _held_for([5.0], leaf=0.0, wait=0.05)
+    assert got["outcomes"] == ["ok"]
+    assert got["usable"] == [0]
+    assert got["longest"] < 0.8  # no single wait for a lock outlasts the deadline
+
+
+_MADE_DURING = """
+    stop = threading.Event()
+    taken = threading.Event()
+    _fork._ORDERED_WAIT_S = 0.5  # the in-order attempt waits for a's lock, and so sees b, made meanwhile
+    a = LogicalHostPool(64, 16)
+    pools = [a]
+    def holds_a():
+        with a.lock:
+            taken.set()
+            time.sleep(0.25)
+    def makes_b():  # after the fork listed the pools, before it took the registry: b is made since the list
+        taken.wait(10)
+        time.sleep(0.1)
+        b = LogicalHostPool(64, 16)
+        b.lock.acquire()
+        pools.append(b)
+        stop.wait()
+    workers = [holds_a, makes_b]
+"""
+
+
+@pytest.mark.slow
+def test_a_pool_made_while_a_fork_waits_in_order_and_busy_gives_every_lock_back() -> None:
+    """The in-order attempt finds a pool made since it listed them, busy: it lets go of all it took and the
+    fork goes on by polling; the child gets a (freed meanwhile) and refuses b (held throughout)."""
+    got = run(_MADE_DURING, forks=1, wait=1.0)
+    assert got["outcomes"] == ["ok"]  # a lock kept by the failed attempt hangs the child's b, or the parent
+    assert got["pools"] == 2
+    assert got["usable"] == [1]
+    assert got["longest"] < 3.0
+
+
+def test_dead_followers_are_swept_when_the_list_doubles_past_the_last_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """register() drops the dead followers when there are more than twice (plus 64) those alive at the last
+    sweep: O(1) a registration on average, and a list that cannot grow without bound."""
+    import gc
+
+    from hostpool_nb import _fork
+
+    class Obj:
+        lock = None
+
+    monkeypatch.setattr(_fork, "_followers", [])
+    monkeypatch.setattr(_fork, "_followed_at", [0])
+    monkeypatch.setattr(_fork, "_live", __import__("weakref").WeakValueDictionary())
+    pool = Obj()
+    alive = []
+
+    def follow(n: int, keep: bool) -> None:
+        for _ in range(n):
+            obj = Obj()
+            _fork.follow(obj, "lock", pool)
+            if keep:
+                alive.append(obj)
+        gc.collect()
+
+    def registered() -> tuple[int, int]:
+        _fork.register(Obj())
+        return len(_fork._followers), _fork._followed_at[0]
+
+    follow(64, keep=False)
+    assert registered() == (64, 0)  # 64 is not more than 2 * 0 + 64
+    follow(1, keep=False)
+    assert registered() == (0, 0)  # 65 is: every one was dead
+    follow(70, keep=True)
+    assert registered() == (70, 70)  # swept, all alive: the next sweep at more than 2 * 70 + 64
+    follow(134, keep=False)
+    assert registered() == (204, 70)
+    follow(1, keep=False)
+    assert registered() == (70, 70)
