@@ -275,10 +275,13 @@ def survivors(session: Path) -> list[dict[str, Any]]:
 
 
 def reset_survivors(session: Path) -> int:
-    """Forget the survivors' results so the next run tests them again."""
+    """Forget the survivors' results, and those a worker error left undecided, so the next run tests them again."""
     db = sqlite3.connect(session)
     try:
-        cur = db.execute("delete from work_results where worker_outcome = 'NORMAL' and test_outcome = 'SURVIVED'")
+        cur = db.execute(
+            "delete from work_results where (worker_outcome = 'NORMAL' and test_outcome = 'SURVIVED') "
+            "or worker_outcome not in ('NORMAL', 'SKIPPED', 'NO_TEST')"
+        )
         db.commit()
         return cur.rowcount
     finally:
@@ -305,13 +308,19 @@ def baseline(group: dict[str, Any], jit: bool = False) -> float:
     return took
 
 
+# cosmic-ray's http distributor waits for a worker's answer with aiohttp's default total timeout, 5 minutes:
+# a mutant's limit past it would come back as a worker error, not as a kill by the timeout.
+HTTP_WAIT_S = 300.0
+
+
 def session_timeout(cfg: dict[str, Any], took: float) -> float:
-    """A mutant's time limit: the configured one, or three times the unmutated run if that is longer.
+    """A mutant's time limit: the configured one, or three times the unmutated run if that is longer, and
+    short enough that the worker answers before the http distributor stops waiting.
 
     A mutant that loops forever is killed by the limit; one merely slower
     than the limit (two workers sharing the cores) must not be.
     """
-    return max(float(cfg.get("timeout", 0.0)), 3.0 * took)
+    return min(max(float(cfg.get("timeout", 0.0)), 3.0 * took), HTTP_WAIT_S - 20.0)
 
 
 def _progress(session: Path, proc: subprocess.Popen[bytes], every: float) -> None:
@@ -566,7 +575,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", action="append", metavar="NAME", help="run only this group (repeatable)")
     ap.add_argument("--module", action="append", metavar="PATH", help="mutate only this module (repeatable)")
     ap.add_argument("--fresh", action="store_true", help="start new sessions even where one exists")
-    ap.add_argument("--retest-survivors", action="store_true", help="run again only the mutants that survived")
+    ap.add_argument(
+        "--retest-survivors",
+        action="store_true",
+        help="run again only the mutants that survived (or met a worker error)",
+    )
     ap.add_argument("--report", action="store_true", help="only print the report of the existing sessions")
     ap.add_argument("--show-diff", action="store_true", help="print each survivor's change")
     ap.add_argument("--progress-every", type=float, default=60.0, metavar="S", help="seconds between progress lines")

@@ -136,6 +136,8 @@ def test_a_mutant_gets_three_times_the_unmutated_run_and_timeouts_are_counted_ap
     """A timeout counts as a kill (a loop made endless), so a limit below the tests' own time would fake kills."""
     assert mutation.session_timeout({"timeout": 90.0}, 10.0) == 90.0
     assert mutation.session_timeout({"timeout": 90.0}, 70.0) == 210.0
+    # past three times 93 s the http distributor would stop waiting first: the limit stays below it
+    assert mutation.session_timeout({"timeout": 90.0}, 117.0) == mutation.HTTP_WAIT_S - 20.0
     session = _session(tmp_path / "s.sqlite", 5)
     db = sqlite3.connect(session)
     db.executemany(
@@ -153,3 +155,26 @@ def test_jit_runs_keep_sessions_of_their_own() -> None:
     group = {"name": "paged"}
     assert mutation.session_path(group, False).name == "paged.sqlite"
     assert mutation.session_path(group, True).name == "paged-jit.sqlite"
+
+
+def test_retesting_forgets_the_survivors_and_the_worker_errors_only(tmp_path: Path) -> None:
+    import sqlite3
+
+    session = tmp_path / "g.sqlite"
+    db = sqlite3.connect(session)
+    db.execute("create table work_results (job_id text, worker_outcome text, test_outcome text, output text)")
+    rows = [
+        ("survived", "NORMAL", "SURVIVED", ""),
+        ("killed", "NORMAL", "KILLED", ""),
+        ("timed out", "NORMAL", "KILLED", "timeout"),
+        ("worker error", "EXCEPTION", "INCOMPETENT", "TimeoutError"),
+        ("skipped", "SKIPPED", "INCOMPETENT", ""),
+    ]
+    db.executemany("insert into work_results values (?, ?, ?, ?)", rows)
+    db.commit()
+    db.close()
+    assert mutation.reset_survivors(session) == 2
+    db = sqlite3.connect(session)
+    left = sorted(r[0] for r in db.execute("select job_id from work_results"))
+    db.close()
+    assert left == ["killed", "skipped", "timed out"]
