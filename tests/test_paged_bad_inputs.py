@@ -547,6 +547,19 @@ EXTEND_CASES = [
     pytest.param(
         ([0], [1], np.array([[-1]]), 1), TypeError, "last_loc must be 1-D, got ndarray of shape (1, 1)", id="2d-array"
     ),
+    # int64 arrays whose strides are not one 8-byte step: 2-D ones are refused as 2-D, whatever their strides.
+    pytest.param(
+        ([0, 0], np.broadcast_to(np.array([1, 1]), (2, 2)), [-1, -1], 2),
+        TypeError,
+        "seq_lens must be 1-D, got ndarray of shape (2, 2)",
+        id="2d-broadcast",
+    ),
+    pytest.param(
+        (np.zeros((2, 0), dtype=np.int64), [1], [-1], 1),
+        TypeError,
+        "prefix_lens must be 1-D, got ndarray of shape (2, 0)",
+        id="2d-empty",
+    ),
     # Types of extend_num_tokens.
     pytest.param(([0], [1], [-1], 1.0), TypeError, _ne("extend_num_tokens", "float 1.0"), id="total-float"),
     pytest.param(([0], [1], [-1], True), TypeError, _ne("extend_num_tokens", "bool True"), id="total-bool"),
