@@ -32,6 +32,8 @@ from hypothesis import HealthCheck, settings
 from hostpool_nb import _layout as L
 
 JIT_DISABLED = os.environ.get("NUMBA_DISABLE_JIT") == "1"
+# The package's modules that import torch: not imported (nor their examples run) where torch is absent.
+TORCH_MODULES = frozenset({"hostpool_nb.torch", "hostpool_nb.integrations._sglang_host"})
 
 _COMMON: dict[str, Any] = {
     "deadline": None,  # first calls may load or compile kernels

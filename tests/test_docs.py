@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import TORCH_MODULES
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"```python\n(.*?)```", flags=re.DOTALL)
@@ -81,7 +83,7 @@ def test_readme_example_prints_what_its_comments_say(capsys: pytest.CaptureFixtu
 
 
 # The modules whose examples need torch (the originals of sglang's host pools run on it).
-_TORCH_MODULES = {"hostpool_nb.torch", "hostpool_nb.originals.sglang_host"}
+_TORCH_MODULES = {*TORCH_MODULES, "hostpool_nb.originals.sglang_host"}
 
 
 @pytest.mark.parametrize(
