@@ -26,6 +26,7 @@ only the mutants that survived last time, after new tests were written.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import math
@@ -174,20 +175,87 @@ def _wait_listening(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise SystemExit("python -m tests.mutation: error: a worker did not start listening within 60 s")
 
 
-def counts(session: Path) -> dict[str, int]:
-    """Outcome counts of a session: pending, killed (``timeouts`` of them), survived, incompetent, skipped."""
+def annotation_spans(source: str) -> list[tuple[int, int, int, int]]:
+    """(first line, first column, last line, end column) of every type annotation in ``source``."""
+    spans: list[tuple[int, int, int, int]] = []
+    for node in ast.walk(ast.parse(source)):
+        found: list[ast.expr | None] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            every = [*a.posonlyargs, *a.args, *a.kwonlyargs, *(x for x in (a.vararg, a.kwarg) if x is not None)]
+            found = [arg.annotation for arg in every] + [node.returns]
+        elif isinstance(node, ast.AnnAssign):
+            found = [node.annotation]
+        spans.extend(
+            (ann.lineno, ann.col_offset, ann.end_lineno, ann.end_col_offset)
+            for ann in found
+            if ann is not None and ann.end_lineno is not None and ann.end_col_offset is not None
+        )
+    return spans
+
+
+def annotation_jobs(session: Path, root: Path = ROOT) -> set[str]:
+    """The session's mutants that change only a type annotation.
+
+    Every module of the package starts with ``from __future__ import
+    annotations``: an annotation is never evaluated, so no test can tell
+    such a mutant from the original (mypy checks annotations, not the
+    tests). They are left out of a fresh session before it is sampled, and
+    out of an older session's counts.
+    """
     db = sqlite3.connect(session)
     try:
-        total = db.execute("select count(*) from work_items").fetchone()[0]
         rows = db.execute(
-            "select worker_outcome, test_outcome, output = 'timeout', count(*) from work_results "
-            "group by worker_outcome, test_outcome, output = 'timeout'"
+            "select job_id, module_path, start_pos_row, start_pos_col, end_pos_row, end_pos_col from mutation_specs"
+        ).fetchall()
+    except sqlite3.OperationalError:  # a session cosmic-ray has not filled in yet
+        return set()
+    finally:
+        db.close()
+    spans: dict[str, list[tuple[int, int, int, int]]] = {}
+    out = set()
+    for job, module, row, col, end_row, end_col in rows:
+        if module not in spans:
+            path = root / module
+            spans[module] = annotation_spans(path.read_text()) if path.is_file() else []
+        if any((r, c) <= (row, col) and (end_row, end_col) <= (er, ec) for r, c, er, ec in spans[module]):
+            out.add(job)
+    return out
+
+
+def drop_annotations(session: Path) -> int:
+    """Delete a fresh session's annotation mutants (:func:`annotation_jobs`); how many."""
+    jobs = [(j,) for j in annotation_jobs(session)]
+    db = sqlite3.connect(session)
+    try:
+        db.executemany("delete from mutation_specs where job_id = ?", jobs)
+        db.executemany("delete from work_items where job_id = ?", jobs)
+        db.commit()
+    finally:
+        db.close()
+    return len(jobs)
+
+
+def counts(session: Path) -> dict[str, int]:
+    """Outcome counts of a session: pending, killed (``timeouts`` of them), survived, incompetent, skipped, and
+    ``annotations``: mutants of a type annotation in an older session, counted in none of the others."""
+    left_out = annotation_jobs(session)
+    db = sqlite3.connect(session)
+    try:
+        jobs = [r[0] for r in db.execute("select job_id from work_items")]
+        rows = db.execute(
+            "select job_id, worker_outcome, test_outcome, output = 'timeout' from work_results"
         ).fetchall()
     finally:
         db.close()
+    total = sum(j not in left_out for j in jobs)
     out = {"total": total, "killed": 0, "timeouts": 0, "survived": 0, "incompetent": 0, "skipped": 0, "other": 0}
+    out["annotations"] = len(left_out)
     done = 0
-    for worker, test, timed_out, n in rows:
+    for job, worker, test, timed_out in rows:
+        if job in left_out:
+            continue
+        n = 1
         done += n
         if worker == "SKIPPED":
             out["skipped"] += n
@@ -364,6 +432,8 @@ def run_group(cfg: dict[str, Any], group: dict[str, Any], args: argparse.Namespa
             if fresh:
                 session.unlink(missing_ok=True)
                 subprocess.run([*cr, "init", str(config_file), str(session)], cwd=ROOT, check=True)
+                dropped = drop_annotations(session)
+                print(f"[{group['name']}] {dropped} mutants of type annotations left out", file=sys.stderr)
                 if args.sample is not None:
                     kept, total = sample_session(session, args.sample, args.seed)
                     print(f"[{group['name']}] a random {kept} of {total} mutants (seed {args.seed})", file=sys.stderr)
@@ -423,8 +493,12 @@ def report(sessions: list[Path], show_diff: bool) -> int:
             f"survived {c['survived']}, "
             f"incompetent {c['incompetent']}, worker errors {c['other']}, pending {c['pending']}; "
             f"score {score(c):.1%}{spread}"
+            + (f"; {c['annotations']} mutants of type annotations left out" if c["annotations"] else "")
         )
+        left_out = annotation_jobs(session)
         for s in survivors(session):
+            if s["job"] in left_out:
+                continue
             print(f"  SURVIVED {s['module']}:{s['line']} {s['operator']} #{s['occurrence']}")
             if show_diff:
                 for ln in s["diff"].splitlines():

@@ -178,3 +178,38 @@ def test_retesting_forgets_the_survivors_and_the_worker_errors_only(tmp_path: Pa
     left = sorted(r[0] for r in db.execute("select job_id from work_results"))
     db.close()
     assert left == ["killed", "skipped", "timed out"]
+
+
+def test_mutants_of_type_annotations_are_told_from_mutants_of_code(tmp_path: Path) -> None:
+    import sqlite3
+
+    source = (
+        "from __future__ import annotations\n"
+        "def f(x: int | None = 1, *a: int | str, **k: bytes | None) -> list[int] | None:\n"
+        "    y: int | str = x | 2\n"
+        "    return y\n"
+    )
+    (tmp_path / "m.py").write_text(source)
+    line2, line3 = source.splitlines()[1], source.splitlines()[2]
+    at = {
+        "x's": (2, line2.index("|")),
+        "*a's": (2, line2.index("|", line2.index("*a"))),
+        "**k's": (2, line2.index("|", line2.index("**k"))),
+        "return's": (2, line2.rindex("|")),
+        "y's": (3, line3.index("|")),
+        "code": (3, line3.rindex("|")),
+        "default": (2, line2.index("1")),
+    }
+    session = tmp_path / "s.sqlite"
+    db = sqlite3.connect(session)
+    db.execute(
+        "create table mutation_specs (job_id text, module_path text, start_pos_row integer, start_pos_col integer, "
+        "end_pos_row integer, end_pos_col integer)"
+    )
+    db.executemany(
+        "insert into mutation_specs values (?, 'm.py', ?, ?, ?, ?)",
+        [(name, row, col, row, col + 1) for name, (row, col) in at.items()],
+    )
+    db.commit()
+    db.close()
+    assert mutation.annotation_jobs(session, tmp_path) == {"x's", "*a's", "**k's", "return's", "y's"}
