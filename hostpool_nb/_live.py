@@ -69,6 +69,11 @@ def limit_bytes() -> int:
     return int(mb * (1 << 20))
 
 
+def megabytes(limit: int) -> str:
+    """A bound in bytes as the megabytes it was set in: ``256``, ``0.05``."""
+    return f"{limit / (1 << 20):.4g}"  # four figures: the bytes were rounded down from what was set
+
+
 def record(pool: Any, folder: str) -> None:
     """Record ``pool`` from now on into a new trace in ``folder`` (``Recordable._record_if_asked``)."""
     limit = limit_bytes()
@@ -78,12 +83,12 @@ def record(pool: Any, folder: str) -> None:
         _recordings.append(recording)
         _Flusher.ensure()
     _log.warning(
-        "hostpool_nb: recording every call of this %s into %s (%s=%s; up to %d MB)",
+        "hostpool_nb: recording every call of this %s into %s (%s=%s; up to %s MB)",
         type(pool).__name__,
         path,
         ENV,
         folder,
-        limit >> 20,
+        megabytes(limit),
     )
 
 
@@ -161,11 +166,11 @@ class LiveRecording:
         if pool is not None:
             _stop(pool)
         _log.warning(
-            "hostpool_nb: stopped recording into %s at %d calls: the trace reached %s=%d MB",
+            "hostpool_nb: stopped recording into %s at %d calls: the trace reached %s=%s MB",
             self.path,
             len(self.rec.ops),
             LIMIT_ENV,
-            self.rec.limit >> 20,
+            megabytes(self.rec.limit),
         )
 
     def flush(self) -> bool:

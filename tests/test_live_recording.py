@@ -105,7 +105,9 @@ def test_every_recordable_kind_records_into_a_trace_of_its_own(tmp_path: Path) -
         "SWATokenToKVPoolAllocator": 4,
     }
     for name in found:
-        assert f"recording every call of this {NAME.match(name)[1]} into {tmp_path / 'traces' / name}" in done.stderr  # type: ignore[index]
+        folder = tmp_path / "traces"
+        said = f"recording every call of this {NAME.match(name)[1]} into {folder / name} ({RECORD_ENV}={folder}; "  # type: ignore[index]
+        assert f"{said}up to {DEFAULT_MB} MB)" in done.stderr
 
 
 def test_a_killed_process_leaves_a_trace_of_its_calls_but_the_last_seconds(tmp_path: Path) -> None:
@@ -141,7 +143,8 @@ print(json.dumps({"available": a.available_size()}))
     assert 0 < len(trace) < 800
     assert replays(trace) == len(trace)
     assert (tmp_path / name).stat().st_size <= 0.05 * (1 << 20)
-    assert f"stopped recording into {tmp_path / name} at {len(trace)} calls: the trace reached {LIMIT_ENV}=0 MB" in (
+    assert f"({RECORD_ENV}={tmp_path}; up to 0.05 MB)" in done.stderr  # the bound as it was set
+    assert f"stopped recording into {tmp_path / name} at {len(trace)} calls: the trace reached {LIMIT_ENV}=0.05 MB" in (
         done.stderr
     )
 

@@ -578,7 +578,9 @@ def test_a_sliding_window_trace_with_snapshots_replays_and_says_why_the_original
     assert any("NotImplementedError" in note for note in timing.notes), timing.notes
 
 
-@pytest.mark.parametrize("case", ["mapping short", "size_swa on a paged trace", "no size_swa"])
+@pytest.mark.parametrize(
+    "case", ["mapping short", "mapping beyond int32", "mapping negative", "size_swa on a paged trace", "no size_swa"]
+)
 def test_a_damaged_sliding_window_trace(case: str, tmp_path: Path) -> None:
     a = SWATokenToKVPoolAllocator(64, 32, hybrid(), page_size=4)
     with a.recording(tmp_path / "good.npz"):
@@ -588,6 +590,11 @@ def test_a_damaged_sliding_window_trace(case: str, tmp_path: Path) -> None:
     header = got["header"].copy()
     if case == "mapping short":
         rewrite(tmp_path / "good.npz", bad, start=got["start"][:-1])
+        text = "its start state of rank 0 has no mapping of 68 int32 slots"
+    elif case.startswith("mapping"):  # a mapping entry the int32 mapping cannot hold
+        start = got["start"].copy()
+        start[-1] = 2**31 if case == "mapping beyond int32" else -1
+        rewrite(tmp_path / "good.npz", bad, start=start)
         text = "its start state of rank 0 has no mapping of 68 int32 slots"
     elif case == "size_swa on a paged trace":
         header["pool"] = "PagedTokenToKVPoolAllocator"

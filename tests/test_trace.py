@@ -1392,3 +1392,36 @@ def test_a_trace_gets_the_permissions_a_new_file_gets(tmp_path: Path) -> None:
     finally:
         os.umask(umask)
     assert (tmp_path / "t.npz").stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize("where", ["alloc", "free"])
+def test_timing_checks_every_answer_of_the_original_against_the_record(where: str, tmp_path: Path) -> None:
+    """Before the original algorithm is timed on a trace, each of its allocations and frees is compared with the
+    record: one that answers otherwise is where its timing stops, said with the operation."""
+    pool = LogicalHostPool(256, 16)
+    with pool.recording(tmp_path / "t.trace"):
+        held = [pool.alloc(32) for _ in range(4)]
+        for slots in held[::-1]:
+            pool.free(slots)
+        pool.alloc(64)
+    trace = T.load(tmp_path / "t.trace")
+    steps = R._original_steps(trace, lambda a: a)
+    assert R._check_original(R._original_at_start(trace, "numpy"), steps, "numpy") is None
+    original = R._original_at_start(trace, "numpy")
+    calls = {"alloc": 0, "free": 0}
+
+    def answer(name: str, real: Any) -> Any:
+        def call(arg: Any) -> Any:
+            calls[name] += 1
+            got = real(arg)
+            if name == where and calls[name] == 3:  # the third call answers otherwise
+                return got[::-1].copy() if name == "alloc" else got + 1
+            return got
+
+        return call
+
+    original.alloc, original.free = answer("alloc", original.alloc), answer("free", original.free)
+    index, said = R._check_original(original, steps, "numpy")  # type: ignore[misc]
+    at = [op.index for op in trace.operations if op.name == where][2]
+    assert index == at
+    assert said.startswith(f"the original (numpy) diverges at operation {at} ({where})")
