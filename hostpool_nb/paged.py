@@ -516,14 +516,12 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
             type(self).__init__(self, kvcache=saved["kvcache"], **args)
         except (TypeError, HostPoolError) as exc:  # what the constructor refuses, said as a damaged pickle
             raise HostPoolError(f"{what} has arguments no allocator takes ({args!r}): {exc}") from None
-        ranks_in, groups, frees = saved["ranks"], saved["groups"], saved["group_frees"]
-        if not all(isinstance(x, (tuple, list)) for x in (ranks_in, groups, frees)):
-            raise HostPoolError(f"{what} does not hold its ranks, groups and group frees as sequences")
+        ranks_in, groups, frees = saved["ranks"], saved["groups"], saved["group_frees"]  # sequences of dp_size: fits
         ranks = checked_ranks(tuple(ranks_in), self.dp_size, self._pages, self.page_size, self._sorted, self.track)
         sites = saved.get("sites")  # absent from the pickles of allocators that could not track
         checked_sites(ranks, sites, self.track, what)
-        if len(groups) != self.dp_size or len(frees) != self.dp_size or type(saved["in_group"]) is not bool:
-            raise HostPoolError(f"{what} holds free groups for {len(groups)} ranks; it has dp_size={self.dp_size}")
+        if type(saved["in_group"]) is not bool:
+            raise HostPoolError(f"{what} holds in_group={saved['in_group']!r}, not a bool")
         for r, (st, gp, kept) in enumerate(zip(ranks, groups, frees, strict=True)):
             if not _is_words(gp) or gp.shape[0] != _layout.group_length(self._pages):
                 found = [f"its group buffer is not an int64 array of {_layout.group_length(self._pages)} words"]

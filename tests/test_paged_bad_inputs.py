@@ -1369,7 +1369,16 @@ def _drop_kept(saved: dict[str, Any]) -> None:
         pytest.param(_set("groups", 7), "as sequences", id="groups-not-sequence"),
         pytest.param(_tamper_group, "the free group of rank 1 fails the invariants", id="group"),
         pytest.param(_drop_kept, "the frees it keeps for free_group are not the pages pending", id="kept"),
-        pytest.param(_set("in_group", 1), "holds free groups for 2 ranks", id="in-group-not-bool"),
+        pytest.param(_set("in_group", 1), "holds in_group=1, not a bool", id="in-group-not-bool"),
+        pytest.param(
+            lambda s: s.__setitem__("groups", s["groups"][:1]), "holds free groups for 1 ranks", id="groups-short"
+        ),
+        pytest.param(
+            lambda s: s.__setitem__("groups", (*s["groups"], s["groups"][0])),
+            "holds free groups for 3 ranks",
+            id="groups-long",
+        ),
+        pytest.param(lambda s: s.__setitem__("group_frees", s["group_frees"][:1]), "for 2 ranks", id="frees-short"),
         pytest.param(_set("format", 99), "pickled in state format 99", id="format"),
     ],
 )

@@ -485,9 +485,10 @@ def test_every_call_of_the_sliding_window_allocator_is_recorded(tmp_path: Path) 
         d = a.alloc_decode([7], [int(e[-1])])  # type: ignore[index]  # served
         assert a.free_swa(e[:4]) == 4  # type: ignore[index]
         assert a.free(e) == 2  # type: ignore[arg-type]
+        a.merge_and_sort_free(0)  # the pages just freed merged, on both sides
         a.clear()
     header = arrays(tmp_path / "t.npz")["header"][0].tolist()
-    assert header == (3, "SWATokenToKVPoolAllocator", 64, 4, "sorted", False, 5, 23, 2, False, False, 32)
+    assert header == (3, "SWATokenToKVPoolAllocator", 64, 4, "sorted", False, 6, 23, 2, False, False, 32)
     assert (
         ops_of(tmp_path / "t.npz")
         == [
@@ -495,6 +496,7 @@ def test_every_call_of_the_sliding_window_allocator_is_recorded(tmp_path: Path) 
             ("alloc_decode", 0, 1, 1, [[7], [int(e[-1])]], d.tolist(), None),  # type: ignore[index,union-attr]
             ("free_swa", 0, 4, 4, None, e[:4].tolist(), None),  # type: ignore[index]
             ("free", 0, 6, 2, None, e.tolist(), None),  # type: ignore[union-attr]
+            ("merge_and_sort_free", 0, 0, 0, None, None, None),
             ("clear", -1, 0, 0, None, None, None),
         ]
     )
@@ -503,7 +505,7 @@ def test_every_call_of_the_sliding_window_allocator_is_recorded(tmp_path: Path) 
     assert [s.free.tolist() for s in trace.swa_starts] == [[1, 2, 3, 4], [2, 3, 4]]  # type: ignore[union-attr]
     mapped = trace.mappings[1]  # type: ignore[index]
     assert mapped[held].tolist() == [4, 5, 6, 7]  # rank 1's request, mapped when the recording began
-    assert R.replay(trace) == (5, 0, None)
+    assert R.replay(trace) == (6, 0, None)
 
 
 @pytest.mark.parametrize("ps", [1, 4])
