@@ -150,6 +150,25 @@ def test_pages_pending_in_a_free_group_are_freed_already_and_not_outstanding() -
     assert f"then freed at {HERE}:{line_of('group free')} in test_pages_pending" in str(info.value)
 
 
+@pytest.mark.parametrize("size", [16, 100, 1000])  # the tracking words' offsets fall differently on each
+def test_clear_keeps_where_each_page_was_allocated(size: int) -> None:
+    a = TokenToKVPoolAllocator(size, None, track=True)
+
+    def even() -> Any:
+        return a.alloc(1)
+
+    def odd() -> Any:
+        return a.alloc(1)
+
+    got = [(even if i % 2 == 0 else odd)() for i in range(12)]
+    a.clear()
+    for i, slot in enumerate(got):
+        with pytest.raises(DoubleFreeError) as info:
+            a.free(slot)
+        site = "even" if i % 2 == 0 else "odd"
+        assert str(info.value).endswith(f"in {site} (allocation #{i + 1}), then freed by clear()"), (i, info.value)
+
+
 def test_a_page_freed_by_clear_says_so() -> None:
     a = TokenToKVPoolAllocator(16, None, track=True)
     a.alloc(3)
