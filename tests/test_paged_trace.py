@@ -788,3 +788,29 @@ def test_time_says_where_the_original_does_otherwise_and_times_the_calls_before(
     assert out[2].startswith("  original on numpy:")
     assert out[4].startswith("  the original diverges at operation 125 (alloc): expected None, got 60 slots")
     assert out[4].endswith("; both are timed on the 125 operations before it")
+
+
+@pytest.mark.parametrize("state", ["paged", "str", "other dp_size"])
+def test_a_recorded_sliding_window_restore_of_a_foreign_state_is_refused_as_without_the_recording(
+    state: str, tmp_path: Path
+) -> None:
+    foreign: Any = {
+        "paged": lambda: PagedTokenToKVPoolAllocator(64, 4, None).backup_state(),
+        "str": lambda: "not a state",
+        "other dp_size": lambda: SWATokenToKVPoolAllocator(64, 32, hybrid(), page_size=4, dp_size=2).backup_state(),
+    }[state]()
+    plain = SWATokenToKVPoolAllocator(64, 32, hybrid(), page_size=4)
+    with pytest.raises((TypeError, HostPoolError)) as unrecorded:
+        plain.restore_state(foreign)
+    a = SWATokenToKVPoolAllocator(64, 32, hybrid(), page_size=4)
+    with a.recording(tmp_path / "t.npz"):
+        a.alloc(4)
+        with pytest.raises(type(unrecorded.value)) as recorded:
+            a.restore_state(foreign)
+    assert str(recorded.value) == str(unrecorded.value)
+    trace = T.load(tmp_path / "t.npz")
+    assert [(op.name, op.replayable, op.error) for op in trace.operations] == [
+        ("alloc", True, None),
+        ("restore", False, type(unrecorded.value).__name__),
+    ]
+    assert R.replay(trace) == (1, 1, None)
