@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hostpool_nb import DoubleFreeError, LogicalHostPool, _pool
+from hostpool_nb import DoubleFreeError, LogicalHostPool, PartialPageError, SlotRangeError, _pool
 from hostpool_nb import _kernels as K
 from hostpool_nb import _layout as L
 from tests.conftest import JIT_DISABLED, one_entry_per_page
@@ -368,3 +368,24 @@ def test_a_free_stages_from_the_rings_start_when_the_window_ends_at_its_last_ent
     again = pool.alloc(n * page_size)
     assert again is not None
     assert [int(s) // page_size for s in again[::page_size]] == order
+
+
+@pytest.mark.parametrize("ps", [2, 3, 4, 16])
+@pytest.mark.parametrize("fault", ["misaligned", "out of range"])
+def test_a_fault_in_a_long_free_is_reported_at_its_exact_position(ps: int, fault: str) -> None:
+    """Every page position of short and long frees, in and after the first block, in runs and out of them: the
+    error names the entry."""
+    long = K.SHORT_SLOTS // ps + 65  # pages: a call of more than SHORT_SLOTS slots runs the long kernel
+    pool = LogicalHostPool(long * ps, ps)
+    held = pool.alloc(long * ps)
+    assert held is not None
+    shuffled = held.reshape(-1, ps)[np.random.default_rng(ps).permutation(long)].reshape(-1)
+    for source, pages in ((held, 5), (held, long), (shuffled, 5), (shuffled, long)):
+        for q in range(pages):
+            slots = source[: pages * ps].copy()
+            slots[q * ps] = slots[q * ps] + 1 if fault == "misaligned" else long * ps + 7
+            error = PartialPageError if fault == "misaligned" else SlotRangeError
+            with pytest.raises(error, match=rf"indices\[{q * ps}\] \(flattened\)"):
+                pool.free(slots)
+    pool.check_invariants()
+    assert pool.available_size() == 0

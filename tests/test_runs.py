@@ -341,6 +341,24 @@ def test_run_length_stops_at_the_first_break_or_the_limit(
     assert run_length(ids, start, limit, first + 1) == 1 or limit == 1
 
 
+@pytest.mark.parametrize("run", [8, 9, 16, 23, 70, 300])
+def test_a_run_holding_one_free_page_anywhere_in_a_word_is_a_double_free(
+    run: int, snapshot: Any, unchanged: Any
+) -> None:
+    """Page size 1: a free of consecutive slots whose one page is free already, at every byte of its flag word
+    (a word's first, inside, last; the run's first, last), in short calls and long ones: refused, unchanged."""
+    n = 384
+    for start in range(17):
+        for j in sorted({0, 1, 7, run - 1, *(k for k in range(run) if (start + k) % 8 in (0, 7))}):
+            pool = LogicalHostPool(n, 1)
+            pool.alloc(n)
+            pool.free([start + j])
+            before = snapshot(pool)
+            with pytest.raises(DoubleFreeError, match=rf"freed at indices\[{j}\] \(flattened\), is not"):
+                pool.free(np.arange(start, start + run))
+            unchanged(pool, before)
+
+
 @pytest.mark.parametrize("ps", PAGE_SIZES)
 def test_a_lone_pending_page_before_a_run_is_a_double_free(ps: int, snapshot: Any, unchanged: Any) -> None:
     """Freed in the open group, then freed again before a run, or in one: refused at its position."""
