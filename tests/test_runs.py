@@ -509,3 +509,32 @@ def test_free_counts_are_a_byte_by_byte_count(flags: list[int], padding: int, tr
     event("padding reads as free" if padding == 0 and n % 8 else "no free padding")
     found, entries = callable_from_python(K._free_counts)(st, n)
     assert (found, entries) == (sum(runs), sum(1 if r == 1 else 2 for r in runs))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    pages=st_.integers(9, 200),
+    ps=st_.sampled_from([1, 2, 4]),
+    data=st_.data(),
+)
+def test_a_sorted_merge_hands_out_exactly_the_freed_pages_in_order(pages: int, ps: int, data: Any) -> None:
+    """Odd and even page counts (the owner flags start on a word the count rounds to), any pages freed in any
+    order: the merge's rebuild of the free list holds exactly them, ascending."""
+    pool = LogicalHostPool(pages * ps, ps, merge="sorted")
+    held = pool.alloc(pages * ps)
+    assert held is not None
+    if data.draw(st_.booleans()):  # pages one by one: short runs, each its own entry
+        freed = data.draw(st_.lists(st_.integers(0, pages - 1), unique=True, min_size=1, max_size=pages))
+    else:  # long runs of free pages between long runs of held ones: the rebuild skips words of flags
+        freed, p = [], data.draw(st_.integers(0, 8))
+        while p < pages:
+            run = data.draw(st_.integers(1, 24))
+            freed += range(p, min(p + run, pages))
+            p += run + data.draw(st_.integers(1, 24))
+        freed = data.draw(st_.permutations(freed)) if freed else [0]
+    for p in freed:
+        pool.free(held[p * ps : (p + 1) * ps])
+    got = pool.alloc(len(freed) * ps)  # the release list merged, sorted, then taken whole
+    assert got is not None
+    assert got.tolist() == [int(s) for p in sorted(freed) for s in held[p * ps : (p + 1) * ps]]
+    pool.check_invariants()
