@@ -384,6 +384,10 @@ def _params(positional: tuple[tuple[str, str], ...] = (), keyword_only: tuple[tu
         (_params(), _params((("n", "<required>"),)), "positional parameter 'n' is required"),
         (_params((), (("k", "False"),)), _params(), "keyword-only parameter 'k' is missing"),
         (_params((), (("k", "False"),)), _params((("k", "False"),)), None),
+        # A keyword's default changed either way (defaults compared as text: neither order may pass).
+        (_params((), (("k", "1"),)), _params((), (("k", "0"),)), "parameter 'k' defaults to 0, not 1"),
+        (_params((), (("k", "0"),)), _params((), (("k", "1"),)), "parameter 'k' defaults to 1, not 0"),
+        (_params((), (("k", "0"),)), _params((("k", "1"),)), "parameter 'k' defaults to 1, not 0"),
         (_params(), _params((), (("k", "<required>"),)), "keyword-only parameter 'k' is required"),
         (Parameters((), (), True, False), _params(), "*args is not taken"),
         (Parameters((), (), False, True), _params(), "**kwargs is not taken"),
@@ -608,3 +612,31 @@ def test_install_refused_after_a_replacement_was_displaced_changes_nothing(engin
     after = {where: _held(where) for where in _originals()}
     assert after == {**before, f"{sgl_jax.ALLOCATORS}.TokenToKVPoolAllocator": Theirs}
     assert [r for r in before_status if r.where != f"{sgl_jax.ALLOCATORS}.TokenToKVPoolAllocator"] == status()
+
+
+def test_the_attributes_an_init_sets_are_read_from_init_alone() -> None:
+    from hostpool_nb.integrations._surface import attributes_set_in_init
+
+    source = """
+class Base:
+    def __init__(self):
+        self.inherited = 1
+
+class Pool(Base):
+    def __init__(self, size):
+        super().__init__()
+        self.size = size
+        self.flag: bool = False
+        self.count += 1
+        if size:
+            self.nested = [size]
+
+    def alloc(self, n):
+        self.not_in_init = n
+
+    async def later(self):
+        self.nor_here = 1
+"""
+    found = attributes_set_in_init(source, "Pool")
+    assert {"size", "flag", "count", "nested"} <= found
+    assert not {"not_in_init", "nor_here"} & found

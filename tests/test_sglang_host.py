@@ -161,6 +161,11 @@ def test_uninstall_puts_the_methods_back_and_hands_each_pool_its_lists(engine: S
     expected = {id(p): [*range(4 * unit(p), sglang.books(p).size), *range(2 * unit(p))] for p in (mha, mamba, v4)}
     assert sglang.uninstall() == replaced
     assert {name: vars(sys.modules[BASE].HostKVCache)[name] for name in originals} == originals
+    for pool, name in ((mha, "MHATokenToKVPoolHost"), (mamba, "MambaPoolHost"), (v4, "DeepSeekV4PagedHostPool")):
+        plain = build(engine, name)  # built under the original methods: the attributes they keep
+        assert set(vars(pool)) - {"held"} == set(vars(plain)), name
+        if hasattr(plain, "mem_state"):
+            assert torch.equal(pool.mem_state, plain.mem_state), name
     for pool in (mha, mamba, v4):
         assert not hasattr(pool, KEY)
         assert pool.free_slots.tolist() == expected[id(pool)]
@@ -183,6 +188,38 @@ def test_a_changed_method_is_refused_naming_it_and_nothing_is_replaced(engine: S
     with pytest.raises(IntegrationError, match=r"MambaPoolHost\.alloc takes other parameters") as caught:
         sglang.install()
     assert caught.value.name == "sglang.srt.mem_cache.pool_host.mamba"
+    assert dict(vars(sys.modules[BASE].HostKVCache)) == before
+    assert status() == []
+
+
+def test_a_replacement_taking_other_parameters_than_the_original_is_refused_before_anything_changes(
+    engine: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hostpool_nb's own mistake (a replacement method with other parameters) is said, and nothing is replaced."""
+    import dataclasses
+
+    from hostpool_nb.integrations import _patch
+
+    def wrong(cls: type, originals: dict[str, Any]) -> dict[str, Any]:
+        def alloc(self: Any) -> Any:  # need_size missing
+            return None
+
+        return {**originals, "alloc": alloc}
+
+    targets = tuple(
+        dataclasses.replace(t, replacement=wrong)
+        if isinstance(t, _patch.MethodsTarget) and t.attribute == "MambaPoolHost"
+        else t
+        for t in sglang.TARGETS
+    )
+    monkeypatch.setattr(sglang, "TARGETS", targets)
+    before = dict(vars(sys.modules[BASE].HostKVCache))
+    with pytest.raises(IntegrationError) as caught:
+        sglang.install()
+    said = str(caught.value)
+    where = "sglang.srt.mem_cache.pool_host.mamba.MambaPoolHost.alloc"
+    assert f"hostpool_nb's {where} does not take what the original does" in said
+    assert said.endswith(". Nothing was replaced.")
     assert dict(vars(sys.modules[BASE].HostKVCache)) == before
     assert status() == []
 
@@ -241,6 +278,12 @@ def test_the_environment_makes_the_unchecked_pools_accept_double_frees(
     assert sum("accepted a double free" in r.getMessage() for r in caplog.records) == 1  # said once a pool
     with pytest.raises(HostKVSlotRangeError):  # a range error is never accepted
         pool.free(torch.arange(-u, 0))
+    size = sglang.books(pool).size
+    before = _words(pool)
+    for past in (size, size + u, 2 * size):  # after a double free, past the end: still refused, nothing changed
+        with pytest.raises(HostKVSlotRangeError, match=f"slot {past} at indices\\[{u}\\]"):
+            pool.free(torch.cat([held[u:], torch.arange(past, past + u)]))
+        assert np.array_equal(_words(pool), before)
     sglang.books(mha).check_invariants()
     with pytest.raises(HostKVDoubleFreeError):  # the base class's original refuses them: so does hostpool_nb
         mha.free(torch.arange(0, 4))

@@ -86,6 +86,7 @@ class HostKVBooks(_TorchPool):
         self.accept_double_frees = accept_double_frees  # checked before anything is built
         super().__init__(size, page_size)
         self._warned = False
+        self._caller: tuple[Any, Any] | None = None
 
     @property
     def accept_double_frees(self) -> bool:
@@ -112,6 +113,7 @@ class HostKVBooks(_TorchPool):
         self._accepts = False
         self.accept_double_frees = fields.pop("accept_double_frees", False)  # checked against the bookkeeping
         self._warned = False
+        self._caller = None
         super().__setstate__(fields if isinstance(saved, dict) else saved)
 
     def _alloc_misaligned(self, need_size: int) -> AlignmentError:
@@ -121,6 +123,11 @@ class HostKVBooks(_TorchPool):
         )
 
     def _free_error(self, status: int, slots: Any) -> Exception:
+        if self._caller is not None:  # a free of the pages left once double frees are accepted: the caller's place
+            code, pos = _layout.decode_status(status)
+            caller, kept = self._caller
+            ps = self.page_size
+            status, slots = _layout.status_for(code, int(kept[pos // ps]) * ps + pos % ps), caller
         error = super()._free_error(status, slots)
         if isinstance(error, DoubleFreeError):
             return HostKVDoubleFreeError(f"Double-free detected: {error}")
@@ -175,7 +182,8 @@ class HostKVBooks(_TorchPool):
 
     def _free_accepting(self, indices: Any) -> int:
         """A free whose pages already free (or named twice) are left out, the others freed; the length given."""
-        slots = as_slots(_tensor_as_numpy(indices) if isinstance(indices, _Tensor) else indices)
+        # One read of the caller's array, into a copy of ours: the filter, the free and any error all use it.
+        slots = np.array(as_slots(_tensor_as_numpy(indices) if isinstance(indices, _Tensor) else indices))
         ps = self.page_size
         with self.lock:
             pages = slots[::ps] // ps
@@ -185,7 +193,11 @@ class HostKVBooks(_TorchPool):
             first = np.zeros(pages.shape[0], dtype=bool)
             first[np.unique(pages, return_index=True)[1]] = True
             keep = (held & first) | ~listed  # a page out of range stays, so that the free says so
-            super().free(slots.reshape(-1, ps)[keep].reshape(-1))
+            self._caller = (slots, np.flatnonzero(keep))  # an error names the caller's entry (_free_error)
+            try:
+                super().free(slots.reshape(-1, ps)[keep].reshape(-1))
+            finally:
+                self._caller = None
             if not self._warned:
                 self._warned = True
                 _log.warning(
