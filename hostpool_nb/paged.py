@@ -522,11 +522,8 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
         checked_sites(ranks, sites, self.track, what)
         if type(saved["in_group"]) is not bool:
             raise HostPoolError(f"{what} holds in_group={saved['in_group']!r}, not a bool")
-        for r, (st, gp, kept) in enumerate(zip(ranks, groups, frees, strict=True)):
-            if not _is_words(gp) or gp.shape[0] != _layout.group_length(self._pages):
-                found = [f"its group buffer is not an int64 array of {_layout.group_length(self._pages)} words"]
-            else:
-                found = group_problems(gp, st, self._pages)
+        for r, (st, gp, kept) in enumerate(zip(ranks, groups, frees, strict=True)):  # each gp's words: fits
+            found = group_problems(gp, st, self._pages)
             if not found and not _same_pending(gp, kept, self.page_size):
                 found = ["the frees it keeps for free_group are not the pages pending"]
             if found:

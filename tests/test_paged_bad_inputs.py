@@ -1379,6 +1379,16 @@ def _drop_kept(saved: dict[str, Any]) -> None:
             id="groups-long",
         ),
         pytest.param(lambda s: s.__setitem__("group_frees", s["group_frees"][:1]), "for 2 ranks", id="frees-short"),
+        pytest.param(
+            lambda s: s.__setitem__("groups", (s["groups"][0][:-1], s["groups"][1])),
+            "its group buffer is not an int64 array of",
+            id="group-buffer-short",
+        ),
+        pytest.param(
+            lambda s: s.__setitem__("groups", (s["groups"][0], s["groups"][1].astype(np.int32))),
+            "its group buffer is not an int64 array of",
+            id="group-buffer-int32",
+        ),
         pytest.param(_set("format", 99), "pickled in state format 99", id="format"),
     ],
 )
