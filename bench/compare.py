@@ -13,7 +13,8 @@ Cells (--only-cells, comma-separated): 64:64, 16:16, 1:1 (one page);
 page); 1:trace, 16:trace, 64:trace (the KV-cache trace, per call); 64:64t
 (one page on a pool made with track=True); paged:free, paged:extend,
 paged:decode (hostpool_nb.paged's untracked allocator at page size 16, as
-the paged rows of python -m bench time it).
+the paged rows of python -m bench time it); swa:extend, swa:decode,
+swa:free, swa:free_swa (the sliding-window allocator, as the swa rows).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 
 from .kvtrace import make_trace, measure_trace
 from .paged import compare_cell as paged_cell
+from .paged import swa_compare_cell
 from .pool import MIB_SLOTS, measure_roundtrip
 from .report import fmt_ratio, fmt_value
 from .timing import median
@@ -55,6 +57,10 @@ CELLS = [
     "paged:free",
     "paged:extend",
     "paged:decode",
+    "swa:extend",
+    "swa:decode",
+    "swa:free",
+    "swa:free_swa",
 ]
 TRACE_OPS = 30_000
 
@@ -90,6 +96,8 @@ def measure_cell(
     ps_text, k_text = cell.split(":")
     if ps_text == "paged":
         return paged_cell(k_text, impls, repeats, min_loop_s)
+    if ps_text == "swa":
+        return swa_compare_cell(k_text, impls, repeats, min_loop_s)
     ps = int(ps_text)
     if k_text == "trace":
         return measure_trace(impls, make_trace(MIB_SLOTS, ps, TRACE_OPS), repeats, floors=False)
@@ -126,11 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"this checkout against {args.rev} ({short}): ratio = {short} time / this time, paired min..max")
     print(f"{'cell':>9}  {'this':>9}  {short:>10}  {'ratio':>6}  paired")
     for cell in cells:
-        if cell.startswith("paged:"):
-            impls = {
-                n: importlib.import_module(f"{p.__name__}.paged").PagedTokenToKVPoolAllocator
-                for n, p in packages.items()
-            }
+        if cell.startswith(("paged:", "swa:")):
+            kind = "PagedTokenToKVPoolAllocator" if cell.startswith("paged:") else "SWATokenToKVPoolAllocator"
+            impls = {n: getattr(importlib.import_module(f"{p.__name__}.paged"), kind) for n, p in packages.items()}
         else:
             impls = {n: p.LogicalHostPool for n, p in packages.items()}
         s = measure_cell(cell, impls, args.repeats, args.min_loop)

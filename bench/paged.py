@@ -387,6 +387,31 @@ def _swa_subjects(call: str, impls: dict[str, Any], prefix: np.ndarray, seq: np.
     return subjects
 
 
+def swa_compare_cell(call: str, classes: dict[str, Any], repeats: int, min_loop_s: float) -> dict[str, list[float]]:
+    """A sliding-window cell of ``python -m bench.compare``: each revision's SWA allocator, side by side, on the
+    ``swa`` rows' calls (``extend`` 32 requests, ``decode`` 256 sequences, ``free`` 2048 tokens, ``free_swa``
+    256), 1M full and 256K SWA slots at page size 16."""
+    from types import SimpleNamespace
+
+    def kv() -> Any:
+        return SimpleNamespace(full_kv_pool=None, swa_kv_pool=None)
+
+    impls = {name: cls(1 << 20, 1 << 18, kv(), page_size=PAGE_SIZE) for name, cls in classes.items()}
+    prefix, seq, lens = batches(512, 32, 256)
+    subjects = _swa_subjects(call, impls, prefix, seq, lens)
+    firsts, results = {}, {}
+    for name, (_, prepare, fn) in subjects.items():
+        args = prepare()
+        t0 = time.perf_counter()
+        got = fn(*args)
+        firsts[name] = time.perf_counter() - t0
+        results[name] = None if got is None or isinstance(got, int) else np.asarray(got).tolist()
+    if len({repr(v) for v in results.values()}) != 1:
+        raise Divergence(f"SWA allocator {call}: the revisions returned different slots")
+    iters = {n: max(3, min(int(min_loop_s / max(t, 1e-9)) + 1, 5000)) for n, t in firsts.items()}
+    return interleaved({n: _calls_runner(prepare, fn, iters[n]) for n, (_, prepare, fn) in subjects.items()}, repeats)
+
+
 @workload("swa", seconds=5)
 def swa(ctx: Context) -> list[Row]:
     size, size_swa = ctx.size(1 << 20, 1 << 14), ctx.size(1 << 18, 1 << 13)

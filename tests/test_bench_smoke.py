@@ -509,7 +509,7 @@ def test_compare_times_a_cell_against_a_revision(
 
     monkeypatch.setattr(compare, "load_revision", lambda rev: ("0123456789", hostpool_nb))
     monkeypatch.setattr(compare, "TRACE_OPS", 200)
-    cells = "16:trace,64:64t,paged:decode,paged:free"
+    cells = "16:trace,64:64t,paged:decode,paged:free,swa:extend,swa:free_swa"
     assert compare.main(["HEAD", "--only-cells", cells, "--repeats", "1", "--min-loop", "0"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("this checkout against HEAD (0123456789)")
