@@ -425,19 +425,14 @@ def _free(
 ) -> int:
     """:func:`free`; each side's pages record its site as their freer when it is >= 0.
 
-    ``slots`` are read once, into ``scratch[n:2n]`` (``scratch`` holds at
-    least ``2n``): both sides work from that copy, so a caller's thread
-    writing the array meanwhile cannot make the SWA side read an unchecked
-    slot.
+    ``slots`` is the allocator's own copy of the caller's array (made once,
+    before the call): both sides read it, so a caller's thread writing its
+    array meanwhile cannot make the SWA side index an unchecked slot.
     """
-    n = slots.shape[0]
-    own = scratch[n : 2 * n]
-    for i in range(n):  # a loop: a slice assignment would need numba's runtime (NRT), which kernels go without
-        own[i] = slots[i]
-    status = _free_side(stf, gpf, own, page_size, full_mode, in_group, site_full)
+    status = _free_side(stf, gpf, slots, page_size, full_mode, in_group, site_full)
     if status < 0 or in_group != 0:
         return status
-    freed = _free_mapped(sts, gps, mp, own, scratch[:n], page_size, swa_mode, site_swa)
+    freed = _free_mapped(sts, gps, mp, slots, scratch, page_size, swa_mode, site_swa)
     return freed if freed < 0 else status
 
 
@@ -496,7 +491,7 @@ def _free_swa(
     site: int,
 ) -> int:
     n, m = slots.shape[0], mp.shape[0]
-    own = scratch[n : 2 * n]  # read once (as :func:`_free`): the check and the frees see the same slots
+    own = scratch[n : 2 * n]  # read once: the check and the frees see the same slots
     for i in range(n):
         own[i] = slots[i]
         if own[i] < 0 or own[i] >= m:

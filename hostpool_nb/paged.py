@@ -1673,9 +1673,11 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, Recordable, ArraySta
         mp, ps = self._maps[r], self.page_size
         with self.lock:
             in_group = self._in_group
-            if in_group:
-                slots = slots.copy()  # kept for the group's end: what was checked
-            scratch = self._scratch_for(2 * slots.shape[0])  # the kernel reads the slots once, into scratch
+            # One read of the caller's array, into a copy of ours: both sides work from it (and a free group keeps
+            # it for its end), so a thread writing the caller's array meanwhile cannot make the SWA side index an
+            # unchecked slot. A copy here costs a memcpy; one in the kernel cost a loop LLVM could not vectorise.
+            slots = slots.copy()
+            scratch = self._scratch_for(slots.shape[0])
             if where is None:
                 status = _swa_free(stf, gpf, sts, gps, mp, slots, scratch, ps, full_mode, swa_mode, int(in_group))
             else:
