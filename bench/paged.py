@@ -397,8 +397,14 @@ def swa_compare_cell(call: str, classes: dict[str, Any], repeats: int, min_loop_
         return SimpleNamespace(full_kv_pool=None, swa_kv_pool=None)
 
     impls = {name: cls(1 << 20, 1 << 18, kv(), page_size=PAGE_SIZE) for name, cls in classes.items()}
-    prefix, seq, lens = batches(512, 32, 256)
-    subjects = _swa_subjects(call, impls, prefix, seq, lens)
+    return _swa_samples(call, impls, batches(512, 32, 256), min_loop_s, repeats)
+
+
+def _swa_samples(
+    call: str, impls: dict[str, Any], batch: tuple[np.ndarray, np.ndarray, np.ndarray], loop_s: float, repeats: int
+) -> dict[str, list[float]]:
+    """Samples of one SWA call on each of ``impls``, after a first call each that must return the same slots."""
+    subjects = _swa_subjects(call, impls, *batch)
     firsts, results = {}, {}
     for name, (_, prepare, fn) in subjects.items():
         args = prepare()
@@ -407,8 +413,8 @@ def swa_compare_cell(call: str, classes: dict[str, Any], repeats: int, min_loop_
         firsts[name] = time.perf_counter() - t0
         results[name] = None if got is None or isinstance(got, int) else np.asarray(got).tolist()
     if len({repr(v) for v in results.values()}) != 1:
-        raise Divergence(f"SWA allocator {call}: the revisions returned different slots")
-    iters = {n: max(3, min(int(min_loop_s / max(t, 1e-9)) + 1, 5000)) for n, t in firsts.items()}
+        raise Divergence(f"SWA allocator {call}: the implementations returned different slots")
+    iters = {n: max(3, min(int(loop_s / max(t, 1e-9)) + 1, 5000)) for n, t in firsts.items()}
     return interleaved({n: _calls_runner(prepare, fn, iters[n]) for n, (_, prepare, fn) in subjects.items()}, repeats)
 
 
@@ -426,20 +432,7 @@ def swa(ctx: Context) -> list[Row]:
     ):
         ctx.label(f"SWA allocator {call}")
         impls = swa_implementations(size, size_swa, PAGE_SIZE)
-        subjects = _swa_subjects(call, impls, prefix, seq, lens)
-        firsts, results = {}, {}
-        for name, (_, prepare, fn) in subjects.items():
-            args = prepare()
-            t0 = time.perf_counter()
-            got = fn(*args)
-            firsts[name] = time.perf_counter() - t0
-            results[name] = None if got is None or isinstance(got, int) else np.asarray(got).tolist()
-        if len({repr(v) for v in results.values()}) != 1:
-            raise Divergence(f"SWA allocator {call}: the implementations returned different slots")
-        iters = {n: max(3, min(int(ctx.loop_s() / max(t, 1e-9)) + 1, 5000)) for n, t in firsts.items()}
-        s = interleaved(
-            {n: _calls_runner(prepare, fn, iters[n]) for n, (_, prepare, fn) in subjects.items()}, ctx.repeats()
-        )
+        s = _swa_samples(call, impls, (prefix, seq, lens), ctx.loop_s(), ctx.repeats())
         row = Row(
             "SWA allocator",
             f"{what}, lists" if call in ("extend", "decode") else what,
