@@ -440,27 +440,47 @@ popcount: Callable[[int], int] = (
 )
 
 
-def twin(func: _F, signature: str, *, name: str, nogil: bool, constants: dict[str, Any] | None = None) -> _F:
-    """Compile a kernel's Python function a second time, as ``name``, with other options.
+def variant(func: _F, *, name: str, constants: dict[str, Any]) -> _F:
+    """A copy of a kernel's or callee's Python function, as ``name``, reading ``constants`` for module globals.
 
-    For a kernel wanted both with and without ``nogil``. A twin is compiled
-    from the same source, not as a kernel calling the other: such a call
-    passes its arrays across a function boundary, which costs more than a
-    one-page alloc's work. numba names a kernel's cache files after its
-    qualified name, so the twin gets its own (the index key, the
-    bytecode's hash, cannot tell the two apart). ``func`` is a kernel, or
-    the plain function under ``NUMBA_DISABLE_JIT=1``. ``constants``
-    replaces module globals the copy reads (numba compiles a global in as
-    a constant, so a branch on it is dropped).
+    How a kernel's variants are made from its one definition: numba
+    compiles a global in as a constant, so a branch on a flag the copy
+    reads (``TRACKING``, ``_SHORT_CLASS``) is dropped from the variant, and
+    a callee named by a global can be swapped for another. Wrap the copy
+    with :func:`kernel` (or use :func:`twin`) or :func:`callee`. ``func``
+    is a :class:`Kernel`, a callee, or a plain function.
     """
     py_func: Callable[..., Any] = getattr(func, "py_func", func)
-    scope = py_func.__globals__ if not constants else {**py_func.__globals__, **constants}
-    copy = types.FunctionType(py_func.__code__, scope, name, py_func.__defaults__, py_func.__closure__)
+    copy = types.FunctionType(
+        py_func.__code__, {**py_func.__globals__, **constants}, name, py_func.__defaults__, py_func.__closure__
+    )
     copy.__qualname__ = name
     copy.__module__ = py_func.__module__
     copy.__doc__ = py_func.__doc__
     copy.__annotations__ = dict(py_func.__annotations__)
-    return kernel(signature, nogil=nogil)(cast("_F", copy))
+    return cast("_F", copy)
+
+
+def twin(func: _F, signature: str, *, name: str, nogil: bool, constants: dict[str, Any] | None = None) -> _F:
+    """Compile a kernel's Python function a second time, as ``name``, with other options.
+
+    For a kernel wanted both with and without ``nogil``, or with other
+    compile-time ``constants`` (:func:`variant`). A twin is compiled from
+    the same source, not as a kernel calling the other: such a call
+    passes its arrays across a function boundary, which costs more than a
+    one-page alloc's work. numba names a kernel's cache files after its
+    qualified name, so the twin gets its own (the index key, the
+    bytecode's hash, cannot tell the two apart). ``func`` is a kernel, or
+    the plain function under ``NUMBA_DISABLE_JIT=1``.
+    """
+    return kernel(signature, nogil=nogil)(variant(func, name=name, constants=constants or {}))
+
+
+def tracked_twin(made: _F, constants: dict[str, Any]) -> _F:
+    """:func:`twin` of the kernel ``made`` as ``<name>_tracked``, with its signature and GIL option: a variant entry."""
+    signature: str = getattr(made, "signature", "")  # none under NUMBA_DISABLE_JIT: kernel() then returns the copy
+    nogil: bool = getattr(made, "nogil", True)
+    return twin(made, signature, name=f"{made.__name__}_tracked", nogil=nogil, constants=constants)
 
 
 def entry_point(kernel: _F) -> _F:

@@ -14,12 +14,15 @@ once; what a kernel acts on is what it validated, staged in pool memory.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import numpy as np
 from numpy.typing import NDArray
 
-from ._jit import as_callee as _as_callee
 from ._jit import callee as _callee
 from ._jit import kernel as _jit
+from ._jit import tracked_twin as _tracked_twin
+from ._jit import variant as _variant
 from ._kernels import (
     _LOW32,
     count_alloc,
@@ -69,6 +72,12 @@ from ._layout import (
     ring_view,
 )
 from ._tracking import CLEARED
+
+# Which calls record who holds each page: one definition per kernel, its variants compiled with this
+# global fixed (numba freezes it as a constant; LLVM drops the branches it rules out): the plain kernels
+# NEVER, their ``*_tracked`` twins ALWAYS, the callees the sliding-window kernels run BY_SITE (``site >= 0``).
+NEVER, ALWAYS, BY_SITE = 0, 1, 2
+TRACKING = NEVER
 
 # free_slots modes.
 FREE_PAGED = 0  # a page already free is ignored (the original's meaning)
@@ -161,11 +170,12 @@ def _take_ids(st: NDArray[np.int64], k: int, out: NDArray[np.int32]) -> int:
     return _take_front(st, k, out[out.shape[0] - k :], 1)
 
 
-@_jit("i8(i8[::1], i8[::1], i8)")
-def alloc_slots(st: NDArray[np.int64], out: NDArray[np.int64], page_size: int) -> int:
+@_jit("i8(i8[::1], i8[::1], i8, i8)")
+def alloc_slots(st: NDArray[np.int64], out: NDArray[np.int64], page_size: int, site: int) -> int:
     """``alloc``: ``len(out) // page_size`` pages from the front, their slots into ``out`` (int64).
 
-    Returns ``len(out)``, or ``E_SHORT`` / ``E_CORRUPT``.
+    Returns ``len(out)``, or ``E_SHORT`` / ``E_CORRUPT``. Tracked, the
+    pages record one allocation from ``site`` (``_kernels.track_alloc``).
     """
     k = out.shape[0] // page_size
     if k == 0:
@@ -174,15 +184,18 @@ def alloc_slots(st: NDArray[np.int64], out: NDArray[np.int64], page_size: int) -
     if status < 0:
         return status
     n: int = out.shape[0]
+    if TRACKING == ALWAYS or (TRACKING == BY_SITE and site >= 0):
+        track_alloc(st, out, site, n)
     return n
 
 
-@_jit("i8(i8[::1], i4[::1])")
-def alloc_tokens(st: NDArray[np.int64], out: NDArray[np.int32]) -> int:
+@_jit("i8(i8[::1], i4[::1], i8)")
+def alloc_tokens(st: NDArray[np.int64], out: NDArray[np.int32], site: int) -> int:
     """The token allocator's ``alloc``: the first ``len(out)`` slots of its list, as int32.
 
     FIFO: its free list and release list are one list, so nothing merges
     before the check; ``E_SHORT`` when the two together are too short.
+    Tracked, the slots record one allocation from ``site``.
     """
     k: int = out.shape[0]
     if k > st[H_NFREE] + st[H_NREL]:
@@ -193,10 +206,12 @@ def alloc_tokens(st: NDArray[np.int64], out: NDArray[np.int32]) -> int:
     status = _take_front(st, k, out, 1)
     if status < 0:
         return status
+    if TRACKING == ALWAYS or (TRACKING == BY_SITE and site >= 0):
+        track_alloc(st, out, site, k)
     return k
 
 
-@_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8, i8, i8)")
+@_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8, i8, i8, i8[::1])")
 def alloc_extend(
     st: NDArray[np.int64],
     prefix: NDArray[np.int64],
@@ -206,6 +221,7 @@ def alloc_extend(
     tokens: int,
     page_size: int,
     debug: int,
+    sites: NDArray[np.int64],
 ) -> int:
     """Extend each request ``i`` from ``prefix[i]`` to ``seq[i]`` tokens; slots into ``out`` (int32).
 
@@ -225,6 +241,10 @@ def alloc_extend(
     allocation): the checks then run as ever and the call ends in
     ``E_SHORT`` (after the merge the original makes), never writing.
     The new pages' ids are staged at the end of ``out`` (:func:`_take_ids`).
+
+    Tracked (``sites`` not empty when ``BY_SITE``), each request that takes
+    new pages is one allocation from ``sites[i]`` (``sites`` holds a site
+    id per request, or one for all).
     """
     n = seq.shape[0]
     limit = tokens
@@ -255,6 +275,8 @@ def alloc_extend(
     if status < 0:
         return status
     ids = out[limit - pages : limit]
+    tracks = TRACKING == ALWAYS or (TRACKING == BY_SITE and sites.shape[0] > 0)
+    number = site = 0
     w = 0
     page = 0
     for i in range(n):
@@ -270,10 +292,17 @@ def alloc_extend(
             out[w + j] = start + j
         w += rest
         left -= rest
+        if tracks and left > 0:  # one allocation per request that takes pages
+            number = st[H_SEQ]
+            st[H_SEQ] = number + 1
+            site = sites[0] if sites.shape[0] == 1 else sites[i]
         # Then new pages in free-list order, the last one possibly partial.
         while left > 0:
             take = min(page_size, left)
-            base = ids[page] * page_size
+            pid = ids[page]  # read before the fill below may overwrite it
+            if tracks:
+                _track_page(st, pid, number, site)
+            base = pid * page_size
             for j in range(take):
                 out[w + j] = base + j
             page += 1
@@ -282,7 +311,7 @@ def alloc_extend(
     return w
 
 
-@_jit("i8(i8[::1], i8[::1], i8[::1], i4[::1], i8, i8)")
+@_jit("i8(i8[::1], i8[::1], i8[::1], i4[::1], i8, i8, i8[::1])")
 def alloc_decode(
     st: NDArray[np.int64],
     seq: NDArray[np.int64],
@@ -290,6 +319,7 @@ def alloc_decode(
     out: NDArray[np.int32],
     page_size: int,
     debug: int,
+    sites: NDArray[np.int64],
 ) -> int:
     """One new token per request: ``out[i]`` is a new page's first slot, or ``last[i] + 1``.
 
@@ -299,7 +329,8 @@ def alloc_decode(
     ``(last + 2) % page_size != seq % page_size``. The new pages come from
     the front of the free list in request order (merging first if short;
     ``E_SHORT`` if still short). The new pages' ids are staged at the
-    end of ``out`` (:func:`_take_ids`).
+    end of ``out`` (:func:`_take_ids`). Tracked, each request given a new
+    page is one allocation, from ``sites[i]`` (or ``sites[0]`` for all).
     """
     n: int = seq.shape[0]
     pages = 0
@@ -315,17 +346,23 @@ def alloc_decode(
     if status < 0:
         return status
     ids = out[n - pages :]
+    tracks = TRACKING == ALWAYS or (TRACKING == BY_SITE and sites.shape[0] > 0)
     page = 0
     for i in range(n):
         if (seq[i] - 1) % page_size == 0:
-            out[i] = ids[page] * page_size
+            pid = ids[page]  # read before out[i] may overwrite it
+            if tracks:
+                number: int = st[H_SEQ]
+                st[H_SEQ] = number + 1
+                _track_page(st, pid, number, sites[0] if sites.shape[0] == 1 else sites[i])
+            out[i] = pid * page_size
             page += 1
         else:
             out[i] = last[i] + 1
     return n
 
 
-@_jit("i8(i8[::1], i8[::1], i8[::1], i8, i8, i8)")
+@_jit("i8(i8[::1], i8[::1], i8[::1], i8, i8, i8, i8)")
 def free_slots(
     st: NDArray[np.int64],
     gp: NDArray[np.int64],
@@ -333,6 +370,7 @@ def free_slots(
     page_size: int,
     mode: int,
     in_group: int,
+    site: int,
 ) -> int:
     """Free the pages of token ``slots``; return the number of pages freed (or pending).
 
@@ -350,6 +388,7 @@ def free_slots(
     marked pending outside a group (its group was ended by ``clear`` of
     another rank) is ``E_NOT_ALLOCATED`` in the strict modes. Every slot is
     read once; on any failure the rank is as it was.
+    Tracked, each page freed or made pending records ``site`` as its freer.
     """
     cap: int = st[H_NPAGES]
     count = slots.shape[0]
@@ -437,12 +476,19 @@ def free_slots(
         if status != 0:
             return status
         gp[GP_COUNT] = pend0 + done
+        if TRACKING == ALWAYS or (TRACKING == BY_SITE and site >= 0):
+            t: int = st[H_TRACK]
+            for i in range(pend0, pend0 + done):
+                p = gp[GP_HEADER + i]
+                st[t + cap + p] = (st[t + cap + p] & ~_LOW32) | site
         return done
     set_runs(st, tail, entries, OWNER_ALLOCATED if status != 0 else OWNER_FREE)
     if status != 0:
         return status
     st[H_NREL] += done
     st[H_EREL] += entries
+    if TRACKING == ALWAYS or (TRACKING == BY_SITE and site >= 0):
+        track_free(st, tail, site, done)
     return done
 
 
@@ -490,13 +536,7 @@ def end_group(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
     return released
 
 
-# -- tracking (``track=True``): the kernels above, then each page records who took or freed it ------
-
-_alloc_slots = _as_callee(alloc_slots)
-_alloc_tokens = _as_callee(alloc_tokens)
-_alloc_extend = _as_callee(alloc_extend)
-_alloc_decode = _as_callee(alloc_decode)
-_free_slots = _as_callee(free_slots)
+# -- variants ---------------------------------------------------------------------------------
 
 
 @_callee()
@@ -508,116 +548,29 @@ def _track_page(st: NDArray[np.int64], page: int, number: int, site: int) -> Non
     st[t + n + page] = (site << 32) | (st[t + n + page] & _LOW32)
 
 
-@_jit("i8(i8[::1], i8[::1], i8, i8)")
-def alloc_slots_tracked(st: NDArray[np.int64], out: NDArray[np.int64], page_size: int, site: int) -> int:
-    """:func:`alloc_slots`, then its pages record one allocation from ``site`` (``_kernels.track_alloc``)."""
-    return track_alloc(st, out, site, _alloc_slots(st, out, page_size))
+class RankKernels(NamedTuple):
+    """A rank's kernels in one variant: ``KERNELS[tracked]`` for the allocators, ``BY_SITE_CALLEES`` in kernels."""
+
+    reset_rank: Any
+    end_group: Any
+    alloc_slots: Any
+    alloc_tokens: Any
+    alloc_extend: Any
+    alloc_decode: Any
+    free_slots: Any
 
 
-@_jit("i8(i8[::1], i4[::1], i8)")
-def alloc_tokens_tracked(st: NDArray[np.int64], out: NDArray[np.int32], site: int) -> int:
-    """:func:`alloc_tokens`, then its slots record one allocation from ``site``."""
-    return track_alloc(st, out, site, _alloc_tokens(st, out))
-
-
-@_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8, i8, i8, i8[::1])")
-def alloc_extend_tracked(
-    st: NDArray[np.int64],
-    prefix: NDArray[np.int64],
-    seq: NDArray[np.int64],
-    last: NDArray[np.int64],
-    out: NDArray[np.int32],
-    tokens: int,
-    page_size: int,
-    debug: int,
-    sites: NDArray[np.int64],
-) -> int:
-    """:func:`alloc_extend`; then each request that took new pages is one allocation, from ``sites[i]``.
-
-    ``sites`` holds a site id per request, or one for all. The new pages
-    are read back from ``out``, request by request, as the kernel wrote them.
-    """
-    status = _alloc_extend(st, prefix, seq, last, out, tokens, page_size, debug)
-    if status < 0:
-        return status
-    one = sites.shape[0] == 1
-    w = 0
-    for i in range(seq.shape[0]):
-        p = prefix[i]
-        left = seq[i] - p
-        if left <= 0:
-            continue
-        used = p % page_size
-        rest = min(page_size - used if used != 0 else 0, left)
-        w += rest
-        left -= rest
-        if left <= 0:
-            continue
-        number: int = st[H_SEQ]
-        st[H_SEQ] = number + 1
-        site = sites[0] if one else sites[i]
-        while left > 0:
-            _track_page(st, out[w] // page_size, number, site)
-            take = min(page_size, left)
-            w += take
-            left -= take
-    return status
-
-
-@_jit("i8(i8[::1], i8[::1], i8[::1], i4[::1], i8, i8, i8[::1])")
-def alloc_decode_tracked(
-    st: NDArray[np.int64],
-    seq: NDArray[np.int64],
-    last: NDArray[np.int64],
-    out: NDArray[np.int32],
-    page_size: int,
-    debug: int,
-    sites: NDArray[np.int64],
-) -> int:
-    """:func:`alloc_decode`; then each request given a new page is one allocation, from ``sites[i]``."""
-    status = _alloc_decode(st, seq, last, out, page_size, debug)
-    if status < 0:
-        return status
-    one = sites.shape[0] == 1
-    for i in range(seq.shape[0]):
-        if (seq[i] - 1) % page_size == 0:
-            number: int = st[H_SEQ]
-            st[H_SEQ] = number + 1
-            _track_page(st, out[i] // page_size, number, sites[0] if one else sites[i])
-    return status
-
-
-@_jit("i8(i8[::1], i8[::1], i8[::1], i8, i8, i8, i8)")
-def free_slots_tracked(
-    st: NDArray[np.int64],
-    gp: NDArray[np.int64],
-    slots: NDArray[np.int64],
-    page_size: int,
-    mode: int,
-    in_group: int,
-    site: int,
-) -> int:
-    """:func:`free_slots`; then each page freed, or made pending in the group, records ``site`` as its freer."""
-    tail: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL]
-    n: int = st[H_NPAGES]
-    if tail >= n:
-        tail -= n
-    pend0: int = gp[GP_COUNT]
-    status = _free_slots(st, gp, slots, page_size, mode, in_group)
-    if status <= 0 or in_group == 0:
-        return track_free(st, tail, site, status)
-    t: int = st[H_TRACK]
-    for i in range(pend0, gp[GP_COUNT]):
-        p = gp[GP_HEADER + i]
-        st[t + n + p] = (st[t + n + p] & ~_LOW32) | site
-    return status
-
-
-# What the sliding-window allocator's kernels (``_swa_kernels.py``) call besides the above.
-_reset_rank = _as_callee(reset_rank)
-_end_group = _as_callee(end_group)
-_alloc_slots_tracked = _as_callee(alloc_slots_tracked)
-_alloc_tokens_tracked = _as_callee(alloc_tokens_tracked)
-_alloc_extend_tracked = _as_callee(alloc_extend_tracked)
-_alloc_decode_tracked = _as_callee(alloc_decode_tracked)
-_free_slots_tracked = _as_callee(free_slots_tracked)
+_PLAIN = RankKernels(reset_rank, end_group, alloc_slots, alloc_tokens, alloc_extend, alloc_decode, free_slots)
+_TRACKED = {"TRACKING": ALWAYS}
+KERNELS = (
+    _PLAIN,
+    RankKernels(
+        reset_rank,
+        end_group,
+        *(_tracked_twin(k, _TRACKED) for k in _PLAIN[2:]),
+    ),
+)
+# What the sliding-window kernels (``_swa_kernels.py``) call: each tracked where its site is >= 0.
+BY_SITE_CALLEES = RankKernels(
+    *(_callee()(_variant(k, name=f"{k.__name__}_by_site", constants={"TRACKING": BY_SITE})) for k in _PLAIN)
+)

@@ -1035,7 +1035,7 @@ def test_import_loads_neither_torch_nor_jax() -> None:
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["heavy"] == []
-    assert Path(result["file"]).resolve() == (ROOT / "hostpool_nb" / "paged.py").resolve()
+    assert Path(result["file"]).resolve() == (ROOT / "hostpool_nb" / "paged" / "__init__.py").resolve()
 
 
 class StubCache:

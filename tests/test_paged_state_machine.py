@@ -27,7 +27,7 @@ pending in the group, from this file's call sites and the tags given, and
 ``outstanding(r, exclude=<the model's requests' slots>)`` exactly the pages
 no request holds (a leak report's answer).
 
-Where the library and the oracle may differ (the paged.py docstring), the
+Where the library and the oracle may differ (the docstring of ``hostpool_nb.paged``), the
 callers here stay on the side where both agree: inside a free group they
 free only pages the model's live requests (or nobody) hold, so no page that
 was free at an in-group call is handed out again before the group ends; a

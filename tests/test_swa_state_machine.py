@@ -18,7 +18,7 @@ sizes, every rank's mapping and ``available_size`` equal the oracle's, and
 ``DoubleFreeError`` that changes nothing (the oracle would list the slot
 twice, and is not called).
 
-Where the allocator and the oracle differ on purpose (``paged.py``): an
+Where the allocator and the oracle differ on purpose (``hostpool_nb.paged``'s docstring): an
 ``alloc_extend`` / ``alloc_decode`` the full side could serve and the SWA
 side cannot is refused here without taking and freeing the full side's
 pages; the machine does not make such calls (a test in
