@@ -23,17 +23,7 @@ from ._jit import callee as _callee
 from ._jit import kernel as _jit
 from ._jit import tracked_twin as _tracked_twin
 from ._jit import variant as _variant
-from ._kernels import (
-    _LOW32,
-    count_alloc,
-    merge_lists,
-    put_run,
-    run_width,
-    set_runs,
-    take_front,
-    track_alloc,
-    track_free,
-)
+from ._kernels import _LOW32, track_alloc, track_free
 from ._layout import (
     E_CORRUPT,
     E_DUPLICATE,
@@ -71,6 +61,7 @@ from ._layout import (
     owner_view,
     ring_view,
 )
+from ._run_kernels import count_alloc, merge_lists, put_run, run_width, set_runs, take_front
 from ._tracking import CLEARED
 
 # Which calls record who holds each page: one definition per kernel, its variants compiled with this

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _kernels, _layout
+from . import _kernels, _layout, _run_kernels, _short_kernels
 from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_sizes, as_slots, pool_shape
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
 from ._hooks import DataPlaneHooks
@@ -28,8 +28,8 @@ from ._stats import PoolStats
 from ._tracking import HISTORY_MARK, Outstanding, SiteKey, Tracker, excluded, leak_report, wanted
 
 _reset = entry_point(_kernels.reset)
-_merge = entry_point(_kernels.merge)
-_refuse = entry_point(_kernels.refuse)
+_merge = entry_point(_run_kernels.merge)
+_refuse = entry_point(_run_kernels.refuse)
 _plan_batch = entry_point(_kernels.plan_batch)
 _group_begin = entry_point(_kernels.group_begin)
 _group_end = entry_point(_kernels.group_end)
@@ -57,7 +57,7 @@ _STRIDES_1D = STRIDES_1D
 _STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
 _STATUS_MISALIGNED = _layout.status_of(_layout.E_MISALIGNED)  # at position 0: the length is not page-aligned
 _STATUS_MERGE_FIRST = _layout.status_of(_layout.E_MERGE_FIRST)  # a sorted pool: merge, then allocate again
-_SHORT_SLOTS = _kernels.SHORT_SLOTS  # calls this short run the flat kernels
+_SHORT_SLOTS = _short_kernels.SHORT_SLOTS  # calls this short run the flat kernels
 _GIL_SLOTS = _kernels.GIL_SLOTS  # and up to this long, kernels that keep the GIL
 # Above this many slots, ``alloc`` checks capacity before allocating its
 # output: 256 KiB, past which np.empty maps fresh memory (microseconds, or a

@@ -880,9 +880,9 @@ def test_an_unusable_tag_is_a_type_error_before_anything_changes(
 
 
 def _kernel_boundaries() -> list[int]:
-    from hostpool_nb import _kernels, _pool
+    from hostpool_nb import _kernels, _pool, _short_kernels
 
-    edges = (_kernels.SHORT_SLOTS, _kernels.GIL_SLOTS, _pool._PRECHECK_SLOTS)
+    edges = (_short_kernels.SHORT_SLOTS, _kernels.GIL_SLOTS, _pool._PRECHECK_SLOTS)
     return sorted({n + d for n in edges for d in (0, 1)})
 
 

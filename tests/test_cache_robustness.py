@@ -51,6 +51,7 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import hostpool_nb
     from hostpool_nb import _kernels as K
+    from hostpool_nb import _short_kernels as S
     from hostpool_nb._jit import is_callee
     p = hostpool_nb.LogicalHostPool(1024, 16)
     a = p.alloc(64)
@@ -253,13 +254,13 @@ def filled_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert {k: res[k] for k in EXPECTED} == EXPECTED
     assert res["compiled"] == res["used"], res
     # A page size 16 pool that does not track, with calls of at most
-    # K.SHORT_SLOTS slots, used only the flat short kernels: nothing else
+    # S.SHORT_SLOTS slots, used only the flat short kernels: nothing else
     # compiled.
     assert set(res["used"]) == {"alloc_short", "free_pn_short"}, res
     assert len(res["kernels"]) > 10, res
     # Each kernel used wrote its cache index; the callees, compiled into
     # their callers, wrote none.
-    indexed = {path.name.removeprefix("_kernels.").split("-")[0] for path in cache.rglob("_kernels.*.nbi")}
+    indexed = {path.name.split(".", 1)[1].split("-")[0] for path in cache.rglob("_*kernels.*.nbi")}
     assert indexed == set(res["used"]), sorted(indexed ^ set(res["used"]))
     assert res["callees"], res
     return cache

@@ -10,6 +10,8 @@ import pytest
 from hostpool_nb import DoubleFreeError, LogicalHostPool, PartialPageError, SlotRangeError, _pool
 from hostpool_nb import _kernels as K
 from hostpool_nb import _layout as L
+from hostpool_nb import _run_kernels as R
+from hostpool_nb import _short_kernels as S
 from tests.conftest import JIT_DISABLED, one_entry_per_page
 
 
@@ -149,8 +151,8 @@ def test_kernels_return_what_they_moved(ps: int) -> None:
     assert kernels(ps).alloc(st, out) == 3 * ps
     assert out.tolist() == list(range(3 * ps))
     assert kernels(ps).free(st, out[ps:]) == 2 * ps
-    assert K.merge(st) == 2  # pages moved onto the free list
-    assert K.merge(st) == 0
+    assert R.merge(st) == 2  # pages moved onto the free list
+    assert R.merge(st) == 0
     assert kernels(ps).alloc(st, np.empty(0, dtype=np.int64)) == 0
     assert K.reset(st) == 8
     pool.check_invariants()
@@ -303,7 +305,7 @@ def test_kernels_call_only_callees() -> None:
 @pytest.mark.parametrize("how", ["short", "long", "tracked", "alloc_many"])
 def test_a_sorted_pool_merges_before_allocating_on_every_path(ps: int, how: str) -> None:
     """The alloc kernels leave a sorted merge to the pool (E_MERGE_FIRST); every path merges, then allocates once."""
-    pages = 12000  # half of them freed: enough for a call beyond K.SHORT_SLOTS at page size 1
+    pages = 12000  # half of them freed: enough for a call beyond S.SHORT_SLOTS at page size 1
     pool = LogicalHostPool(pages * ps, ps, merge="sorted", track=how == "tracked")
     held = pool.alloc(pages * ps)
     assert held is not None
@@ -320,7 +322,7 @@ def test_a_sorted_pool_merges_before_allocating_on_every_path(ps: int, how: str)
         out = pool.alloc(need)
     assert out is not None
     if how == "long":
-        assert need > K.SHORT_SLOTS
+        assert need > S.SHORT_SLOTS
     ascending = np.sort(back[:, 0])[:want_pages] if how != "long" else None
     firsts = out.reshape(-1, ps)[:, 0]
     if ascending is not None:
@@ -375,7 +377,7 @@ def test_a_free_stages_from_the_rings_start_when_the_window_ends_at_its_last_ent
 def test_a_fault_in_a_long_free_is_reported_at_its_exact_position(ps: int, fault: str) -> None:
     """Every page position of short and long frees, in and after the first block, in runs and out of them: the
     error names the entry."""
-    long = K.SHORT_SLOTS // ps + 65  # pages: a call of more than SHORT_SLOTS slots runs the long kernel
+    long = S.SHORT_SLOTS // ps + 65  # pages: a call of more than SHORT_SLOTS slots runs the long kernel
     pool = LogicalHostPool(long * ps, ps)
     held = pool.alloc(long * ps)
     assert held is not None

@@ -35,16 +35,11 @@ ROOT = Path(hostpool_nb.__file__).resolve().parent.parent
 CHILD = r"""
 import json, sys
 import hostpool_nb
-from hostpool_nb import _host_kernels, _kernels, _paged_kernels
-from hostpool_nb._jit import Kernel
+from pathlib import Path
+from hostpool_nb._jit import KERNELS
 
-def used():
-    return sorted(
-        f"{m.__name__.rpartition('.')[2]}.{n}"
-        for m in (_kernels, _paged_kernels, _host_kernels)
-        for n, v in vars(m).items()
-        if isinstance(v, Kernel) and v.compiled
-    )
+def used():  # each compiled kernel, named as its cache files are: source file, then name
+    return sorted(f"{Path(k.py_func.__code__.co_filename).stem}.{k.__name__}" for k in KERNELS if k.compiled)
 
 after_import = used()
 exec(sys.argv[1])
@@ -64,8 +59,8 @@ def _child(code: str, cache: Path, *args: str) -> dict[str, Any]:
     return result
 
 
-_SHORT = {"_kernels.alloc_short", "_kernels.free_pn_short"}  # the flat pair a page size above 1 starts with
-_SHORT_1 = {"_kernels.alloc_short", "_kernels.free_p1_short"}  # and page size 1
+_SHORT = {"_short_kernels.alloc_short", "_short_kernels.free_pn_short"}  # the flat pair a page size above 1 starts with
+_SHORT_1 = {"_short_kernels.alloc_short", "_short_kernels.free_p1_short"}  # and page size 1
 FIRST_CALLS = {
     "page size 64": ("p = hostpool_nb.LogicalHostPool(1 << 14, 64); p.free(p.alloc(64))", _SHORT),
     "page size 1": ("p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(64))", _SHORT_1),

@@ -30,6 +30,8 @@ from hypothesis import strategies as st_
 from hostpool_nb import DoubleFreeError, LogicalHostPool, SlotRangeError
 from hostpool_nb import _kernels as K
 from hostpool_nb import _layout as L
+from hostpool_nb import _run_kernels as R
+from hostpool_nb import _short_kernels as S
 from hostpool_nb._jit import JIT_DISABLED, callable_from_python, callee, kernel
 from tests.conftest import take_snapshot
 
@@ -253,7 +255,7 @@ def test_alloc_takes_the_runs_in_order_splitting_the_last(
     """Both alloc kernels against a run-by-run model: the pages, the runs left, the counts; refusals unchanged."""
     st, need, runs = case
     ps = int(st[L.H_PAGE_SIZE])
-    if need * ps > K.SHORT_SLOTS and name == "alloc_short":
+    if need * ps > S.SHORT_SLOTS and name == "alloc_short":
         name = "alloc_pages"  # the pool never calls the short kernel so long; it would serve it the same
     want, pages, rest = _claimed(st, need, runs)
     out = np.full(need * ps, -7, dtype=np.int64)
@@ -507,7 +509,7 @@ def test_free_counts_are_a_byte_by_byte_count(flags: list[int], padding: int, tr
     free = [f == L.OWNER_FREE for f in flags]
     runs = [length for is_free, group in itertools.groupby(free) if is_free for length in [len(list(group))]]
     event("padding reads as free" if padding == 0 and n % 8 else "no free padding")
-    found, entries = callable_from_python(K._free_counts)(st, n)
+    found, entries = callable_from_python(R._free_counts)(st, n)
     assert (found, entries) == (sum(runs), sum(1 if r == 1 else 2 for r in runs))
 
 

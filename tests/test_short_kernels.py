@@ -1,6 +1,6 @@
 """Short calls run flat kernels, medium ones keep the GIL, long ones release it; all do the same work.
 
-``alloc`` and ``free`` of at most ``K.SHORT_SLOTS`` slots run the flat
+``alloc`` and ``free`` of at most ``S.SHORT_SLOTS`` slots run the flat
 ``*_short`` kernels (``*_tracked_short`` on a tracking pool): one page loop,
 no runs, for every page size. Up to ``K.GIL_SLOTS`` slots they run the page-
 size class's ``*_gil`` kernels: the run kernels compiled a second time
@@ -25,6 +25,7 @@ from hostpool_nb import HostPoolError, LogicalHostPool
 from hostpool_nb import _kernels as K
 from hostpool_nb import _layout as L
 from hostpool_nb import _paged_kernels as P
+from hostpool_nb import _short_kernels as S
 from tests.conftest import JIT_DISABLED
 
 needs_jit = pytest.mark.skipif(JIT_DISABLED, reason="compile options exist only with the JIT on")
@@ -125,7 +126,7 @@ def test_each_size_reaches_the_kernel_for_it(page_size: int, track: bool) -> Non
     alloc_short, free_short = (f"{n}_short" for n in names)
     # A tracking pool has no GIL twins: beyond the short calls, the run kernels.
     alloc_mid, free_mid = names if track else (f"{n}_gil" for n in names)
-    top = K.SHORT_SLOTS // page_size * page_size  # the longest short request
+    top = S.SHORT_SLOTS // page_size * page_size  # the longest short request
     top_gil = K.GIL_SLOTS // page_size * page_size  # the longest request that keeps the GIL
     for size, alloc_kernel, free_kernel in (
         (page_size, alloc_short, free_short),

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from .. import _kernels, _layout, _paged_kernels, _swa_kernels
+from .. import _kernels, _layout, _paged_kernels, _run_kernels, _swa_kernels
 from .._convert import INT64, STRIDES_1D, as_count, as_slots, pool_shape
 from .._errors import DoubleFreeError, HostPoolError, PagedOnlyError, SlotRangeError
 from .._invariants import group_problems, rank_problems
@@ -19,7 +19,7 @@ from .._protocol import ArrayStatePool, Recordable, start_words
 from .._snapshot import PagedState, checked_ranks, checked_sites, upgraded_words
 from .._tracking import HISTORY_MARK, Outstanding, Tracker, excluded, leak_report, site_id_problems, wanted
 
-_merge = entry_point(_kernels.merge)
+_merge = entry_point(_run_kernels.merge)
 _load_state = entry_point(_kernels.load_state)
 # Each allocator reads its kernels from the tables their modules make: a rank's (plain, tracked), the SWA's.
 _RANK_KERNELS = tuple(Entries(kernels) for kernels in _paged_kernels.KERNELS)
