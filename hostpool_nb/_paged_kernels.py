@@ -19,10 +19,10 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from ._jit import as_callee as _as_callee
 from ._jit import callee as _callee
 from ._jit import kernel as _jit
 from ._jit import tracked_twin as _tracked_twin
-from ._jit import variant as _variant
 from ._kernels import _LOW32, track_alloc, track_free
 from ._layout import (
     E_CORRUPT,
@@ -64,11 +64,11 @@ from ._layout import (
 from ._run_kernels import count_alloc, merge_lists, put_run, run_width, set_runs, take_front
 from ._tracking import CLEARED
 
-# Which calls record who holds each page: one definition per kernel, its variants compiled with this
-# global fixed (numba freezes it as a constant; LLVM drops the branches it rules out): the plain kernels
-# NEVER, their ``*_tracked`` twins ALWAYS, the callees the sliding-window kernels run BY_SITE (``site >= 0``).
-NEVER, ALWAYS, BY_SITE = 0, 1, 2
-TRACKING = NEVER
+# Whether a kernel records who holds each page: one definition per kernel, compiled twice (``KERNELS``)
+# with this global fixed, numba freezing it as a constant and dropping the branches it rules out. A
+# branch on the site at run time instead kept the tracking code in the plain kernels and cost the
+# sliding-window free 15% (docs/architecture.md).
+TRACKED = False
 
 # free_slots modes.
 FREE_PAGED = 0  # a page already free is ignored (the original's meaning)
@@ -175,7 +175,7 @@ def alloc_slots(st: NDArray[np.int64], out: NDArray[np.int64], page_size: int, s
     if status < 0:
         return status
     n: int = out.shape[0]
-    if TRACKING == ALWAYS or (TRACKING == BY_SITE and site >= 0):
+    if TRACKED:
         track_alloc(st, out, site, n)
     return n
 
@@ -197,7 +197,7 @@ def alloc_tokens(st: NDArray[np.int64], out: NDArray[np.int32], site: int) -> in
     status = _take_front(st, k, out, 1)
     if status < 0:
         return status
-    if TRACKING == ALWAYS or (TRACKING == BY_SITE and site >= 0):
+    if TRACKED:
         track_alloc(st, out, site, k)
     return k
 
@@ -233,9 +233,8 @@ def alloc_extend(
     ``E_SHORT`` (after the merge the original makes), never writing.
     The new pages' ids are staged at the end of ``out`` (:func:`_take_ids`).
 
-    Tracked (``sites`` not empty when ``BY_SITE``), each request that takes
-    new pages is one allocation from ``sites[i]`` (``sites`` holds a site
-    id per request, or one for all).
+    Tracked, each request that takes new pages is one allocation from
+    ``sites[i]`` (``sites`` holds a site id per request, or one for all).
     """
     n = seq.shape[0]
     limit = tokens
@@ -266,7 +265,6 @@ def alloc_extend(
     if status < 0:
         return status
     ids = out[limit - pages : limit]
-    tracks = TRACKING == ALWAYS or (TRACKING == BY_SITE and sites.shape[0] > 0)
     number = site = 0
     w = 0
     page = 0
@@ -283,7 +281,7 @@ def alloc_extend(
             out[w + j] = start + j
         w += rest
         left -= rest
-        if tracks and left > 0:  # one allocation per request that takes pages
+        if TRACKED and left > 0:  # one allocation per request that takes pages
             number = st[H_SEQ]
             st[H_SEQ] = number + 1
             site = sites[0] if sites.shape[0] == 1 else sites[i]
@@ -291,7 +289,7 @@ def alloc_extend(
         while left > 0:
             take = min(page_size, left)
             pid = ids[page]  # read before the fill below may overwrite it
-            if tracks:
+            if TRACKED:
                 _track_page(st, pid, number, site)
             base = pid * page_size
             for j in range(take):
@@ -337,12 +335,11 @@ def alloc_decode(
     if status < 0:
         return status
     ids = out[n - pages :]
-    tracks = TRACKING == ALWAYS or (TRACKING == BY_SITE and sites.shape[0] > 0)
     page = 0
     for i in range(n):
         if (seq[i] - 1) % page_size == 0:
             pid = ids[page]  # read before out[i] may overwrite it
-            if tracks:
+            if TRACKED:
                 number: int = st[H_SEQ]
                 st[H_SEQ] = number + 1
                 _track_page(st, pid, number, sites[0] if sites.shape[0] == 1 else sites[i])
@@ -467,7 +464,7 @@ def free_slots(
         if status != 0:
             return status
         gp[GP_COUNT] = pend0 + done
-        if TRACKING == ALWAYS or (TRACKING == BY_SITE and site >= 0):
+        if TRACKED:
             t: int = st[H_TRACK]
             for i in range(pend0, pend0 + done):
                 p = gp[GP_HEADER + i]
@@ -478,7 +475,7 @@ def free_slots(
         return status
     st[H_NREL] += done
     st[H_EREL] += entries
-    if TRACKING == ALWAYS or (TRACKING == BY_SITE and site >= 0):
+    if TRACKED:
         track_free(st, tail, site, done)
     return done
 
@@ -540,7 +537,7 @@ def _track_page(st: NDArray[np.int64], page: int, number: int, site: int) -> Non
 
 
 class RankKernels(NamedTuple):
-    """A rank's kernels in one variant: ``KERNELS[tracked]`` for the allocators, ``BY_SITE_CALLEES`` in kernels."""
+    """A rank's kernels in one variant: ``KERNELS[tracked]`` for the allocators, ``CALLEES[tracked]`` in kernels."""
 
     reset_rank: Any
     end_group: Any
@@ -552,16 +549,9 @@ class RankKernels(NamedTuple):
 
 
 _PLAIN = RankKernels(reset_rank, end_group, alloc_slots, alloc_tokens, alloc_extend, alloc_decode, free_slots)
-_TRACKED = {"TRACKING": ALWAYS}
 KERNELS = (
     _PLAIN,
-    RankKernels(
-        reset_rank,
-        end_group,
-        *(_tracked_twin(k, _TRACKED) for k in _PLAIN[2:]),
-    ),
+    _PLAIN._replace(**{f: _tracked_twin(getattr(_PLAIN, f), {"TRACKED": True}) for f in _PLAIN._fields[2:]}),
 )
-# What the sliding-window kernels (``_swa_kernels.py``) call: each tracked where its site is >= 0.
-BY_SITE_CALLEES = RankKernels(
-    *(_callee()(_variant(k, name=f"{k.__name__}_by_site", constants={"TRACKING": BY_SITE})) for k in _PLAIN)
-)
+# The same, for the sliding-window kernels (``_swa_kernels.py``) to call: compiled into theirs.
+CALLEES = tuple(RankKernels(*(_as_callee(k) for k in kernels)) for kernels in KERNELS)

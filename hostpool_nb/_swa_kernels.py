@@ -8,10 +8,12 @@ place. A refusal changes neither side but for the merges it makes; a
 failed check changes nothing. ``scratch`` is the allocator's own int64
 buffer, at least as long as the call's input (twice for ``free_swa``).
 
-Each kernel is written once and serves tracking allocators too: a side is
-tracked when its site (or its ``sites``) is given, ``-1`` (empty) not. The
-sub-allocators' kernels are called in their ``BY_SITE`` variants
-(``_paged_kernels.BY_SITE_CALLEES``), so no side has a wrapper of its own.
+Each kernel is written once, calling the sub-allocators' kernels by the
+names ``_alloc_tokens``, ``_free_slots``...: the plain ones
+(``_paged_kernels.CALLEES[0]``). Its ``*_tracked`` variant is the same
+code compiled with those names bound to the tracked ones (``CALLEES[1]``,
+:data:`_TRACKED`), and records each side's pages under the sites it is
+given; the plain kernels take the same arguments and ignore them.
 """
 
 from __future__ import annotations
@@ -24,17 +26,18 @@ from numpy.typing import NDArray
 
 from ._jit import callee as _callee
 from ._jit import kernel as _jit
+from ._jit import tracked_twin as _tracked_twin
+from ._jit import variant as _variant
 from ._layout import E_CORRUPT, E_RANGE, E_SHORT, H_NFREE, H_NREL, fail
-from ._paged_kernels import BY_SITE_CALLEES as _SIDE
-from ._paged_kernels import _ceil_div
+from ._paged_kernels import CALLEES, _ceil_div
 
-_alloc_tokens: Callable[..., int] = _SIDE.alloc_tokens
-_alloc_slots: Callable[..., int] = _SIDE.alloc_slots
-_alloc_extend: Callable[..., int] = _SIDE.alloc_extend
-_alloc_decode: Callable[..., int] = _SIDE.alloc_decode
-_free_slots: Callable[..., int] = _SIDE.free_slots
-_reset_rank: Callable[..., int] = _SIDE.reset_rank
-_end_group: Callable[..., int] = _SIDE.end_group
+_alloc_tokens: Callable[..., int] = CALLEES[0].alloc_tokens
+_alloc_slots: Callable[..., int] = CALLEES[0].alloc_slots
+_alloc_extend: Callable[..., int] = CALLEES[0].alloc_extend
+_alloc_decode: Callable[..., int] = CALLEES[0].alloc_decode
+_free_slots: Callable[..., int] = CALLEES[0].free_slots
+_reset_rank: Callable[..., int] = CALLEES[0].reset_rank
+_end_group: Callable[..., int] = CALLEES[0].end_group
 
 I64 = NDArray[np.int64]
 I32 = NDArray[np.int32]
@@ -187,14 +190,14 @@ def _free_mapped(sts: I64, gps: I64, mp: I32, own: I64, scratch: I64, page_size:
     """
     j = 0
     for i in range(own.shape[0]):
-        slot = own[i]
-        v = mp[slot]
-        mp[slot] = 0
+        v = mp[own[i]]
         if v >= page_size:
             scratch[j] = v
             j += 1
     if j > 0 and _free_slots(sts, gps, scratch[:j], page_size, mode, 0, site) < 0:
         return fail(E_CORRUPT, 0)
+    for i in range(own.shape[0]):
+        mp[own[i]] = 0
     return j
 
 
@@ -257,9 +260,12 @@ def end_group(
 
     ``slots`` are the group's frees of the rank, concatenated in order;
     ``site`` >= 0 (a tracking allocator): the SWA pages freed record it.
+    One kernel for both (a group's end is rare: no twin to compile).
     """
     _end_group(stf, gpf)
-    return _free_mapped(sts, gps, mp, slots, scratch, page_size, swa_mode, site)
+    if site < 0:
+        return _free_mapped(sts, gps, mp, slots, scratch, page_size, swa_mode, site)
+    return _free_mapped_tracked(sts, gps, mp, slots, scratch, page_size, swa_mode, site)
 
 
 @_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1])")
@@ -271,8 +277,15 @@ def reset(stf: I64, gpf: I64, sts: I64, gps: I64, mp: I32) -> int:
     return 0
 
 
+# The tracked variants: the same code, the sub-allocators' kernels (and this module's callee that calls
+# them) bound to their tracked variants.
+_TRACKED = {f"_{name}": k for name, k in CALLEES[1]._asdict().items()}
+_free_mapped_tracked = _callee()(_variant(_free_mapped, name="_free_mapped_tracked", constants=_TRACKED))
+_TRACKED["_free_mapped"] = _free_mapped_tracked
+
+
 class SWAKernels(NamedTuple):
-    """The sliding-window allocator's kernels: what its class calls, through ``_jit.Entries``."""
+    """The sliding-window allocator's kernels in one variant: ``KERNELS[tracked]``, for its class."""
 
     alloc_tokens: Any
     alloc_pages: Any
@@ -284,4 +297,6 @@ class SWAKernels(NamedTuple):
     reset: Any
 
 
-KERNELS = SWAKernels(alloc_tokens, alloc_pages, alloc_extend, alloc_decode, free, free_swa, end_group, reset)
+_PLAIN = SWAKernels(alloc_tokens, alloc_pages, alloc_extend, alloc_decode, free, free_swa, end_group, reset)
+# end_group and reset serve both: a group's end chooses at run time, a reset tracks nothing.
+KERNELS = (_PLAIN, _PLAIN._replace(**{f: _tracked_twin(getattr(_PLAIN, f), _TRACKED) for f in _PLAIN._fields[:6]}))

@@ -1014,6 +1014,29 @@ def test_accepted_forms_match_the_oracle() -> None:
     assert freed == [2, 2, 0, 0, 0]
 
 
+@pytest.mark.parametrize("ps", [3, 5, 6])
+def test_decode_at_a_page_size_that_is_no_power_of_two_matches_the_oracle(ps: int) -> None:
+    """Which requests start a page is ``(seq - 1) % page_size == 0``: checked at odd and even ``seq`` alike.
+
+    At a power-of-two page size an even ``seq`` never starts a page either
+    way, so only other page sizes tell ``seq - 1`` from a bit flip of ``seq``.
+    """
+    a = PagedTokenToKVPoolAllocator(128 * ps, ps, None)
+    o = oracle_mod.PagedTokenToKVPoolAllocator(128 * ps, ps, None)
+    lens = list(range(1, 3 * ps + 1))  # every position in a page, at odd and even lengths
+    n = len(lens)
+    for x in (o, a):  # a request of each length, then another: decode them in an order of page ids
+        x.alloc_extend([0] * n, lens, [-1] * n, sum(lens))
+        got = x.alloc_extend([0] * n, lens, [-1] * n, sum(lens))
+        assert got is not None
+    last_loc = got[np.cumsum(lens) - 1].tolist()  # the last slot of each request of the second batch
+    seq = [k + 1 for k in lens]
+    compare(a, o)
+    want = o.alloc_decode(seq, last_loc)
+    assert a.alloc_decode(seq, last_loc).tolist() == want.tolist()
+    compare(a, o)
+
+
 # -- import, forwarding, attributes ---------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from .. import _kernels, _layout, _paged_kernels, _run_kernels, _swa_kernels
+from .. import _kernels, _layout, _paged_kernels, _run_kernels
 from .._convert import INT64, STRIDES_1D, as_count, as_slots, pool_shape
 from .._errors import DoubleFreeError, HostPoolError, PagedOnlyError, SlotRangeError
 from .._invariants import group_problems, rank_problems
@@ -21,9 +21,8 @@ from .._tracking import HISTORY_MARK, Outstanding, Tracker, excluded, leak_repor
 
 _merge = entry_point(_run_kernels.merge)
 _load_state = entry_point(_kernels.load_state)
-# Each allocator reads its kernels from the tables their modules make: a rank's (plain, tracked), the SWA's.
+# Each allocator reads its kernels from the table their module makes: a rank's, plain and tracked.
 _RANK_KERNELS = tuple(Entries(kernels) for kernels in _paged_kernels.KERNELS)
-_SWA = Entries(_swa_kernels.KERNELS)
 _STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
 _NONE = np.zeros(0, dtype=np.int64)  # no sites, no copy: an untracked call's empty arrays
 _INT32_MAX = 2**31 - 1

@@ -18,10 +18,11 @@ from .._protocol import parts
 from .._snapshot import SWAState
 from .._tracking import wanted
 from ._allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from ._base import _STATUS_SHORT, BaseTokenToKVPoolAllocator
+from ._base import _NONE, _STATUS_SHORT, BaseTokenToKVPoolAllocator
 from ._swa_state import _SWAStateKeeping
 
-_SWA = Entries(_swa_kernels.KERNELS)
+_UNTRACKED, _NO_SITES = (-1, -1), (_NONE, _NONE)  # an untracked call's sites, no method call to get them
+_SWA_KERNELS = tuple(Entries(kernels) for kernels in _swa_kernels.KERNELS)  # plain, tracked
 
 
 class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
@@ -117,6 +118,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
                 self._modes = (_paged_kernels.FREE_PAGED, _paged_kernels.FREE_PAGED)
         self.swa_attn_allocator: Any = sub
         self.track = track
+        self._k = _SWA_KERNELS[bool(track)]
         self.page_size = page_size
         self.dp_size = self.full_attn_allocator.dp_size
         self.size = self.full_attn_allocator.size  # the original's base class sets these two from the full side
@@ -216,11 +218,11 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
         out, swa = np.empty(need_size, dtype=dtype), np.empty(need_size, dtype=dtype)
         stf, _, sts, _ = self._states(r)
         with self.lock:
-            sf, ss = self._sites(r, where, tag)
+            sf, ss = _UNTRACKED if where is None else self._sites(r, where, tag)
             if ps == 1:
-                status = _SWA.alloc_tokens(stf, sts, self._maps[r], out, swa, sf, ss)
+                status = self._k.alloc_tokens(stf, sts, self._maps[r], out, swa, sf, ss)
             else:
-                status = _SWA.alloc_pages(stf, sts, self._maps[r], out, swa, ps, sf, ss)
+                status = self._k.alloc_pages(stf, sts, self._maps[r], out, swa, ps, sf, ss)
             if status < 0 and where is not None:
                 self._failed(r)
         if status >= 0:
@@ -284,8 +286,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
         with self.lock:
             scratch = self._scratch_for(prefix.shape[0])
             tokens = min(total, _INT64_MAX)
-            sf, ss = self._batch_sites(r, keys, tags)
-            status = _SWA.alloc_extend(stf, sts, mp, prefix, seq, last, out, swa, scratch, tokens, ps, sf, ss)
+            sf, ss = _NO_SITES if keys is None else self._batch_sites(r, keys, tags)
+            status = self._k.alloc_extend(stf, sts, mp, prefix, seq, last, out, swa, scratch, tokens, ps, sf, ss)
             if status < 0 and keys is not None:
                 self._failed(r)
         if status >= 0:
@@ -314,8 +316,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
         mp, ps = self._maps[r], self.page_size
         with self.lock:
             scratch = self._scratch_for(seq.shape[0])
-            sf, ss = self._batch_sites(r, keys, tags)
-            status = _SWA.alloc_decode(stf, sts, mp, seq, last, out, swa, scratch, ps, sf, ss)
+            sf, ss = _NO_SITES if keys is None else self._batch_sites(r, keys, tags)
+            status = self._k.alloc_decode(stf, sts, mp, seq, last, out, swa, scratch, ps, sf, ss)
             if status < 0 and keys is not None:
                 self._failed(r)
         if status >= 0:
@@ -353,8 +355,10 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
             # unchecked slot. A copy here costs a memcpy; one in the kernel cost more (docs/architecture.md).
             slots = slots.copy()
             scratch = self._scratch_for(slots.shape[0])
-            sf, ss = self._sites(r, where, None)
-            status = _SWA.free(stf, gpf, sts, gps, mp, slots, scratch, ps, full_mode, swa_mode, int(in_group), sf, ss)
+            sf, ss = _UNTRACKED if where is None else self._sites(r, where, None)
+            status = self._k.free(
+                stf, gpf, sts, gps, mp, slots, scratch, ps, full_mode, swa_mode, int(in_group), sf, ss
+            )
             if status < 0 and where is not None:
                 self._failed(r)
             if status < 0:
@@ -390,7 +394,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
         with self.lock:
             scratch = self._scratch_for(2 * n)  # the kernel reads the slots once, into scratch[n:2n]
             site = -1 if where is None else self.swa_attn_allocator._site_of(r, where, None)
-            status = _SWA.free_swa(sts, gps, mp, slots, scratch, ps, mode, site)
+            status = self._k.free_swa(sts, gps, mp, slots, scratch, ps, mode, site)
             if status < 0 and where is not None:
                 self.swa_attn_allocator._failed(r)
             if status >= 0:
@@ -434,7 +438,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
                 slots = np.concatenate(frees)
                 stf, gpf, sts, gps = self._states(r)
                 site = -1 if wheres[r] is None else self.swa_attn_allocator._site_of(r, wheres[r], None)
-                status = _SWA.end_group(
+                status = self._k.end_group(
                     stf,
                     gpf,
                     sts,
@@ -458,6 +462,6 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
         ranks = range(self.dp_size) if dp_rank is None else (self._rank(dp_rank),)
         with self.lock:
             for r in ranks:
-                _SWA.reset(*self._states(r), self._maps[r])
+                self._k.reset(*self._states(r), self._maps[r])
                 self._group_frees[r].clear()
             self._in_group = False

@@ -14,7 +14,7 @@ from .._errors import HostPoolError
 from .._protocol import ArrayStatePool, Recordable, start_words
 from .._snapshot import SWAState
 from .._tracking import Outstanding
-from ._base import _NONE, _lists_of, _RankedAllocator
+from ._base import _lists_of, _RankedAllocator
 
 _NO_PICKLE = (
     "SWATokenToKVPoolAllocator does not pickle or copy: the KV pool and the attention backend hold its mapping "
@@ -66,10 +66,7 @@ class _SWAStateKeeping(Recordable, ArrayStatePool):
         return None if trackers is None else trackers[r].where(tag, 2)
 
     def _sites(self, r: int, where: Any, tag: Hashable) -> tuple[int, int]:
-        """Under the lock: the site's id on each side, ``-1`` untracked (a tracked call that fails then calls
-        :meth:`_failed`)."""
-        if where is None:
-            return -1, -1
+        """Under the lock: the site's id on each side (a tracked call that fails then calls :meth:`_failed`)."""
         return self.full_attn_allocator._site_of(r, where, tag), self.swa_attn_allocator._site_of(r, where, tag)
 
     def _batch_keys(self, r: int, tags: Any, n: int) -> Any:
@@ -79,9 +76,7 @@ class _SWAStateKeeping(Recordable, ArrayStatePool):
         return self.full_attn_allocator._keys(r, tags, n), self.swa_attn_allocator._keys(r, tags, n)
 
     def _batch_sites(self, r: int, keys: Any, tags: Any) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        """Under the lock: each side's site array for a batch, empty untracked."""
-        if keys is None:
-            return _NONE, _NONE
+        """Under the lock: each side's site array for a batch of a tracking allocator."""
         full, swa = self.full_attn_allocator, self.swa_attn_allocator
         return full._request_sites(r, keys[0], tags), swa._request_sites(r, keys[1], tags)
 
