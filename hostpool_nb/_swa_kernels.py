@@ -190,14 +190,14 @@ def _free_mapped(sts: I64, gps: I64, mp: I32, own: I64, scratch: I64, page_size:
     """
     j = 0
     for i in range(own.shape[0]):
-        v = mp[own[i]]
+        slot = own[i]
+        v = mp[slot]
+        mp[slot] = 0  # zeroed as gathered: one pass (a refusal below means the state is corrupt anyway)
         if v >= page_size:
             scratch[j] = v
             j += 1
     if j > 0 and _free_slots(sts, gps, scratch[:j], page_size, mode, 0, site) < 0:
         return fail(E_CORRUPT, 0)
-    for i in range(own.shape[0]):
-        mp[own[i]] = 0
     return j
 
 

@@ -346,7 +346,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
             return 0
         full_mode, swa_mode = self._modes
         stf, gpf, sts, gps = self._states(r)
-        where = self._where(r, None)
+        where = None if self.full_attn_allocator._trackers is None else self._where(r, None)
         mp, ps = self._maps[r], self.page_size
         with self.lock:
             in_group = self._in_group
@@ -354,7 +354,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
             # it for its end), so a thread writing the caller's array meanwhile cannot make the SWA side index an
             # unchecked slot. A copy here costs a memcpy; one in the kernel cost more (docs/architecture.md).
             slots = slots.copy()
-            scratch = self._scratch_for(slots.shape[0])
+            scratch = self._scratch
+            if scratch.shape[0] < slots.shape[0]:
+                scratch = self._scratch_for(slots.shape[0])
             sf, ss = _UNTRACKED if where is None else self._sites(r, where, None)
             status = self._k.free(
                 stf, gpf, sts, gps, mp, slots, scratch, ps, full_mode, swa_mode, int(in_group), sf, ss
@@ -387,18 +389,20 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
             return rec.free_swa(free_index, dp_rank)  # type: ignore[no-any-return]
         r = self._rank(dp_rank)
         slots = as_slots(free_index, "free_index")
-        _, _, sts, gps = self._states(r)
-        where = self._where(r, None)
+        swa = self.swa_attn_allocator
+        where = None if swa._trackers is None else self._where(r, None)
         mp, ps, mode = self._maps[r], self.page_size, self._modes[1]
         n = slots.shape[0]
         with self.lock:
-            scratch = self._scratch_for(2 * n)  # the kernel reads the slots once, into scratch[n:2n]
-            site = -1 if where is None else self.swa_attn_allocator._site_of(r, where, None)
-            status = self._k.free_swa(sts, gps, mp, slots, scratch, ps, mode, site)
+            scratch = self._scratch  # the kernel reads the slots once, into scratch[n:2n]
+            if scratch.shape[0] < 2 * n:
+                scratch = self._scratch_for(2 * n)
+            site = -1 if where is None else swa._site_of(r, where, None)
+            status: int = self._k.free_swa(swa._st[r], swa._gp[r], mp, slots, scratch, ps, mode, site)
             if status < 0 and where is not None:
-                self.swa_attn_allocator._failed(r)
+                swa._failed(r)
             if status >= 0:
-                return int(status)
+                return status
             code, i = _layout.decode_status(status)
             if code == _layout.E_RANGE:  # the slot the kernel read and refused, not the caller's array again
                 raise SlotRangeError(
