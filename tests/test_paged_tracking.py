@@ -567,3 +567,22 @@ def test_a_restore_of_another_table_forgets_the_last_batch() -> None:
     a.restore_state(same)  # the table as it is: the last batch's entries still mean the same
     decode_batch(a, [0], ["a"])
     assert tags_of(a) == {"a": 2}
+
+
+@pytest.mark.parametrize("cls", ["paged", "token"])
+def test_check_invariants_finds_a_site_id_outside_the_table_of_a_rank_otherwise_sound(cls: str) -> None:
+    """The site ids in the tracking words are checked whenever the rank's lists are sound, not only when they are not."""
+    a = (
+        PagedTokenToKVPoolAllocator(16 * 8, 16, None, dp_size=2, track=True)
+        if cls == "paged"
+        else TokenToKVPoolAllocator(8, None, dp_size=2, track=True)
+    )
+    held = a.alloc(a.page_size, dp_rank=1)
+    assert held is not None
+    a.check_invariants()
+    st = a._st[1]
+    n, t = int(st[L.H_NPAGES]), int(st[L.H_TRACK])
+    page = int(held[0]) // a.page_size
+    st[t + n + page] = (999 << 32) | (int(st[t + n + page]) & 0xFFFFFFFF)  # an allocation site no table holds
+    with pytest.raises(RuntimeError, match=rf"rank 1 is corrupted: page {page}'s allocation site id 999 is not in"):
+        a.check_invariants()

@@ -22,6 +22,7 @@ from hostpool_nb import AlignmentError, DoubleFreeError, HostPoolError, PagedOnl
 from hostpool_nb import _layout as L
 from hostpool_nb.originals import paged as oracle_mod
 from hostpool_nb.paged import SWAState, SWATokenToKVPoolAllocator
+from tests.conftest import one_entry_per_page
 from tests.paged_model import capture
 
 
@@ -222,6 +223,12 @@ def test_a_damaged_snapshot_is_refused_and_changes_nothing() -> None:
     maps = [m[:-1] for m in state._mappings]
     check_error(a, lambda a: a.restore_state(_with_maps(state, maps)), HostPoolError,
                 "the state's mapping of rank 0 fails the invariants: it has 16 entries, expected 17")  # fmt: skip
+    maps = [m.copy() for m in state._mappings]
+    maps[0][1] = int(state.swa._ranks[0][L.H_NPAGES])  # one past the SWA rank's last slot (page size 1)
+    check_error(a, lambda a: a.restore_state(_with_maps(state, maps)), HostPoolError,
+                "the state's mapping of rank 0 fails the invariants: an SWA slot is outside the SWA rank")  # fmt: skip
+    check_error(a, lambda a: a.restore_state(_with_maps(state, [state._mappings[0]])), HostPoolError,
+                "the state holds 1 mappings; this allocator has dp_size=2")  # fmt: skip
     check_error(a, lambda a: a.restore_state(state.full), TypeError,
                 "state must be a SWAState from backup_state(), got PagedState")  # fmt: skip
     other = SWATokenToKVPoolAllocator(64, 16, hybrid(), dp_size=2)
@@ -442,12 +449,47 @@ def test_bad_tracking_arguments_change_nothing_on_either_side(call: Any, error: 
     assert everything_tracked(a) == before
 
 
-def test_a_refused_tracked_allocation_leaves_both_tables_as_they_were() -> None:
-    a = tracked(4)
+@pytest.mark.parametrize("ps", [1, 4])
+def test_a_refused_tracked_allocation_leaves_both_tables_as_they_were(ps: int) -> None:
+    a = tracked(ps)
     before = everything_tracked(a)
-    assert a.alloc_extend([0], [4 * 40], [-1], 160, tags=["too big"]) is None
-    assert a.alloc(4 * 40, tag="too big") is None
+    if ps > 1:
+        assert a.alloc_extend([0], [ps * 40], [-1], ps * 40, tags=["too big"]) is None
+    assert a.alloc(ps * 80, tag="too big") is None  # more than the full side's rank: refused before the kernel
+    assert a.alloc(ps * 40, tag="short") is None  # the SWA side's 32 pages are too few: the kernel refuses
     assert everything_tracked(a) == before
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_a_corrupt_full_side_stops_an_allocation_before_the_swa_side(ps: int) -> None:
+    """A listed full page that is not free (impossible through the API): RuntimeError, both sides and the mapping
+    as they were."""
+    a = SWATokenToKVPoolAllocator(16 * ps, 8 * ps, hybrid(), page_size=ps)
+    st = a.full_attn_allocator._st[0]
+    ring = one_entry_per_page(st)
+    held = a.alloc(ps)
+    assert held is not None
+    head = int(st[L.H_HEAD])
+    ring[head + 1] = int(held[0]) // ps  # the second page the next allocation takes: held already
+    before = everything(a)
+    with pytest.raises(RuntimeError, match="corrupted"):
+        a.alloc(2 * ps)
+    assert everything(a) == before
+
+
+def test_an_extension_the_swa_side_cannot_serve_is_refused_whatever_the_requests_hold() -> None:
+    """The SWA side's check counts the new pages, ``ceil(seq / ps) - ceil(prefix / ps)``, of requests that hold some.
+
+    Here 2 new pages, with 1 SWA page free and 14 full pages: refused, neither side changed.
+    """
+    kv = hybrid()
+    a = SWATokenToKVPoolAllocator(16 * 4, 3 * 4, kv, page_size=4)
+    held = a.alloc(8)  # two pages a side: the request's first 8 tokens
+    assert held is not None
+    before = everything(a)
+    assert a.alloc_extend([8], [16], [int(held[-1])], 8) is None
+    assert everything(a) == before
+    a.check_invariants()
 
 
 def test_an_untracking_swa_allocator_ignores_tags(monkeypatch: pytest.MonkeyPatch) -> None:
