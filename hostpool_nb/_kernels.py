@@ -65,6 +65,7 @@ from ._run_kernels import (
     run_at,
     run_width,
     set_runs,
+    stage,
     take_front,
 )
 from ._short_kernels import alloc_short, free_short
@@ -188,24 +189,6 @@ def alloc_pages(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
 
 
 @_callee()
-def _stage(
-    ring: NDArray[np.int32], pos: int, entries: int, first: int, length: int, p: int, more: int
-) -> tuple[int, int, int, int]:
-    """Add pages ``p .. p + more - 1`` to the open run ``first, length``, or write it and open theirs.
-
-    A free's staging registers: ``pos`` (the next entry), ``entries``
-    (written so far), and the open run, written only when a page does not
-    continue it (or at the end): a run of any length costs two writes.
-    """
-    if p == first + length:
-        return pos, entries, first, length + more
-    if length > 0:
-        pos = put_run(ring, pos, first, length)
-        entries += run_width(length)
-    return pos, entries, p, more
-
-
-@_callee()
 def _staged_twice(ring: NDArray[np.int32], tail: int, entries: int, page: int, position: int) -> int:
     """The failure for a ``page`` that ``free`` found not allocated.
 
@@ -307,7 +290,7 @@ def free_pn(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
                 run = _run_length(slots, start, min(count - c, n - p) * page_size, first) // page_size
                 if run > 0 and _flags_are(st, p, run, OWNER_ALLOCATED):
                     _set_flags(st, p, run, mark)
-                    pos, entries, first_page, length = _stage(ring, pos, entries, first_page, length, p, run)
+                    pos, entries, first_page, length = stage(ring, pos, entries, first_page, length, p, run)
                     c += run
                     continue
                 skip = c + run  # page by page, to the exact position of the fault
@@ -358,7 +341,7 @@ def free_pn(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
                 stop = c + k
                 break
             owner[p] = mark
-            pos, entries, first_page, length = _stage(ring, pos, entries, first_page, length, p, 1)
+            pos, entries, first_page, length = stage(ring, pos, entries, first_page, length, p, 1)
         c = stop  # the pages staged so far
         if status != 0 or missing >= 0:
             break

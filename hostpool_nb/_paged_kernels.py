@@ -61,7 +61,7 @@ from ._layout import (
     owner_view,
     ring_view,
 )
-from ._run_kernels import count_alloc, merge_lists, put_run, run_width, set_runs, take_front
+from ._run_kernels import count_alloc, merge_lists, put_run, run_width, set_runs, stage, take_front
 from ._tracking import CLEARED
 
 # Whether a kernel records who holds each page: one definition per kernel, compiled twice (``KERNELS``)
@@ -69,6 +69,9 @@ from ._tracking import CLEARED
 # branch on the site at run time instead kept the tracking code in the plain kernels and cost the
 # sliding-window free 15% (docs/architecture.md).
 TRACKED = False
+
+I64 = NDArray[np.int64]  # the kernels' annotations (numba compiles from the signature strings)
+I32 = NDArray[np.int32]
 
 # free_slots modes.
 FREE_PAGED = 0  # a page already free is ignored (the original's meaning)
@@ -204,15 +207,7 @@ def alloc_tokens(st: NDArray[np.int64], out: NDArray[np.int32], site: int) -> in
 
 @_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i4[::1], i8, i8, i8, i8[::1])")
 def alloc_extend(
-    st: NDArray[np.int64],
-    prefix: NDArray[np.int64],
-    seq: NDArray[np.int64],
-    last: NDArray[np.int64],
-    out: NDArray[np.int32],
-    tokens: int,
-    page_size: int,
-    debug: int,
-    sites: NDArray[np.int64],
+    st: I64, prefix: I64, seq: I64, last: I64, out: I32, tokens: int, page_size: int, debug: int, sites: I64
 ) -> int:
     """Extend each request ``i`` from ``prefix[i]`` to ``seq[i]`` tokens; slots into ``out`` (int32).
 
@@ -301,15 +296,7 @@ def alloc_extend(
 
 
 @_jit("i8(i8[::1], i8[::1], i8[::1], i4[::1], i8, i8, i8[::1])")
-def alloc_decode(
-    st: NDArray[np.int64],
-    seq: NDArray[np.int64],
-    last: NDArray[np.int64],
-    out: NDArray[np.int32],
-    page_size: int,
-    debug: int,
-    sites: NDArray[np.int64],
-) -> int:
+def alloc_decode(st: I64, seq: I64, last: I64, out: I32, page_size: int, debug: int, sites: I64) -> int:
     """One new token per request: ``out[i]`` is a new page's first slot, or ``last[i] + 1``.
 
     Request ``i`` needs a new page when its new token starts one
@@ -351,15 +338,7 @@ def alloc_decode(
 
 
 @_jit("i8(i8[::1], i8[::1], i8[::1], i8, i8, i8, i8)")
-def free_slots(
-    st: NDArray[np.int64],
-    gp: NDArray[np.int64],
-    slots: NDArray[np.int64],
-    page_size: int,
-    mode: int,
-    in_group: int,
-    site: int,
-) -> int:
+def free_slots(st: I64, gp: I64, slots: I64, page_size: int, mode: int, in_group: int, site: int) -> int:
     """Free the pages of token ``slots``; return the number of pages freed (or pending).
 
     ``FREE_PAGED``: a page is freed once however many of its slots are
@@ -443,14 +422,7 @@ def free_slots(
             status = fail(E_NOT_ALLOCATED, c)
             break
         owner[p] = OWNER_STAGED
-        if p == first + length:
-            length += 1
-        else:
-            if length > 0:
-                pos = put_run(ring, pos, first, length)
-                entries += run_width(length)
-            first = p
-            length = 1
+        pos, entries, first, length = stage(ring, pos, entries, first, length, p, 1)
         done += 1
     if length > 0:
         put_run(ring, pos, first, length)
@@ -506,14 +478,7 @@ def end_group(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
         marks[p] = MARK_NONE
         if owner[p] == OWNER_ALLOCATED:
             owner[p] = OWNER_FREE
-            if p == first + length:
-                length += 1
-            else:
-                if length > 0:
-                    pos = put_run(ring, pos, first, length)
-                    entries += run_width(length)
-                first = p
-                length = 1
+            pos, entries, first, length = stage(ring, pos, entries, first, length, p, 1)
             released += 1
     if length > 0:
         put_run(ring, pos, first, length)

@@ -86,6 +86,24 @@ def run_width(length: int) -> int:
     return 1 if length == 1 else 2
 
 
+@_callee()
+def stage(
+    ring: NDArray[np.int32], pos: int, entries: int, first: int, length: int, p: int, more: int
+) -> tuple[int, int, int, int]:
+    """Add pages ``p .. p + more - 1`` to the open run ``first, length``, or write it and open theirs.
+
+    A free's staging registers: ``pos`` (the next entry), ``entries``
+    (written so far), and the open run, written only when a page does not
+    continue it (or at the end): a run of any length costs two writes.
+    """
+    if p == first + length:
+        return pos, entries, first, length + more
+    if length > 0:
+        pos = put_run(ring, pos, first, length)
+        entries += run_width(length)
+    return pos, entries, p, more
+
+
 # Eight owner flags in one word of the state: a flag value repeated in every byte.
 _EVERY_BYTE = 0x0101010101010101
 _HIGH_BITS = 0x8080808080808080 - (1 << 64)  # the high bit of every byte, as an int64: no uint64 mixed in

@@ -21,15 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import numpy as np
-from numpy.typing import NDArray
-
 from ._jit import callee as _callee
 from ._jit import kernel as _jit
 from ._jit import tracked_twin as _tracked_twin
 from ._jit import variant as _variant
 from ._layout import E_CORRUPT, E_RANGE, E_SHORT, H_NFREE, H_NREL, fail
-from ._paged_kernels import CALLEES, _ceil_div
+from ._paged_kernels import CALLEES, I32, I64, _ceil_div
 
 _alloc_tokens: Callable[..., int] = CALLEES[0].alloc_tokens
 _alloc_slots: Callable[..., int] = CALLEES[0].alloc_slots
@@ -38,9 +35,6 @@ _alloc_decode: Callable[..., int] = CALLEES[0].alloc_decode
 _free_slots: Callable[..., int] = CALLEES[0].free_slots
 _reset_rank: Callable[..., int] = CALLEES[0].reset_rank
 _end_group: Callable[..., int] = CALLEES[0].end_group
-
-I64 = NDArray[np.int64]
-I32 = NDArray[np.int32]
 
 
 @_callee()
@@ -124,13 +118,12 @@ def alloc_extend(
     the call is refused after the SWA side's merge, the full side
     untouched (the original takes the full slots and frees them again).
     """
-    n = seq.shape[0]
-    last_swa = scratch[:n]
+    last_swa = scratch[: seq.shape[0]]
     status = _mapped_last(mp, last, last_swa)
     if status < 0:
         return status
     pages = 0
-    for i in range(n):
+    for i in range(seq.shape[0]):  # the pages the requests' extensions begin
         pages += _ceil_div(seq[i], page_size) - _ceil_div(prefix[i], page_size)
     if pages > _available(sts) and pages <= _available(stf):  # checks, merges, refuses
         return _alloc_extend(sts, prefix, seq, last_swa, swa, tokens, page_size, 0, sites_swa[:0])
@@ -158,14 +151,13 @@ def alloc_decode(
     sites_swa: I64,
 ) -> int:
     """``alloc_decode`` on both sides as :func:`alloc_extend` does it."""
-    n = seq.shape[0]
-    last_swa = scratch[:n]
+    last_swa = scratch[: seq.shape[0]]
     status = _mapped_last(mp, last, last_swa)
     if status < 0:
         return status
     pages = 0
-    for i in range(n):
-        pages += 1 if (seq[i] - 1) % page_size == 0 else 0
+    for s in seq:  # the requests whose new token starts a page
+        pages += 1 if (s - 1) % page_size == 0 else 0
     if pages > _available(sts) and pages <= _available(stf):
         return _alloc_decode(sts, seq, last_swa, swa, page_size, 0, sites_swa[:0])
     status = _alloc_decode(stf, seq, last, out, page_size, 0, sites_full)
