@@ -458,6 +458,14 @@ def test_a_refused_tracked_allocation_leaves_both_tables_as_they_were(ps: int) -
     assert a.alloc(ps * 80, tag="too big") is None  # more than the full side's rank: refused before the kernel
     assert a.alloc(ps * 40, tag="short") is None  # the SWA side's 32 pages are too few: the kernel refuses
     assert everything_tracked(a) == before
+    if ps > 1:  # the batch calls' refusals in the kernel: the SWA side full, the full side not
+        held = a.alloc(ps * 32, tag="all of the SWA side")
+        assert held is not None
+        before = everything_tracked(a)
+        last = int(held[-1])
+        assert a.alloc_decode([ps * 32 + 1], [last], tags=["a new page"]) is None
+        assert a.alloc_extend([ps * 32], [ps * 33], [last], ps, tags=["a new page"]) is None
+        assert everything_tracked(a) == before
 
 
 @pytest.mark.parametrize("ps", [1, 4])
