@@ -28,7 +28,7 @@ from ._errors import (
 )
 from ._fork import follow as follow_lock
 from ._invariants import host_problems
-from ._jit import entry_point
+from ._jit import Entries
 from ._protocol import ArrayStatePool
 from ._snapshot import HostPageState, checked_host_words
 from ._stats import HostPageStats
@@ -36,14 +36,8 @@ from .originals.host_tier import PD_METRICS
 
 log = logging.getLogger("hostpool_nb")
 
-_reserve = entry_point(_host_kernels.host_reserve)
-_alloc = entry_point(_host_kernels.host_alloc)
-_free = entry_point(_host_kernels.host_free)
-_release = entry_point(_host_kernels.host_release)
-_pin = entry_point(_host_kernels.host_pin)
-_pin1 = entry_point(_host_kernels.host_pin1)
-_reset = entry_point(_host_kernels.host_reset)
-_load = entry_point(_kernels.load_state)
+_K = Entries(_host_kernels.KERNELS)  # each compiled (or loaded) on its first use
+_CORE = Entries(_kernels.POOL)  # the core's load_state: the same checked words, copied in
 
 _NO_GENS = np.empty(0, dtype=np.int64)
 _NO_OUT = np.empty(0, dtype=np.int64)  # host_free: do not list the freed pages
@@ -116,7 +110,7 @@ class HostPagePool(ArrayStatePool):
         st = np.zeros(_layout.host_state_length(pool_size), dtype=np.int64)
         st[_layout.HP_NPAGES] = pool_size
         self._setup(st)
-        _reset(st)
+        _K.reset(st)
         st[_layout.HP_CLEARS] = 0  # the construction is not a clear() call
 
     def _setup(self, st: NDArray[np.int64]) -> None:
@@ -145,7 +139,7 @@ class HostPagePool(ArrayStatePool):
         lock = self.lock
         lock.acquire()
         try:
-            page = _reserve(self._st)
+            page: int = _K.reserve(self._st)
         finally:
             lock.release()
         if page >= 0:
@@ -185,7 +179,7 @@ class HostPagePool(ArrayStatePool):
         lock = self.lock
         lock.acquire()
         try:
-            status = _alloc(self._st, out)
+            status = _K.alloc(self._st, out)
         finally:
             lock.release()
         if status >= 0:
@@ -230,7 +224,7 @@ class HostPagePool(ArrayStatePool):
         lock = self.lock
         lock.acquire()
         try:
-            status = _release(self._st, buffer_id, given, check)
+            status = _K.release(self._st, buffer_id, given, check)
             if status < 0:
                 raise self._free_error(status, "buffer_id", "release", {})
         finally:
@@ -315,7 +309,7 @@ class HostPagePool(ArrayStatePool):
         out: NDArray[np.int64],
     ) -> int:
         """The free kernel, under :attr:`lock` (held by the caller): the pages freed, into ``out`` if it has room."""
-        status: int = _free(self._st, pages, gens, check, out)
+        status: int = _K.free(self._st, pages, gens, check, out)
         if status < 0:  # built under the same hold, from the values the kernel checked
             raise self._free_error(status, "page id", "free", beyond)
         return status
@@ -358,7 +352,7 @@ class HostPagePool(ArrayStatePool):
             if not -(2**63) <= page < 2**63:
                 raise SlotRangeError(f"buffer_id={page} outside pool range [0, {self.pool_size})")
             with self.lock:
-                status = _pin1(self._st, page, delta)
+                status = _K.pin1(self._st, page, delta)
                 if status < 0:
                     raise self._pin_error(status, {})
             return
@@ -366,7 +360,7 @@ class HostPagePool(ArrayStatePool):
         if pages is buffer_id:
             pages = pages.copy()  # host_pin reads its input twice to undo a failure: our own copy
         with self.lock:
-            status = _pin(self._st, pages, delta)
+            status = _K.pin(self._st, pages, delta)
             if status < 0:
                 raise self._pin_error(status, beyond)
 
@@ -409,7 +403,7 @@ class HostPagePool(ArrayStatePool):
         still says which allocation it was, so a stale free of it is caught.
         """
         with self.lock:
-            _reset(self._st)
+            _K.reset(self._st)
 
     def stats(self) -> HostPageStats:
         """Usage and counters now, in O(1)."""
@@ -442,7 +436,7 @@ class HostPagePool(ArrayStatePool):
         return checked_host_words(state._words, self.pool_size, "the state")
 
     def _load(self, checked: NDArray[np.int64]) -> None:
-        _load(self._st, checked)
+        _CORE.load_state(self._st, checked)
 
     def _pickled(self) -> dict[str, Any]:
         return {"pool_size": self.pool_size, "state": self._st.copy()}
@@ -600,7 +594,7 @@ class HostKVPoolMixin:
         lock = self._host_pages.lock
         lock.acquire()
         try:
-            page: int = _reserve(self._host_pages._st)
+            page: int = _K.reserve(self._host_pages._st)
             if page == _STATUS_SHORT:
                 self._log_exhausted(1)
         finally:
@@ -629,7 +623,7 @@ class HostKVPoolMixin:
         lock = self._host_pages.lock
         lock.acquire()
         try:
-            status: int = _alloc(self._host_pages._st, out)
+            status: int = _K.alloc(self._host_pages._st, out)
             if status == _STATUS_SHORT:
                 self._log_exhausted(need_pages)
         finally:
@@ -657,7 +651,7 @@ class HostKVPoolMixin:
         if type(buffer_id) is int and generation is None and 0 <= buffer_id < self._pool_size:
             lock.acquire()
             try:
-                status: int = _release(pages._st, buffer_id, 0, 0)
+                status: int = _K.release(pages._st, buffer_id, 0, 0)
                 if status < 0:
                     raise pages._free_error(status, "buffer_id", "release", {})
                 self._forget((buffer_id,))

@@ -9,6 +9,8 @@ values the kernel checked.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -261,3 +263,18 @@ def host_pin(st: NDArray[np.int64], pages: NDArray[np.int64], delta: int) -> int
                 _pin_one(st, pages[j], -delta, j)
             return status
     return m
+
+
+class HostKernels(NamedTuple):
+    """The host page pool's kernels: what its classes call, through ``_jit.Entries``."""
+
+    reset: Any
+    reserve: Any
+    alloc: Any
+    free: Any
+    release: Any
+    pin1: Any
+    pin: Any
+
+
+KERNELS = HostKernels(host_reset, host_reserve, host_alloc, host_free, host_release, host_pin1, host_pin)

@@ -61,7 +61,9 @@ from ._run_kernels import (
     _set_flags,
     count_alloc,
     long_run,
+    merge,
     put_run,
+    refuse,
     run_at,
     run_width,
     set_runs,
@@ -693,3 +695,18 @@ def load_state(st: NDArray[np.int64], src: NDArray[np.int64]) -> int:
     for i in range(words):  # not ``st[:] = src``, which may copy ``src`` first
         st[i] = src[i]
     return words
+
+
+class PoolKernels(NamedTuple):
+    """The core pool's kernels beyond alloc and free (``KERNELS``): what ``LogicalHostPool`` calls for the rest."""
+
+    reset: Any
+    merge: Any
+    refuse: Any
+    plan_batch: Any
+    group_begin: Any
+    group_end: Any
+    load_state: Any
+
+
+POOL = PoolKernels(reset, merge, refuse, plan_batch, group_begin, group_end, load_state)

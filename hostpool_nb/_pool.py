@@ -16,24 +16,18 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _kernels, _layout, _run_kernels, _short_kernels
+from . import _kernels, _layout, _short_kernels
 from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_sizes, as_slots, pool_shape
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
 from ._hooks import DataPlaneHooks
 from ._invariants import pool_problems
-from ._jit import Entries, entry_point
+from ._jit import Entries
 from ._protocol import ArrayStatePool, Recordable, start_words
 from ._snapshot import PoolState, checked_words, upgraded_words
 from ._stats import PoolStats
 from ._tracking import HISTORY_MARK, Outstanding, SiteKey, Tracker, excluded, leak_report, wanted
 
-_reset = entry_point(_kernels.reset)
-_merge = entry_point(_run_kernels.merge)
-_refuse = entry_point(_run_kernels.refuse)
-_plan_batch = entry_point(_kernels.plan_batch)
-_group_begin = entry_point(_kernels.group_begin)
-_group_end = entry_point(_kernels.group_end)
-_load_state = entry_point(_kernels.load_state)
+_K = Entries(_kernels.POOL)  # the rarer calls' kernels, each compiled (or loaded) on its first use
 # The alloc and free kernels of each page-size class: _ENTRIES[page_size == 1].
 _ENTRIES = (Entries(_kernels.KERNELS[0]), Entries(_kernels.KERNELS[1]))
 # Which of a class's kernels serves a call, by its length (up to SHORT_SLOTS, up to GIL_SLOTS, longer) and
@@ -245,7 +239,7 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         if rec is not None and rec.owner != get_ident():
             return rec.clear()  # type: ignore[no-any-return]
         with self.lock:
-            _reset(self._st)
+            _K.reset(self._st)
 
     def merge(self) -> int:
         """Merge the release list into the free list now, in the pool's merge order.
@@ -264,7 +258,7 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         if rec is not None and rec.owner != get_ident():
             return rec.merge()  # type: ignore[no-any-return]
         with self.lock:
-            moved = int(_merge(self._st))
+            moved = int(_K.merge(self._st))
         if moved < 0:
             raise self._corrupt("merge", moved)
         return moved * self.page_size
@@ -394,7 +388,7 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
 
     def _merged_then(self, kernel: Any, *args: Any) -> int:
         """Under the lock, after an alloc kernel's ``E_MERGE_FIRST``: merge, then the same kernel again; its status."""
-        moved: int = _merge(self._st)
+        moved: int = _K.merge(self._st)
         return moved if moved < 0 else int(kernel(self._st, *args))
 
     def _failed_alloc(
@@ -472,7 +466,7 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
             self._beyond_capacity(self.size + 1)
             return None
         offsets = np.empty(arr.shape[0] + 1, dtype=_INT64)
-        total = _plan_batch(arr, offsets, page_size, self.size)
+        total = _K.plan_batch(arr, offsets, page_size, self.size)
         if total < 0:
             _, pos = _layout.decode_status(total)
             self._check_batch_size(pos, int(arr[pos]), page_size)
@@ -594,7 +588,7 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         if rec is not None and rec.owner != get_ident():
             return rec.free_group_begin()  # type: ignore[no-any-return]
         with self.lock:
-            _group_begin(self._st)
+            _K.group_begin(self._st)
 
     def free_group_end(self) -> None:
         """End the innermost free group; the outermost releases what it freed.
@@ -612,7 +606,7 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         if rec is not None and rec.owner != get_ident():
             return rec.free_group_end()  # type: ignore[no-any-return]
         with self.lock:
-            status = _group_end(self._st)
+            status = _K.group_end(self._st)
         if status < 0:
             raise HostPoolError("free_group_end() without a free group: none was begun, or clear() ended it")
 
@@ -657,7 +651,7 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
 
     def _load(self, checked: tuple[NDArray[np.int64], Any]) -> None:
         words, sites = checked
-        _load_state(self._st, words)
+        _K.load_state(self._st, words)
         if self._tracker is not None:  # the ids in the restored words index the snapshot's sites
             self._tracker.load(sites)
 
@@ -830,7 +824,7 @@ class LogicalHostPool(DataPlaneHooks, Recordable, ArrayStatePool):
         st = self._st
         with self.lock:
             if need > (st[_layout.H_NFREE] + st[_layout.H_NREL]) * self.page_size:
-                _refuse(st)
+                _K.refuse(st)
                 return True
         return False
 

@@ -571,7 +571,7 @@ def test_a_restore_of_another_table_forgets_the_last_batch() -> None:
 
 @pytest.mark.parametrize("cls", ["paged", "token"])
 def test_check_invariants_finds_a_site_id_outside_the_table_of_a_rank_otherwise_sound(cls: str) -> None:
-    """The site ids in the tracking words are checked whenever the rank's lists are sound, not only when they are not."""
+    """Site ids in the tracking words are checked whenever the rank's lists are sound, not only when they are not."""
     a = (
         PagedTokenToKVPoolAllocator(16 * 8, 16, None, dp_size=2, track=True)
         if cls == "paged"

@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 from .. import _layout, _paged_kernels
 from .._convert import _INT64_MAX, as_count, as_int_vector
 from .._errors import AlignmentError, HostPoolError
-from ._base import _INT32_MAX, _NONE, _STATUS_SHORT, _merge, _RankedAllocator
+from ._base import _CORE, _INT32_MAX, _NONE, _STATUS_SHORT, _RankedAllocator
 
 
 class PagedTokenToKVPoolAllocator(_RankedAllocator):
@@ -129,7 +129,7 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             return rec.merge_and_sort_free(dp_rank)  # type: ignore[no-any-return]
         r = self._rank(dp_rank)
         with self.lock:
-            status = _merge(self._st[r])
+            status = _CORE.merge(self._st[r])
         if status < 0:
             raise self._corrupt("merge", status)
 

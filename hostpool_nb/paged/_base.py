@@ -10,17 +10,16 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from .. import _kernels, _layout, _paged_kernels, _run_kernels
+from .. import _kernels, _layout, _paged_kernels
 from .._convert import INT64, STRIDES_1D, as_count, as_slots, pool_shape
 from .._errors import DoubleFreeError, HostPoolError, PagedOnlyError, SlotRangeError
 from .._invariants import group_problems, rank_problems
-from .._jit import Entries, entry_point
+from .._jit import Entries
 from .._protocol import ArrayStatePool, Recordable, start_words
 from .._snapshot import PagedState, checked_ranks, checked_sites, upgraded_words
 from .._tracking import HISTORY_MARK, Outstanding, Tracker, excluded, leak_report, site_id_problems, wanted
 
-_merge = entry_point(_run_kernels.merge)
-_load_state = entry_point(_kernels.load_state)
+_CORE = Entries(_kernels.POOL)  # the core pool's merge and load: a rank keeps the core layout
 # Each allocator reads its kernels from the table their module makes: a rank's, plain and tracked.
 _RANK_KERNELS = tuple(Entries(kernels) for kernels in _paged_kernels.KERNELS)
 _STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
@@ -382,7 +381,7 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
     def _load(self, checked: tuple[list[NDArray[np.int64]], tuple[Any, ...] | None]) -> None:
         ranks, sites = checked
         for st, words in zip(self._st, ranks, strict=True):
-            _load_state(st, words)
+            _CORE.load_state(st, words)
         if self._trackers is not None and sites is not None:  # the ids restored index these tables
             for tracker, table in zip(self._trackers, sites, strict=True):
                 tracker.load(table)
