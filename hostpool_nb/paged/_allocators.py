@@ -418,12 +418,7 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         Accepted for symmetry with the paged allocator; a double free is
         always an error here.
     track : bool or None, optional, keyword-only
-        Record who holds each page: the call site (the first frame outside
-        hostpool_nb) and tag of the allocation that handed it out, and the
-        site that last freed it, for :meth:`outstanding`,
-        :meth:`leak_report` and double-free messages (16 bytes of state per
-        page). ``None`` (the default): if ``HOSTPOOL_NB_TRACK=1`` is in the
-        environment, so tracking is turned on without editing the engine.
+        Record who holds each page, as for the paged allocator.
 
     Examples
     --------
