@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import hostpool_nb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,3 +58,21 @@ def test_version_is_a_string() -> None:
 def test_py_typed_ships_in_the_package() -> None:
     marker = Path(hostpool_nb.__file__).resolve().parent / "py.typed"
     assert marker.is_file()
+
+
+def test_every_subpackage_is_in_the_wheel() -> None:
+    """pyproject.toml lists the packages setuptools ships: a subpackage missing there imports from a checkout
+    (where the tests run) and is absent from every installed wheel."""
+    import tomllib
+
+    root = Path(hostpool_nb.__file__).resolve().parent
+    config = root.parent / "pyproject.toml"
+    if not config.is_file():
+        pytest.skip(f"hostpool_nb is imported from {root}, not from a checkout")
+    listed = set(tomllib.loads(config.read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(("hostpool_nb", *init.parent.relative_to(root).parts))
+        for init in root.rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert listed == found
