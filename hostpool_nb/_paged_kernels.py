@@ -422,7 +422,16 @@ def free_slots(st: I64, gp: I64, slots: I64, page_size: int, mode: int, in_group
             status = fail(E_NOT_ALLOCATED, c)
             break
         owner[p] = OWNER_STAGED
-        pos, entries, first, length = stage(ring, pos, entries, first, length, p, 1)
+        # stage() written out: as a callee in the sliding-window kernels' free, three calls deep, it cost their
+        # free 22% (docs/architecture.md).
+        if p == first + length:
+            length += 1
+        else:
+            if length > 0:
+                pos = put_run(ring, pos, first, length)
+                entries += run_width(length)
+            first = p
+            length = 1
         done += 1
     if length > 0:
         put_run(ring, pos, first, length)
