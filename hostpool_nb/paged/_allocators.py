@@ -177,16 +177,7 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             need_size = (self._pages + 1) * ps
         trackers = self._trackers
         where = None if trackers is None else trackers[r].where(tag, 1)  # an unusable tag raises here
-        out = np.empty(need_size, dtype=np.int64)
-        with self.lock:
-            status = self._k.alloc_slots(self._st[r], out, ps, -1 if where is None else self._site_of(r, where, tag))
-            if status < 0 and where is not None:  # refused or failed: the table as it was
-                self._failed(r)
-        if status >= 0:
-            return out
-        if status == _STATUS_SHORT:
-            return None
-        raise self._corrupt("alloc", status)
+        return self._alloc_into(r, np.empty(need_size, dtype=np.int64), where, tag, self._k.alloc_slots, ps)
 
     def alloc_extend(  # noqa: PLR0913 - sglang-jax's arguments, and the tags
         self,
@@ -493,16 +484,7 @@ class TokenToKVPoolAllocator(_RankedAllocator):
             return None
         trackers = self._trackers
         where = None if trackers is None else trackers[r].where(tag, 1)  # an unusable tag raises here
-        out = np.empty(need_size, dtype=np.int32)
-        with self.lock:
-            status = self._k.alloc_tokens(self._st[r], out, -1 if where is None else self._site_of(r, where, tag))
-            if status < 0 and where is not None:  # refused or failed: the table as it was
-                self._failed(r)
-        if status >= 0:
-            return out
-        if status == _STATUS_SHORT:
-            return None
-        raise self._corrupt("alloc", status)
+        return self._alloc_into(r, np.empty(need_size, dtype=np.int32), where, tag, self._k.alloc_tokens)
 
     def free(self, free_index: Any, dp_rank: Any = 0) -> int:
         """Append ``free_index`` (slots, any integer dtype and shape) to the rank's free list.

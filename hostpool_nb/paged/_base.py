@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from threading import get_ident
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -23,6 +23,7 @@ _CORE = Entries(_kernels.POOL)  # the core pool's merge and load: a rank keeps t
 # Each allocator reads its kernels from the table their module makes: a rank's, plain and tracked.
 _RANK_KERNELS = tuple(Entries(kernels) for kernels in _paged_kernels.KERNELS)
 _STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
+_Out = TypeVar("_Out", bound=NDArray[Any])  # an allocation's output: int64 slots, or a token allocator's int32
 _NONE = np.zeros(0, dtype=np.int64)  # no sites, no copy: an untracked call's empty arrays
 _INT32_MAX = 2**31 - 1
 
@@ -258,6 +259,22 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
         tracker = self._trackers[r]  # type: ignore[index]  # a tracking allocator
         tracker.begin()
         return tracker.intern(where, tag, self._st[r])
+
+    def _alloc_into(self, r: int, out: _Out, where: Any, tag: Hashable, kernel: Any, *args: int) -> _Out | None:
+        """``alloc`` after its checks: ``kernel(st, out, *args, site)`` on rank ``r``; ``out``, or ``None`` if short.
+
+        ``where`` is the caller's site key (``None`` untracked); a tracked
+        call the kernel refuses or fails leaves the site table as it was.
+        """
+        with self.lock:
+            status: int = kernel(self._st[r], out, *args, -1 if where is None else self._site_of(r, where, tag))
+            if status < 0 and where is not None:
+                self._failed(r)
+        if status >= 0:
+            return out
+        if status == _STATUS_SHORT:
+            return None
+        raise self._corrupt("alloc", status)
 
     def _failed(self, r: int) -> None:
         """A tracked call on rank ``r`` refused or failed: the sites it added go. Under the lock."""

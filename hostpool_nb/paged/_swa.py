@@ -242,13 +242,20 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
         if self.page_size == 1:
             raise self._paged_only(op)  # as the original's token sub-allocators raise
 
-    def _last_error(self, status: int, last: NDArray[np.int64], r: int) -> Exception | None:
+    def _refused(self, status: int, r: int, batch: tuple[NDArray[np.int64], ...], n: int, op: str) -> None:
+        """A batch call the kernel did not serve: nothing if the ranks were short, else its error raised.
+
+        ``batch`` is the call's per-request arrays, ``last_loc`` the last.
+        """
+        if status == _STATUS_SHORT:
+            return
         code, i = _layout.decode_status(status)
-        if code != _layout.E_RANGE:
-            return None
-        return SlotRangeError(
-            f"last_loc[{i}]={int(last[i])} is outside rank {r}'s full slots (-1, or 0..{self._maps[r].shape[0] - 1})"
-        )
+        if code == _layout.E_RANGE:
+            raise SlotRangeError(
+                f"last_loc[{i}]={int(batch[-1][i])} is outside rank {r}'s full slots "
+                f"(-1, or 0..{self._maps[r].shape[0] - 1})"
+            )
+        raise self.full_attn_allocator._batch_error(status, batch, n, op)
 
     def alloc_extend(  # noqa: PLR0913 - sglang-jax's arguments, and the tags
         self,
@@ -292,10 +299,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
                 self._failed(r)
         if status >= 0:
             return out
-        if status == _STATUS_SHORT:
-            return None
-        error = self._last_error(status, last, r)
-        raise error or self.full_attn_allocator._batch_error(status, (prefix, seq, last), total, "alloc_extend")
+        self._refused(status, r, (prefix, seq, last), total, "alloc_extend")
+        return None
 
     def alloc_decode(
         self, seq_lens: Any, last_loc: Any, dp_rank: Any = 0, *, tags: Any = None
@@ -322,10 +327,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
                 self._failed(r)
         if status >= 0:
             return out
-        if status == _STATUS_SHORT:
-            return None
-        error = self._last_error(status, last, r)
-        raise error or self.full_attn_allocator._batch_error(status, (seq - 1, seq, last), seq.shape[0], "alloc_decode")
+        self._refused(status, r, (seq - 1, seq, last), seq.shape[0], "alloc_decode")
+        return None
 
     # -- freeing ----------------------------------------------------------------------------
 
