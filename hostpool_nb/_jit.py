@@ -445,7 +445,7 @@ def variant(func: _F, *, name: str, constants: dict[str, Any]) -> _F:
 
     How a kernel's variants are made from its one definition: numba
     compiles a global in as a constant, so a branch on a flag the copy
-    reads (``TRACKING``, ``_SHORT_CLASS``) is dropped from the variant, and
+    reads (``TRACKED``, ``_SHORT_CLASS``) is dropped from the variant, and
     a callee named by a global can be swapped for another. Wrap the copy
     with :func:`kernel` (or use :func:`twin`) or :func:`callee`. ``func``
     is a :class:`Kernel`, a callee, or a plain function.

@@ -527,5 +527,7 @@ KERNELS = (
     _PLAIN,
     _PLAIN._replace(**{f: _tracked_twin(getattr(_PLAIN, f), {"TRACKED": True}) for f in _PLAIN._fields[2:]}),
 )
-# The same, for the sliding-window kernels (``_swa_kernels.py``) to call: compiled into theirs.
-CALLEES = tuple(RankKernels(*(_as_callee(k) for k in kernels)) for kernels in KERNELS)
+# The same, for the sliding-window kernels (``_swa_kernels.py``) to call: compiled into theirs. A kernel in
+# both rows (reset_rank, end_group) is one callee.
+_CALLEE_OF = {k: _as_callee(k) for k in (*KERNELS[0], *KERNELS[1])}
+CALLEES = tuple(RankKernels(*(_CALLEE_OF[k] for k in kernels)) for kernels in KERNELS)

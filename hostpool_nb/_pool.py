@@ -21,11 +21,11 @@ from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_sizes, as_slot
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
 from ._hooks import DataPlaneHooks
 from ._jit import Entries
-from ._pool_state import MERGE_ORDERS, _PoolStateKeeping
+from ._pool_state import _CORE, MERGE_ORDERS, _PoolStateKeeping
 from ._snapshot import PoolState
 from ._tracking import HISTORY_MARK, SiteKey, Tracker, wanted
 
-_K = Entries(_kernels.POOL)  # the rarer calls' kernels, each compiled (or loaded) on its first use
+_K = _CORE  # the rarer calls' kernels, each compiled (or loaded) on its first use
 # The alloc and free kernels of each page-size class: _ENTRIES[page_size == 1].
 _ENTRIES = (Entries(_kernels.KERNELS[0]), Entries(_kernels.KERNELS[1]))
 # Which of a class's kernels serves a call, by its length (up to SHORT_SLOTS, up to GIL_SLOTS, longer) and

@@ -20,7 +20,7 @@ from ._stats import PoolStats
 from ._tracking import Outstanding, Tracker, excluded, leak_report
 
 MERGE_ORDERS = ("fifo", "sorted")
-_CORE = Entries(_kernels.POOL)  # load_state, compiled on its first use
+_CORE = Entries(_kernels.POOL)  # the core pool's kernels beyond alloc and free, each compiled on its first use
 
 
 class _PoolStateKeeping(Recordable, ArrayStatePool):
