@@ -15,6 +15,13 @@ page); 1:trace, 16:trace, 64:trace (the KV-cache trace, per call); 64:64t
 paged:decode (hostpool_nb.paged's untracked allocator at page size 16, as
 the paged rows of python -m bench time it); swa:extend, swa:decode,
 swa:free, swa:free_swa (the sliding-window allocator, as the swa rows).
+
+--runs N times every cell in N fresh processes and gives each cell's
+median ratio over them, with the runs' range: the cells after a 1M-slot
+restore (paged, swa) and the 65,536-slot ones move a few percent with the
+process's memory layout, more than a change under test. Half the runs
+import the revision first, half this checkout, so neither gets the layout
+that comes with being first.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import json
 import shutil
 import subprocess
 import sys
@@ -118,21 +126,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7, help="interleaved repeats per cell (default: 7)")
     ap.add_argument("--min-loop", type=float, default=0.05, metavar="S", help="shortest timed loop (default 0.05 s)")
     ap.add_argument("--only-cells", metavar="CELLS", help="comma-separated cells (default: all)")
+    ap.add_argument("--runs", type=int, default=1, help="fresh processes per cell (default: 1)")
+    ap.add_argument("--run", choices=("this-first", "rev-first"), help=argparse.SUPPRESS)  # one of --runs' processes
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats: {args.repeats} is not a positive number")
+    if args.runs < 1:
+        ap.error(f"--runs: {args.runs} is not a positive number")
     cells = CELLS
     if args.only_cells is not None:
         cells = list(dict.fromkeys(c.strip() for c in args.only_cells.split(",") if c.strip()))
         unknown = [c for c in cells if c not in CELLS]
         if not cells or unknown:
             ap.error(f"--only-cells: unknown cell(s) {','.join(unknown) or '(none)'}; choose from {','.join(CELLS)}")
+    if args.runs > 1:
+        return _runs(args, cells)
+    if args.run == "rev-first":
+        short, old = load_revision(args.rev)
     import hostpool_nb
 
-    short, old = load_revision(args.rev)
+    if args.run != "rev-first":
+        short, old = load_revision(args.rev)
     packages = {"hostpool_nb": hostpool_nb, short: old}
-    print(f"this checkout against {args.rev} ({short}): ratio = {short} time / this time, paired min..max")
-    print(f"{'cell':>9}  {'this':>9}  {short:>10}  {'ratio':>6}  paired")
+    if args.run is None:
+        print(f"this checkout against {args.rev} ({short}): ratio = {short} time / this time, paired min..max")
+        print(f"{'cell':>9}  {'this':>9}  {short:>10}  {'ratio':>6}  paired")
     for cell in cells:
         if cell.startswith(("paged:", "swa:")):
             kind = "PagedTokenToKVPoolAllocator" if cell.startswith("paged:") else "SWATokenToKVPoolAllocator"
@@ -141,10 +159,46 @@ def main(argv: list[str] | None = None) -> int:
             impls = {n: p.LogicalHostPool for n, p in packages.items()}
         s = measure_cell(cell, impls, args.repeats, args.min_loop)
         mine, theirs = s["hostpool_nb"], s[short]
+        if args.run is not None:  # for the parent of --runs: one line per cell
+            print(json.dumps({"cell": cell, "sha": short, "this": median(mine), "rev": median(theirs)}), flush=True)
+            continue
         paired = sorted(b / a for a, b in zip(mine, theirs, strict=True))
         print(
             f"{cell:>9}  {fmt_value(median(mine), 's'):>9}  {fmt_value(median(theirs), 's'):>10}  "
             f"{fmt_ratio(median(theirs) / median(mine)):>6}  {paired[0]:.2f}..{paired[-1]:.2f}"
+        )
+    return 0
+
+
+def _runs(args: argparse.Namespace, cells: list[str]) -> int:
+    """``--runs N``: each cell timed in N fresh processes, half importing the revision first; medians over runs."""
+    print(
+        f"this checkout against {args.rev}, {args.runs} runs: ratio = the median over runs of "
+        "(revision time / this time), runs min..max"
+    )
+    head = False
+    for cell in cells:
+        found: list[dict[str, Any]] = []
+        for i in range(args.runs):
+            order = "rev-first" if i % 2 else "this-first"
+            command = [sys.executable, "-m", "bench.compare", args.rev, "--repeats", str(args.repeats)]
+            command += ["--min-loop", str(args.min_loop), "--only-cells", cell, "--run", order]
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+            if done.returncode != 0 or len(lines) != 1:
+                sys.stderr.write(done.stderr)
+                raise SystemExit(f"python -m bench.compare: run {i + 1} of {cell} failed (exit {done.returncode})")
+            found.append(json.loads(lines[0]))
+        short = found[0]["sha"]
+        if not head:
+            print(f"{'cell':>12}  {'this':>9}  {short:>10}  {'ratio':>6}  runs")
+            head = True
+        ratios = sorted(f["rev"] / f["this"] for f in found)
+        this, theirs = median([f["this"] for f in found]), median([f["rev"] for f in found])
+        print(
+            f"{cell:>12}  {fmt_value(this, 's'):>9}  {fmt_value(theirs, 's'):>10}  "
+            f"{fmt_ratio(median(ratios)):>6}  {ratios[0]:.2f}..{ratios[-1]:.2f}",
+            flush=True,
         )
     return 0
 

@@ -516,6 +516,63 @@ def test_compare_times_a_cell_against_a_revision(
     assert [line.split()[0] for line in out[2:]] == cells.split(",")
 
 
+def test_compare_run_mode_prints_one_json_line_per_cell_importing_in_the_order_asked(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import hostpool_nb
+
+    loaded: list[str] = []
+    monkeypatch.setattr(compare, "load_revision", lambda rev: (loaded.append(rev), ("0123456789", hostpool_nb))[1])
+    for order in ("this-first", "rev-first"):
+        args = ["v1", "--only-cells", "64:64,16:16", "--repeats", "1", "--min-loop", "0", "--run", order]
+        assert compare.main(args) == 0
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [(d["cell"], d["sha"]) for d in lines] == [("64:64", "0123456789"), ("16:16", "0123456789")]
+        assert all(d["this"] > 0 and d["rev"] > 0 for d in lines)
+    assert loaded == ["v1", "v1"]
+
+
+def test_compare_runs_gives_each_cells_median_ratio_over_processes_alternating_the_import_order(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[list[str]] = []
+    rev_times = iter([2.0, 1.0, 3.0, 1.5, 1.0, 1.0])  # per run, against this = 1.0: ratios 2, 1, 3; 1.5, 1, 1
+
+    class Done:
+        returncode = 0
+        stderr = ""
+
+        def __init__(self, command: list[str]) -> None:
+            cell = command[command.index("--only-cells") + 1]
+            line = {"cell": cell, "sha": "0123456789", "this": 1.0, "rev": next(rev_times)}
+            self.stdout = "compiling...\n" + json.dumps(line) + "\n"
+
+    def run(command: list[str], **_: Any) -> Done:
+        seen.append(command)
+        return Done(command)
+
+    monkeypatch.setattr(compare.subprocess, "run", run)
+    assert compare.main(["v1", "--runs", "3", "--only-cells", "64:64,16:16", "--repeats", "2"]) == 0
+    assert [c[c.index("--run") + 1] for c in seen] == ["this-first", "rev-first", "this-first"] * 2
+    assert all(c[c.index("--repeats") + 1] == "2" and c[c.index("bench.compare") + 1] == "v1" for c in seen)
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [row.split()[0] for row in rows] == ["64:64", "16:16"]
+    assert rows[0].split()[-2:] == ["2x", "1.00..3.00"]
+    assert rows[1].split()[-2:] == ["1x", "1.00..1.50"]
+
+
+def test_compare_runs_stops_at_a_failed_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Failed:
+        returncode, stdout, stderr = 1, "", "boom\n"
+
+    monkeypatch.setattr(compare.subprocess, "run", lambda command, **_: Failed())
+    with pytest.raises(SystemExit, match="run 1 of 64:64 failed \\(exit 1\\)"):
+        compare.main(["v1", "--runs", "2", "--only-cells", "64:64"])
+    with pytest.raises(SystemExit) as refused:
+        compare.main(["v1", "--runs", "0"])
+    assert refused.value.code == 2
+
+
 def test_compare_refuses_an_unknown_cell(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         compare.main(["HEAD", "--only-cells", "2:trace"])
