@@ -304,9 +304,8 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
             rec = self._recording
             if rec is not None and rec.owner != get_ident():
                 return rec.alloc(need_size, tag=tag)  # type: ignore[no-any-return]
-            if type(need_size) is not int:
-                need_size = as_count(need_size, "need_size")
-            if not 0 <= need_size <= self._plain_limit:
+            # A plain int got here by its range: checked path, without testing that range again.
+            if type(need_size) is int or not 0 <= (need_size := as_count(need_size, "need_size")) <= self._plain_limit:
                 return self._alloc_checked(need_size, tag)
         # The hot path, for a plain pool and a size without a capacity check
         # first: the kernel refuses a size that is not page-aligned (before

@@ -173,29 +173,45 @@ class Outstanding:
     tag_repr: str = field(default="None", compare=False, repr=False)
 
 
-def caller(depth: int = 2) -> tuple[str, int, str]:
-    """File, line and function of the first frame outside hostpool_nb.
+def site_key(tag: Hashable, depth: int = 0) -> SiteKey:
+    """The key of the caller's site with ``tag``; ``TypeError`` for an unusable tag (before any change).
 
-    The search starts ``depth`` frames above this function's: the public
-    method's caller, when the pool's method passes how deep it calls this
-    (a known chain, so no frame inside the package is created just to be
-    skipped). Frames still inside the package (the torch adapter's, say)
-    are skipped from there.
+    The key is the file, line and function of the first frame outside
+    hostpool_nb, then the tag (a plain one itself, else its hash and repr:
+    see SiteKey). The search starts ``depth`` frames above the function
+    calling this: 1 from a public method, to start at its caller (a known
+    chain, so no frame inside the package is created just to be skipped).
+    Frames still inside the package (the torch adapter's, say) are skipped
+    from there. This is :meth:`Tracker.where` itself, not called by it: a
+    tracked round trip asks twice, and a call more is a twentieth of it.
     """
     try:
-        frame: FrameType | None = _getframe(depth)
+        frame: FrameType | None = _getframe(depth + 1)
     except ValueError:  # fewer frames than that: start from the nearest
         frame = _getframe(1)
     # The test for a frame inside the package (hostpool_nb or one of its
-    # modules; hostpool_nb_x is not) is written out here, not called: a
-    # tracked round trip asks twice.
+    # modules; hostpool_nb_x is not) is written out here, not called.
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if module != _PACKAGE and not module.startswith(_SUBMODULE):
-            code = frame.f_code
-            return code.co_filename, frame.f_lineno, code.co_name
+            break
         frame = frame.f_back
-    return "<unknown>", 0, "?"
+    if frame is None:
+        file, line, function = "<unknown>", 0, "?"
+    else:
+        code = frame.f_code
+        file, line, function = code.co_filename, frame.f_lineno, code.co_name
+    cls = type(tag)
+    if tag is None or cls is int or cls is str:  # immutable: the key holds it (see SiteKey)
+        return file, line, function, tag
+    tag_hash, tag_repr = tag_identity(tag)
+    return file, line, function, tag_hash, tag_repr
+
+
+def caller(depth: int = 2) -> tuple[str, int, str]:
+    """File, line and function of the first frame outside hostpool_nb, ``depth`` frames above this one's."""
+    file, line, function, _ = site_key(None, depth)
+    return file, line, function
 
 
 def tag_identity(tag: Hashable) -> tuple[int, str]:
@@ -329,18 +345,8 @@ class Tracker:
         if len(key) != _FULL_KEY:
             self._plain.setdefault(key[:3], {})[key[3]] = sid
 
-    def where(self, tag: Hashable, depth: int = 0) -> SiteKey:
-        """The key of the caller's site with ``tag``; ``TypeError`` for an unusable tag (before any change).
-
-        The search starts ``depth`` frames above the function calling this:
-        1 from a public method, to start at its caller.
-        """
-        file, line, function = caller(depth + 2)
-        cls = type(tag)
-        if tag is None or cls is int or cls is str:  # immutable: the key holds it (see SiteKey)
-            return file, line, function, tag
-        tag_hash, tag_repr = tag_identity(tag)
-        return file, line, function, tag_hash, tag_repr
+    # The key of the caller's site with ``tag`` (see site_key), ``depth`` frames above the method calling it.
+    where = staticmethod(site_key)
 
     def keys(self, tags: Any, count: int, depth: int = 0) -> Batch:
         """What :meth:`ids` needs for ``tags``, one per request of a batch of ``count``, from one call site.
