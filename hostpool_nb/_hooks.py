@@ -54,24 +54,9 @@ class DataPlaneHooks:
         """No-op: a logical pool stores no KV data."""
         return None
 
-    def backup_from_device_all_layer_physical(
-        self, device_pool: Any, host_indices: Any, device_indices: Any, io_backend: Any
-    ) -> None:
-        """No-op: a logical pool stores no KV data."""
-        return None
-
-    def load_to_device_per_layer_physical(  # noqa: PLR0913 - sglang's hook signature, kept for drop-in use
-        self,
-        device_pool: Any,
-        host_indices: Any,
-        device_indices: Any,
-        layer_id: int,
-        io_backend: Any,
-        *,
-        is_draft: bool = False,
-    ) -> None:
-        """No-op: a logical pool stores no KV data."""
-        return None
+    # The physical variants sglang also calls: the same no-ops, under their names.
+    backup_from_device_all_layer_physical = backup_from_device_all_layer
+    load_to_device_per_layer_physical = load_to_device_per_layer
 
     def prepare_transfer_indices(self, host_indices: Any, device_indices: Any, io_backend: Any) -> tuple[Any, Any]:
         """Return ``(host_indices, device_indices)`` unchanged: a logical pool needs no remapping."""

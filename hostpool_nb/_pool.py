@@ -22,6 +22,7 @@ from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPage
 from ._hooks import DataPlaneHooks
 from ._jit import Entries
 from ._pool_state import _CORE, MERGE_ORDERS, _PoolStateKeeping
+from ._protocol import handed_off
 from ._snapshot import PoolState
 from ._tracking import HISTORY_MARK, SiteKey, Tracker, wanted
 
@@ -228,18 +229,17 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
 
     # -- allocation -----------------------------------------------------
 
+    @handed_off
     def clear(self) -> None:
         """Free every slot, in ascending order, and empty the release list.
 
         Slots held by callers become free: freeing them afterwards raises
         :class:`DoubleFreeError`.
         """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.clear()  # type: ignore[no-any-return]
         with self.lock:
             _K.reset(self._st)
 
+    @handed_off
     def merge(self) -> int:
         """Merge the release list into the free list now, in the pool's merge order.
 
@@ -253,9 +253,6 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
         int
             The number of slots merged (0 when nothing was released).
         """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.merge()  # type: ignore[no-any-return]
         with self.lock:
             moved = int(_K.merge(self._st))
         if moved < 0:
@@ -572,6 +569,7 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
 
     # -- free groups --------------------------------------------------------
 
+    @handed_off
     def free_group_begin(self) -> None:
         """Begin a free group: frees are checked at once, released at its end.
 
@@ -582,12 +580,10 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
         nest. Prefer ``with pool.free_group():``, which ends the group even
         when its body raises.
         """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.free_group_begin()  # type: ignore[no-any-return]
         with self.lock:
             _K.group_begin(self._st)
 
+    @handed_off
     def free_group_end(self) -> None:
         """End the innermost free group; the outermost releases what it freed.
 
@@ -600,9 +596,6 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
             If no free group is open (none was begun, or ``clear()`` ended
             them all).
         """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.free_group_end()  # type: ignore[no-any-return]
         with self.lock:
             status = _K.group_end(self._st)
         if status < 0:

@@ -24,12 +24,13 @@ of checks and lock, the format check, the messages.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from threading import get_ident
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -38,6 +39,26 @@ from . import _layout
 from ._errors import HostPoolError
 from ._fork import register as register_fork_lock
 from ._snapshot import FORMATS, check_format
+
+_M = TypeVar("_M", bound=Callable[..., Any])
+
+
+def handed_off(method: _M) -> _M:
+    """``method`` beginning with the recording hand-off (see :class:`Recordable`): for the calls off the hot paths.
+
+    The hot paths write the three lines out, where a call more would cost
+    more than the check; every other recorded method takes this.
+    """
+    name = method.__name__
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return getattr(rec, name)(*args, **kwargs)
+        return method(self, *args, **kwargs)
+
+    return cast("_M", call)
 
 
 class ArrayStatePool:
@@ -77,14 +98,13 @@ class ArrayStatePool:
 
     # -- the protocol ------------------------------------------------------------------
 
+    @handed_off
     def backup_state(self) -> Any:
         """An immutable snapshot of the pool's state, taken under its lock; ``restore_state`` puts it back."""
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.backup_state()
         with self.lock:
             return self._snapshot()
 
+    @handed_off
     def restore_state(self, state: Any) -> None:
         """Put the pool back in the state of a snapshot from ``backup_state``.
 
@@ -102,9 +122,6 @@ class ArrayStatePool:
             If it is from a pool of another shape, or its contents fail
             the invariants; the pool is then unchanged.
         """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.restore_state(state)  # type: ignore[no-any-return]
         if not isinstance(state, self._state_class):
             name = self._state_class.__name__
             raise TypeError(f"state must be a {name} from backup_state(), got {type(state).__name__}")
@@ -177,8 +194,9 @@ class Recordable:
     ``_trace_shape()`` (the trace header's fields but the version and the
     lengths) and ``_trace_start()`` (the ``start`` array: the state the
     recording begins from), both called under the lock. Each method of
-    ``_recorded`` begins (or, on a hot path that a recording turns off,
-    branches) with::
+    ``_recorded`` is decorated with :func:`handed_off`, or (a hot path,
+    where a call more costs more than the check) begins (or, on a path that
+    a recording turns off, branches) with::
 
         rec = self._recording
         if rec is not None and rec.owner != get_ident():

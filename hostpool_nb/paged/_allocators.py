@@ -12,6 +12,7 @@ from numpy.typing import NDArray
 from .. import _layout, _paged_kernels
 from .._convert import _INT64_MAX, as_count, as_int_vector
 from .._errors import AlignmentError, HostPoolError
+from .._protocol import handed_off
 from ._base import _CORE, _INT32_MAX, _NONE, _STATUS_SHORT, _RankedAllocator
 
 
@@ -116,6 +117,7 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         with self.lock:
             return [self._window(r, int(st[_layout.H_NFREE]), int(st[_layout.H_NREL])) for r, st in enumerate(self._st)]
 
+    @handed_off
     def merge_and_sort_free(self, dp_rank: Any = 0) -> None:
         """Merge the rank's release list into its free list, keeping it ascending. O(pages).
 
@@ -124,9 +126,6 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         dp_rank : int, optional
             The data-parallel rank, in ``[0, dp_size)``; 0 by default.
         """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.merge_and_sort_free(dp_rank)  # type: ignore[no-any-return]
         r = self._rank(dp_rank)
         with self.lock:
             status = _CORE.merge(self._st[r])

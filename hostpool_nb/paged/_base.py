@@ -4,7 +4,6 @@ the paged and token allocators (``_RankedAllocator``)."""
 from __future__ import annotations
 
 from collections.abc import Hashable
-from threading import get_ident
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -15,7 +14,7 @@ from .._convert import INT64, STRIDES_1D, as_count, as_slots, pool_shape
 from .._errors import DoubleFreeError, HostPoolError, PagedOnlyError, SlotRangeError
 from .._invariants import group_problems, rank_problems
 from .._jit import Entries
-from .._protocol import ArrayStatePool, Recordable, start_words
+from .._protocol import ArrayStatePool, Recordable, handed_off, start_words
 from .._snapshot import PagedState, checked_ranks, checked_sites, upgraded_words
 from .._tracking import HISTORY_MARK, Outstanding, Tracker, excluded, leak_report, site_id_problems, wanted
 
@@ -82,15 +81,13 @@ class BaseTokenToKVPoolAllocator:
         with self.lock:
             return [list(frees) for frees in self._group_frees]
 
+    @handed_off
     def free_group_begin(self) -> None:
         """Defer frees until ``free_group_end()``; each is still checked when made.
 
         As the original: groups do not nest (a second begin continues the
         group), and the pages freed inside stay allocated until the end.
         """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.free_group_begin()  # type: ignore[no-any-return]
         with self.lock:
             self._in_group = True
 
@@ -197,14 +194,12 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
             raise HostPoolError(f"dp_rank must be in [0, {self.dp_size}), got dp_rank={r}")
         return r
 
+    @handed_off
     def free_group_end(self) -> None:
         """Free, per rank, what was freed in the group (one kernel call per rank).
 
         Outside a group nothing is pending, and nothing happens.
         """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.free_group_end()  # type: ignore[no-any-return]
         with self.lock:
             self._in_group = False
             for st, gp in zip(self._st, self._gp, strict=True):
@@ -213,6 +208,7 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
             for frees in self._group_frees:
                 frees.clear()
 
+    @handed_off
     def clear(self, dp_rank: Any = None) -> None:
         """Reset the given rank (or every rank) to its initial state, and leave any free group.
 
@@ -225,9 +221,6 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
         dp_rank : int, optional
             The rank to reset; ``None`` (the default) resets every rank.
         """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.clear(dp_rank)  # type: ignore[no-any-return]
         ranks = range(self.dp_size) if dp_rank is None else (self._rank(dp_rank),)
         with self.lock:
             for r in ranks:

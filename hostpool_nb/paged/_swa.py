@@ -14,7 +14,7 @@ from .._convert import _INT64_MAX, as_count, as_int_vector, as_slots, own_slots
 from .._errors import AlignmentError, HostPoolError, SlotRangeError
 from .._fork import register as _register_fork_lock
 from .._jit import Entries
-from .._protocol import parts
+from .._protocol import handed_off, parts
 from .._snapshot import SWAState
 from .._tracking import wanted
 from ._allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
@@ -151,6 +151,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
         with self.lock:
             return min(self.full_available_size(dp_rank), self.swa_available_size(dp_rank))
 
+    @handed_off
     def merge_and_sort_free(self, dp_rank: Any = 0) -> None:
         """Merge each side's release list into its free list (page size > 1; at page size 1 nothing to merge).
 
@@ -164,9 +165,6 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
         dp_rank : int, optional
             The data-parallel rank, in ``[0, dp_size)``; 0 by default.
         """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.merge_and_sort_free(dp_rank)  # type: ignore[no-any-return]
         r = self._rank(dp_rank)
         with self.lock:
             self.full_attn_allocator.merge_and_sort_free(r)
@@ -431,11 +429,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
 
     # -- groups, clear ----------------------------------------------------------------------
 
+    @handed_off
     def free_group_end(self) -> None:
         """Free, per rank, the group's frees as one: the full slots, then their SWA slots."""
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.free_group_end()  # type: ignore[no-any-return]
         wheres = [self._where(r, None) for r in range(self.dp_size)]
         with self.lock:
             self._in_group = False
@@ -461,11 +457,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
                 if status < 0:
                     raise self._corrupt("free_group_end", status)
 
+    @handed_off
     def clear(self, dp_rank: Any = None) -> None:
         """Reset both sides of the rank (or every rank), zero its mapping, drop its pending frees, leave the group."""
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.clear(dp_rank)  # type: ignore[no-any-return]
         ranks = range(self.dp_size) if dp_rank is None else (self._rank(dp_rank),)
         with self.lock:
             for r in ranks:
