@@ -11,6 +11,7 @@ import operator
 import struct
 import sys
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -302,15 +303,8 @@ def as_int_vector(values: Any, name: str) -> NDArray[np.int64]:
             return packed
     if isinstance(values, (str, bytes, bytearray)):
         raise TypeError(f"{name} must be a 1-D sequence or array of integers, got {type(values).__name__}")
-    try:
-        # np.array makes the one copy; for a list of ints it is already int64.
-        arr = np.array(values)
-    except MemoryError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any failure to convert is the argument's fault
-        raise TypeError(f"{name} must be a 1-D sequence or array of integers: {exc}") from None
-    if arr.ndim != 1:
-        raise TypeError(f"{name} must be 1-D, got {type(values).__name__} of shape {arr.shape}")
+    # np.array makes the one copy; for a list of ints it is already int64.
+    arr = _one_d(values, name, "a 1-D sequence or array of integers", np.array)
     if arr.dtype is _INT64:
         return arr
     if arr.size and arr.dtype.kind not in "iu":
@@ -363,17 +357,23 @@ def _page_list(values: list[Any] | tuple[Any, ...], name: str) -> tuple[NDArray[
     return np.array([-1 if i in beyond else int(v) for i, v in enumerate(values)], dtype=np.int64), beyond
 
 
-def _page_array(values: Any, name: str) -> tuple[NDArray[np.int64], dict[int, int]]:
-    """An array or array-like as page ids; numpy says what is wrong with anything else."""
-    _reject_masked(values, name)
+def _one_d(values: Any, name: str, what: str, convert: Callable[[Any], NDArray[Any]]) -> NDArray[Any]:
+    """``convert(values)`` (``np.array``, ``np.asarray``) if 1-D; else a ``TypeError`` naming ``name``."""
     try:
-        arr = np.asarray(values)
+        arr = convert(values)
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure to convert is the argument's fault
-        raise TypeError(f"{name} must be a sequence or 1-D array of page ids: {exc}") from None
+        raise TypeError(f"{name} must be {what}: {exc}") from None
     if arr.ndim != 1:
         raise TypeError(f"{name} must be 1-D, got {type(values).__name__} of shape {arr.shape}")
+    return arr
+
+
+def _page_array(values: Any, name: str) -> tuple[NDArray[np.int64], dict[int, int]]:
+    """An array or array-like as page ids; numpy says what is wrong with anything else."""
+    _reject_masked(values, name)
+    arr = _one_d(values, name, "a sequence or 1-D array of page ids", np.asarray)
     if arr.size == 0:
         return np.empty(0, dtype=np.int64), {}
     if arr.dtype.kind not in "iu":

@@ -332,12 +332,7 @@ class HostPagePool(ArrayStatePool):
         self._pin(buffer_id, 1)
 
     def dec_lock_ref(self, buffer_id: Any) -> None:
-        """Unpin a page (or each page of a 1-D array, all or none; a repeat counts each time).
-
-        Parameters
-        ----------
-        buffer_id : int or 1-D array of int
-            A page, or pages (a list or an integer array), all or none.
+        """Unpin a page, or pages as :meth:`inc_lock_ref` takes them (all or none; a repeat counts each time).
 
         Raises
         ------
@@ -708,23 +703,11 @@ class HostKVPoolMixin:
     # -- pins -------------------------------------------------------------------------
 
     def inc_lock_ref(self, buffer_id: Any) -> None:
-        """``HostPagePool.inc_lock_ref``: pin a page, or each page of a 1-D array.
-
-        Parameters
-        ----------
-        buffer_id : int or 1-D array of int
-            A page, or pages (a list or an integer array), all or none.
-        """
+        """:meth:`HostPagePool.inc_lock_ref`: pin a page, or each page of a 1-D array (its parameters, its errors)."""
         self._host_pages._pin(buffer_id, 1)
 
     def dec_lock_ref(self, buffer_id: Any) -> None:
-        """``HostPagePool.dec_lock_ref``: unpin a page, or each page of a 1-D array.
-
-        Parameters
-        ----------
-        buffer_id : int or 1-D array of int
-            A page, or pages (a list or an integer array), all or none.
-        """
+        """:meth:`HostPagePool.dec_lock_ref`: unpin a page, or each page of a 1-D array (its parameters, its errors)."""
         self._host_pages._pin(buffer_id, -1)
 
     def _require_allocated(self, buffer_id: int) -> None:

@@ -51,19 +51,18 @@ class Divergence:
 
     Examples
     --------
+    A trace replayed on the same version: no difference.
+
     >>> import os, tempfile
-    >>> from hostpool_nb import LogicalHostPool
+    >>> from hostpool_nb.paged import TokenToKVPoolAllocator
+    >>> from hostpool_nb.replay import Divergence, replay
     >>> from hostpool_nb.trace import load
-    >>> path = os.path.join(tempfile.mkdtemp(), "serve.trace")
-    >>> pool = LogicalHostPool(64, 16)
-    >>> with pool.recording(path):
-    ...     slots = pool.alloc(32)
-    ...     freed = pool.free(slots[:16])
-    >>> trace = load(path)
-    >>> from hostpool_nb.replay import replay
-    >>> replay(trace)  # (replayed, skipped, the first difference or None)
+    >>> a = TokenToKVPoolAllocator(64, None)
+    >>> path = os.path.join(tempfile.mkdtemp(), "tokens.trace")
+    >>> with a.recording(path):
+    ...     n = a.free(a.alloc(5)[:2])
+    >>> replay(load(path))  # (replayed, skipped, the first difference or None)
     (2, 0, None)
-    >>> from hostpool_nb.replay import Divergence
     >>> print(Divergence(1, "free", "16", "DoubleFreeError"))
     operation 1 (free): expected 16, got DoubleFreeError
     """
@@ -365,17 +364,15 @@ class TraceTiming:
     --------
     >>> import os, tempfile
     >>> from hostpool_nb import LogicalHostPool
-    >>> from hostpool_nb.trace import load
-    >>> path = os.path.join(tempfile.mkdtemp(), "serve.trace")
-    >>> pool = LogicalHostPool(64, 16)
-    >>> with pool.recording(path):
-    ...     slots = pool.alloc(32)
-    ...     freed = pool.free(slots[:16])
-    >>> trace = load(path)
     >>> from hostpool_nb.replay import time_trace
-    >>> timing = time_trace(trace, repeats=1, with_torch=False)
-    >>> timing.per_op, timing.notes[1][:38]  # two calls: a figure would mislead
-    ({}, 'not timed: 2 operations are too few to')
+    >>> from hostpool_nb.trace import load
+    >>> pool = LogicalHostPool(256, 16)
+    >>> path = os.path.join(tempfile.mkdtemp(), "batch.trace")
+    >>> with pool.recording(path):
+    ...     slots, offsets = pool.alloc_many([16, 32])
+    >>> timing = time_trace(load(path), repeats=1, with_torch=False)
+    >>> timing.per_op, timing.notes[1][:33]  # one call: a figure would mislead
+    ({}, 'not timed: 1 operation is too few')
     """
 
     per_op: dict[str, float]

@@ -132,34 +132,9 @@ class LogicalHostPool(_CorePool):
     boundary: ``alloc`` returns CPU ``torch.int64`` tensors, ``free`` takes
     tensors on any device as well as numpy arrays and lists, ``dtype`` is
     ``torch.uint8``. Allocation order, locking and every check and error are
-    the core's, unchanged; see its documentation.
-
-    Parameters
-    ----------
-    size : int
-        Number of token slots; a non-negative multiple of ``page_size``.
-    page_size : int
-        Slots per page, at least 1.
-    layout : str, optional
-        Stored as given, for compatibility with sglang's host pools.
-    merge : {"fifo", "sorted"}, optional, keyword-only
-        The order a merge gives the available pages: sglang's FIFO order
-        (the default), or ascending page ids.
-    track : bool or None, optional, keyword-only
-        Record who holds each page (call site and tag), for
-        ``outstanding()`` and ``leak_report()``; costs 16 bytes of state per
-        page and about three times as long a single-page round trip.
-        ``None`` (the default): if ``HOSTPOOL_NB_TRACK=1`` is in the environment.
-
-    Raises
-    ------
-    TypeError
-        If ``size`` or ``page_size`` is not an integer, or ``track`` is not
-        a bool or ``None``.
-    HostPoolError
-        If ``page_size < 1``, ``size < 0`` or ``merge`` is not ``"fifo"`` or
-        ``"sorted"``; :class:`AlignmentError` (with sglang's message) if
-        ``size`` is not a multiple of ``page_size``.
+    the core's, unchanged; see its documentation. So are its parameters
+    (``size``, ``page_size``, ``layout``, and keyword-only ``merge`` and
+    ``track``) and the errors they raise.
 
     Examples
     --------

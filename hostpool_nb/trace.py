@@ -265,19 +265,20 @@ class StartState:
 
     Examples
     --------
+    A recording begun on a pool that already holds a page starts from it:
+
     >>> import os, tempfile
-    >>> from hostpool_nb import LogicalHostPool
-    >>> from hostpool_nb.trace import load
-    >>> path = os.path.join(tempfile.mkdtemp(), "serve.trace")
+    >>> from hostpool_nb import LogicalHostPool, trace
     >>> pool = LogicalHostPool(64, 16)
+    >>> held = pool.alloc(16)
+    >>> path = os.path.join(tempfile.mkdtemp(), "held.trace")
     >>> with pool.recording(path):
-    ...     slots = pool.alloc(32)
-    ...     freed = pool.free(slots[:16])
-    >>> trace = load(path)
-    >>> trace.start.free, trace.start.released.size, trace.start.group_depth
-    (array([0, 1, 2, 3]), 0, 0)
-    >>> trace.start.fresh  # a new pool: every page free, in order, nothing open
-    True
+    ...     freed = pool.free(held)
+    >>> start = trace.load(path).start
+    >>> start.free, start.released.size, start.group_depth
+    (array([1, 2, 3]), 0, 0)
+    >>> start.fresh  # a new pool's would be: every page free, in order
+    False
     """
 
     free: NDArray[np.int64]
@@ -308,19 +309,20 @@ class Trace:
 
     Examples
     --------
+    An allocator of two data-parallel ranks, one call on the second:
+
     >>> import os, tempfile
-    >>> from hostpool_nb import LogicalHostPool
+    >>> from hostpool_nb.paged import PagedTokenToKVPoolAllocator
     >>> from hostpool_nb.trace import load
-    >>> path = os.path.join(tempfile.mkdtemp(), "serve.trace")
-    >>> pool = LogicalHostPool(64, 16)
-    >>> with pool.recording(path):
-    ...     slots = pool.alloc(32)
-    ...     freed = pool.free(slots[:16])
+    >>> a = PagedTokenToKVPoolAllocator(64, 4, None, dp_size=2)
+    >>> path = os.path.join(tempfile.mkdtemp(), "paged.trace")
+    >>> with a.recording(path):
+    ...     slots = a.alloc(8, dp_rank=1)
     >>> trace = load(path)
-    >>> trace.pool, trace.size, trace.page_size, len(trace)
-    ('LogicalHostPool', 64, 16, 2)
-    >>> [op.name for op in trace.operations]
-    ['alloc', 'free']
+    >>> trace.pool, trace.size, trace.page_size, trace.dp_size, len(trace.starts)
+    ('PagedTokenToKVPoolAllocator', 64, 4, 2, 2)
+    >>> [(op.name, op.rank) for op in trace.operations]
+    [('alloc', 1)]
     """
 
     pool: str
