@@ -314,6 +314,41 @@ def as_int_vector(values: Any, name: str) -> NDArray[np.int64]:
     return arr.astype(np.int64)
 
 
+def as_int_vectors(values: tuple[Any, ...], names: tuple[str, ...]) -> tuple[NDArray[np.int64], ...]:
+    """:func:`as_int_vector` of each of a batch call's per-request arguments, in order.
+
+    sglang-jax passes them as lists: then one fresh buffer, one ``struct``
+    pack and one look for a bool serve them all, each argument a view of
+    its part (the per-argument buffer, pack and minimum cost about 0.8 us
+    each, a twentieth of a 256-request decode). Anything else, or a pack
+    that fails, converts argument by argument, so the error is the one
+    :func:`as_int_vector` gives for the first bad argument.
+    """
+    flat: list[Any] = []
+    for v in values:
+        if type(v) is not list and type(v) is not tuple:
+            return tuple(as_int_vector(v, name) for v, name in zip(values, names, strict=True))
+        flat += v  # in C; a list unpacks into the pack's arguments faster than any iterator
+    total = len(flat)
+    fresh = np.empty(total, dtype=np.int64)
+    try:
+        struct.pack_into(f"{total}q", fresh, 0, *flat)  # type: ignore[arg-type]  # ndarray is a buffer
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 - struct.error, or an element's __index__: each argument says which
+        return tuple(as_int_vector(v, name) for v, name in zip(values, names, strict=True))
+    if total and _min(fresh) <= 1:  # a 0 or a 1 may have been a bool
+        for v, name in zip(values, names, strict=True):
+            if holds_bool(v, name):
+                raise TypeError(f"{name} must hold integers, got dtype bool (a bool among the integers)")
+    views, start = [], 0
+    for v in values:
+        end = start + len(v)
+        views.append(fresh[start:end])
+        start = end
+    return tuple(views)
+
+
 def as_page_ids(values: Any, name: str) -> tuple[NDArray[np.int64], dict[int, int]]:
     """A 1-D sequence of page ids as an int64 array the kernels read once; ``(array, beyond)``.
 

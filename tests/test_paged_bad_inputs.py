@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hostpool_nb import AlignmentError, DoubleFreeError, HostPoolError, PagedOnlyError, SlotRangeError
 from hostpool_nb import _layout as L
@@ -608,6 +610,45 @@ def test_huge_extend_num_tokens_is_a_host_pool_error(paged: PagedTokenToKVPoolAl
 def test_bool_lists_are_type_errors(call: Callable[[Any], Any], name: str) -> None:
     a = make_paged(False)
     check_error(a, call, TypeError, _must_hold(name, "bool") + " (a bool among the integers)")
+
+
+_ELEMENTS = st.one_of(
+    st.integers(-3, 3), st.integers(-(2**63), 2**63 - 1), st.integers(2**63, 2**70), st.booleans(), st.just(1.0)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.lists(_ELEMENTS, max_size=6), st.sampled_from(["list", "tuple", "array"])), min_size=1, max_size=3
+    )
+)
+def test_batch_arguments_packed_at_once_convert_as_one_by_one(args: list[tuple[list[Any], str]]) -> None:
+    """as_int_vectors (lists and tuples packed into one buffer) gives what as_int_vector gives per argument.
+
+    The same arrays (int64, C-contiguous, one per argument), or the same error: the first bad argument's.
+    """
+    from hostpool_nb._convert import as_int_vector, as_int_vectors
+
+    def given_as(values: list[Any], kind: str) -> Any:
+        if kind == "array":
+            try:
+                return np.array(values)
+            except OverflowError:
+                return values
+        return tuple(values) if kind == "tuple" else values
+
+    values = tuple(given_as(v, kind) for v, kind in args)
+    names = tuple(f"arg{i}" for i in range(len(values)))
+
+    def outcome(convert: Callable[[], Any]) -> Any:
+        try:
+            return [(a.tolist(), a.dtype.str, a.flags.c_contiguous) for a in convert()]
+        except (TypeError, HostPoolError) as exc:
+            return type(exc).__name__, str(exc)
+
+    one_by_one = outcome(lambda: tuple(as_int_vector(v, n) for v, n in zip(values, names, strict=True)))
+    assert outcome(lambda: as_int_vectors(values, names)) == one_by_one
 
 
 DECODE_CASES = [

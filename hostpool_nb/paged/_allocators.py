@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .. import _layout, _paged_kernels
-from .._convert import _INT64_MAX, as_count, as_int_vector
+from .._convert import _INT64_MAX, as_count, as_int_vectors
 from .._errors import AlignmentError, HostPoolError
 from .._protocol import handed_off
 from ._base import _CORE, _INT32_MAX, _NONE, _STATUS_SHORT, _RankedAllocator
@@ -230,9 +230,7 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         rec = self._recording
         if rec is not None and rec.owner != get_ident():
             return rec.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens, dp_rank, tags=tags)  # type: ignore[no-any-return]
-        prefix = as_int_vector(prefix_lens, "prefix_lens")
-        seq = as_int_vector(seq_lens, "seq_lens")
-        last = as_int_vector(last_loc, "last_loc")
+        prefix, seq, last = as_int_vectors((prefix_lens, seq_lens, last_loc), ("prefix_lens", "seq_lens", "last_loc"))
         total = as_count(extend_num_tokens, "extend_num_tokens")
         r = self._rank(dp_rank)
         if not prefix.shape[0] == seq.shape[0] == last.shape[0]:
@@ -300,8 +298,7 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         rec = self._recording
         if rec is not None and rec.owner != get_ident():
             return rec.alloc_decode(seq_lens, last_loc, dp_rank, tags=tags)  # type: ignore[no-any-return]
-        seq = as_int_vector(seq_lens, "seq_lens")
-        last = as_int_vector(last_loc, "last_loc")
+        seq, last = as_int_vectors((seq_lens, last_loc), ("seq_lens", "last_loc"))
         r = self._rank(dp_rank)
         if seq.shape[0] != last.shape[0]:
             raise HostPoolError(

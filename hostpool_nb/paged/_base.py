@@ -587,9 +587,9 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
                 slots = slots.copy()
             site = -1 if where is None else self._site_of(r, where, None)
             status: int = self._k.free_slots(self._st[r], self._gp[r], slots, self.page_size, mode, int(in_group), site)
-            if status < 0 and where is not None:  # refused or failed: the table as it was
-                self._failed(r)
-            if status < 0:  # built under the same hold, from the value the kernel checked
+            if status < 0:  # refused or failed: the table as it was, the error built under the same hold
+                if where is not None:
+                    self._failed(r)
                 raise self._free_error(status, r)
             if in_group:
                 slots.flags.writeable = False

@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .. import _layout, _paged_kernels, _swa_kernels
-from .._convert import _INT64_MAX, as_count, as_int_vector, as_slots, own_slots
+from .._convert import _INT64_MAX, as_count, as_int_vectors, as_slots, own_slots
 from .._errors import AlignmentError, HostPoolError, SlotRangeError
 from .._fork import register as _register_fork_lock
 from .._jit import Entries
@@ -230,7 +230,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
         raise self._corrupt("alloc", status)
 
     def _batch_args(self, lens: tuple[Any, ...], names: tuple[str, ...]) -> tuple[NDArray[np.int64], ...]:
-        arrays = tuple(as_int_vector(v, name) for v, name in zip(lens, names, strict=True))
+        arrays = as_int_vectors(lens, names)
         if len({a.shape[0] for a in arrays}) != 1:
             got = ", ".join(str(a.shape[0]) for a in arrays)
             raise HostPoolError(f"{', '.join(names[:-1])} and {names[-1]} must have the same length, got {got}")
