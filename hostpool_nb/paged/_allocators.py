@@ -299,7 +299,7 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         if rec is not None and rec.owner != get_ident():
             return rec.alloc_decode(seq_lens, last_loc, dp_rank, tags=tags)  # type: ignore[no-any-return]
         seq, last = as_int_vectors((seq_lens, last_loc), ("seq_lens", "last_loc"))
-        r = self._rank(dp_rank)
+        r = dp_rank if type(dp_rank) is int and 0 <= dp_rank < self.dp_size else self._rank(dp_rank)
         if seq.shape[0] != last.shape[0]:
             raise HostPoolError(
                 f"seq_lens and last_loc must have the same length, got {seq.shape[0]} and {last.shape[0]}"

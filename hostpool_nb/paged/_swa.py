@@ -124,6 +124,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
         self.size = self.full_attn_allocator.size  # the original's base class sets these two from the full side
         self.size_per_rank = self.full_attn_allocator.size_per_rank
         self._kvcache = kvcache
+        self._recording = None  # an instance attribute, as the sub-allocators' (see _RankedAllocator)
         self.lock = self.full_attn_allocator.lock  # one lock for the three: each call holds both sides
         sub.lock = self.lock
         _register_fork_lock(self)
