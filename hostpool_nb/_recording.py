@@ -384,13 +384,7 @@ class _RankedCalls(_Calls):
 
     def merge_and_sort_free(self, dp_rank: Any = 0) -> None:
         with self.lock:
-            rank = self._rank(dp_rank)
-            try:
-                self._call("merge_and_sort_free", dp_rank)
-            except Exception as exc:
-                self.rec.add("merge_and_sort_free", 0, 0, (), exc, rank=rank)
-                raise
-            self.rec.add("merge_and_sort_free", 0, 0, rank=rank)
+            self._ranked("merge_and_sort_free", self._rank(dp_rank), dp_rank)
 
     def restore_state(self, state: Any) -> None:
         """A snapshot taken while recording is named by its number; an earlier one is recorded whole."""
@@ -411,13 +405,16 @@ class _RankedCalls(_Calls):
 
     def clear(self, dp_rank: Any = None) -> None:
         with self.lock:
-            rank = -1 if dp_rank is None else self._rank(dp_rank)  # -1: every rank
-            try:
-                self._call("clear", dp_rank)
-            except Exception as exc:
-                self.rec.add("clear", 0, 0, (), exc, rank=rank)
-                raise
-            self.rec.add("clear", 0, 0, rank=rank)
+            self._ranked("clear", -1 if dp_rank is None else self._rank(dp_rank), dp_rank)  # -1: every rank
+
+    def _ranked(self, op: str, rank: int | None, dp_rank: Any) -> None:
+        """merge_and_sort_free, clear: the call, recorded with its rank and nothing else (under the lock)."""
+        try:
+            self._call(op, dp_rank)
+        except Exception as exc:
+            self.rec.add(op, 0, 0, (), exc, rank=rank)
+            raise
+        self.rec.add(op, 0, 0, rank=rank)
 
 
 def _same_length(*vectors: Any) -> tuple[NDArray[np.int64], ...] | None:
