@@ -655,7 +655,7 @@ def _swa_starts(where: str, words: NDArray[Any], trace: Trace) -> Trace:
     at, m = 0, trace.mapping_length
     for r in range(trace.dp_size):
         for side, pages, into in (("full", trace.pages_per_rank, full), ("SWA", trace.swa_pages_per_rank, swa)):
-            state, at = _one_start(f"{where}: its start state of rank {r}'s {side} side", words, at, (True, pages))
+            state, at = _one_start(where, f" of rank {r}'s {side} side", words, at, (True, pages))
             into.append(state)
         mapping = words[at : at + m]
         if mapping.shape[0] != m or (m and (int(mapping.min()) < 0 or int(mapping.max()) > _INT32_MAX)):
@@ -672,27 +672,39 @@ def _swa_starts(where: str, words: NDArray[Any], trace: Trace) -> Trace:
 _INT32_MAX = 2**31 - 1
 
 
-def _one_start(where: str, words: NDArray[np.int64], at: int, shape: tuple[bool, int]) -> tuple[StartState, int]:
-    """The state at ``words[at:]`` (an allocator's rank when ``shape[0]``, of ``shape[1]`` pages), and where it ends."""
+def _one_start(
+    where: str, of: str, words: NDArray[np.int64], at: int, shape: tuple[bool, int]
+) -> tuple[StartState, int]:
+    """The state at ``words[at:]`` and where it ends: an allocator's rank's when ``shape[0]``, of ``shape[1]`` pages.
+
+    ``of`` names the state in errors (" of rank 1", "" for a host pool's).
+    """
     ranked, num_pages = shape
     if words.shape[0] - at < _START_HEADER:
-        raise TraceError(f"{where} is cut short (the start array's shape is {words.shape})")
+        raise TraceError(f"{where}: its start array ends before the state{of} (shape {words.shape})")
     depth, nfree, nrel, npend = (int(v) for v in words[at : at + _START_HEADER])
     at += _START_HEADER
     left = words.shape[0] - at
     total = nfree + nrel + npend
-    too_many = nfree + nrel > num_pages or npend > num_pages
-    if min(depth, nfree, nrel, npend) < 0 or too_many or total > left:
+    # An allocator's pages can be pending and free at once (freed again after another rank's clear()).
+    too_many = nfree + nrel > num_pages or npend > num_pages if ranked else total > num_pages
+    if min(depth, nfree, nrel, npend) < 0 or too_many or total > left or (not ranked and total != left):
+        lists = f"{total} pages as" if ranked else f"{left} pages as"
         raise TraceError(
-            f"{where} lists {total} pages as {nfree} free, {nrel} released and {npend} pending, of {num_pages} pages"
+            f"{where}: its start state{of} lists {lists} {nfree} free, {nrel} released and "
+            f"{npend} pending, of a pool of {num_pages} pages"
         )
     listed = words[at : at + total]
-    _check_listed(where, listed[: nfree + nrel], ranked, num_pages)
-    _check_listed(where, listed[nfree + nrel :], ranked, num_pages)
-    if depth not in (0, 1):
-        raise TraceError(f"{where} is {depth} free groups deep; an allocator's do not nest")
-    state = StartState(listed[:nfree], listed[nfree : nfree + nrel], listed[nfree + nrel :], depth)
-    return state, at + total
+    if ranked:  # the lists, and the pending pages, each name a page once
+        _check_listed(where + f": its start state{of}", listed[: nfree + nrel], ranked, num_pages)
+        _check_listed(where + f": its start state{of}", listed[nfree + nrel :], ranked, num_pages)
+    else:
+        _check_listed(where + f": its start state{of}", listed, ranked, num_pages)
+    if npend and not depth and not ranked:  # an allocator's clear() leaves other ranks' pending
+        raise TraceError(f"{where}: its start state has pending pages outside a free group")
+    if ranked and depth not in (0, 1):
+        raise TraceError(f"{where}: its start state{of} is {depth} free groups deep; an allocator's do not nest")
+    return StartState(listed[:nfree], listed[nfree : nfree + nrel], listed[nfree + nrel :], depth), at + total
 
 
 def _starts(where: str, words: NDArray[Any], trace: Trace) -> tuple[StartState, ...]:
@@ -704,33 +716,8 @@ def _starts(where: str, words: NDArray[Any], trace: Trace) -> tuple[StartState, 
     starts: list[StartState] = []
     at = 0
     for r in range(trace.dp_size):
-        of = f" of rank {r}" if ranked else ""
-        if words.shape[0] - at < _START_HEADER:
-            raise TraceError(f"{where}: its start array ends before the state{of} (shape {words.shape})")
-        depth, nfree, nrel, npend = (int(v) for v in words[at : at + _START_HEADER])
-        at += _START_HEADER
-        left = words.shape[0] - at
-        total = nfree + nrel + npend
-        # An allocator's pages can be pending and free at once (freed again after another rank's clear()).
-        too_many = nfree + nrel > num_pages or npend > num_pages if ranked else total > num_pages
-        if min(depth, nfree, nrel, npend) < 0 or too_many or total > left or (not ranked and total != left):
-            lists = f"{total} pages as" if ranked else f"{left} pages as"
-            raise TraceError(
-                f"{where}: its start state{of} lists {lists} {nfree} free, {nrel} released and "
-                f"{npend} pending, of a pool of {num_pages} pages"
-            )
-        listed = words[at : at + total]
-        at += total
-        if ranked:  # the lists, and the pending pages, each name a page once
-            _check_listed(where + f": its start state{of}", listed[: nfree + nrel], ranked, num_pages)
-            _check_listed(where + f": its start state{of}", listed[nfree + nrel :], ranked, num_pages)
-        else:
-            _check_listed(where + f": its start state{of}", listed, ranked, num_pages)
-        if npend and not depth and not ranked:  # an allocator's clear() leaves other ranks' pending
-            raise TraceError(f"{where}: its start state has pending pages outside a free group")
-        if ranked and depth not in (0, 1):
-            raise TraceError(f"{where}: its start state{of} is {depth} free groups deep; an allocator's do not nest")
-        starts.append(StartState(listed[:nfree], listed[nfree : nfree + nrel], listed[nfree + nrel :], depth))
+        state, at = _one_start(where, f" of rank {r}" if ranked else "", words, at, (ranked, num_pages))
+        starts.append(state)
     if at != words.shape[0]:
         raise TraceError(f"{where}: its start array holds {words.shape[0] - at} numbers after the last rank's state")
     if len({s.group_depth for s in starts}) > 1:

@@ -582,7 +582,17 @@ def test_a_sliding_window_trace_with_snapshots_replays_and_says_why_the_original
 
 
 @pytest.mark.parametrize(
-    "case", ["mapping short", "mapping beyond int32", "mapping negative", "size_swa on a paged trace", "no size_swa"]
+    "case",
+    [
+        "mapping short",
+        "mapping beyond int32",
+        "mapping negative",
+        "size_swa on a paged trace",
+        "no size_swa",
+        "SWA side cut short",
+        "SWA side nested",
+        "SWA side page outside",
+    ],
 )
 def test_a_damaged_sliding_window_trace(case: str, tmp_path: Path) -> None:
     a = SWATokenToKVPoolAllocator(64, 32, hybrid(), page_size=4)
@@ -599,6 +609,19 @@ def test_a_damaged_sliding_window_trace(case: str, tmp_path: Path) -> None:
         start[-1] = 2**31 if case == "mapping beyond int32" else -1
         rewrite(tmp_path / "good.npz", bad, start=start)
         text = "its start state of rank 0 has no mapping of 68 int32 slots"
+    elif case.startswith("SWA side"):  # the rank's SWA state follows its full side's: read as that one is
+        start = got["start"].copy()
+        swa_at = 4 + int(start[1:4].sum())  # past the full side's counts and pages
+        if case == "SWA side cut short":
+            start = start[: swa_at + 2]
+            text = f"its start array ends before the state of rank 0's SWA side (shape ({swa_at + 2},))"
+        elif case == "SWA side nested":
+            start[swa_at] = 2
+            text = "its start state of rank 0's SWA side is 2 free groups deep; an allocator's do not nest"
+        else:
+            start[swa_at + 4] = 9  # the SWA side has 8 pages a rank (32 slots of 4)
+            text = "its start state of rank 0's SWA side lists a page outside the rank's pages 1..8"
+        rewrite(tmp_path / "good.npz", bad, start=start)
     elif case == "size_swa on a paged trace":
         header["pool"] = "PagedTokenToKVPoolAllocator"
         rewrite(tmp_path / "good.npz", bad, header=header)
