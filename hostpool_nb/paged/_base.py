@@ -27,6 +27,13 @@ _NONE = np.zeros(0, dtype=np.int64)  # no sites, no copy: an untracked call's em
 _INT32_MAX = 2**31 - 1
 
 
+def raise_unless_short(pool: ArrayStatePool, status: int) -> None:
+    """An ``alloc`` its kernel refused: nothing when the rank was short (the call returns ``None``), else the
+    corruption raised. Called only on refusal, so a served call pays no call for it."""
+    if status != _STATUS_SHORT:
+        raise pool._corrupt("alloc", status)
+
+
 class BaseTokenToKVPoolAllocator:
     """What every device allocator offers because sglang-jax's base class of this name gives it to its three.
 
@@ -266,9 +273,8 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
                 self._failed(r)
         if status >= 0:
             return out
-        if status == _STATUS_SHORT:
-            return None
-        raise self._corrupt("alloc", status)
+        raise_unless_short(self, status)
+        return None
 
     def _failed(self, r: int) -> None:
         """A tracked call on rank ``r`` refused or failed: the sites it added go. Under the lock."""

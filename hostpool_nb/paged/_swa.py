@@ -18,7 +18,7 @@ from .._protocol import handed_off, parts
 from .._snapshot import SWAState
 from .._tracking import wanted
 from ._allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from ._base import _NONE, _STATUS_SHORT, BaseTokenToKVPoolAllocator
+from ._base import _NONE, _STATUS_SHORT, BaseTokenToKVPoolAllocator, raise_unless_short
 from ._swa_state import _SWAStateKeeping
 
 _UNTRACKED, _NO_SITES = (-1, -1), (_NONE, _NONE)  # an untracked call's sites, no method call to get them
@@ -226,9 +226,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
                 self._failed(r)
         if status >= 0:
             return out
-        if status == _STATUS_SHORT:
-            return None
-        raise self._corrupt("alloc", status)
+        raise_unless_short(self, status)
+        return None
 
     def _batch_args(self, lens: tuple[Any, ...], names: tuple[str, ...]) -> tuple[NDArray[np.int64], ...]:
         arrays = as_int_vectors(lens, names)
