@@ -230,14 +230,7 @@ def as_sizes(sizes: Any) -> NDArray[np.int64] | list[int]:
             + ("; wrap a single size in a list" if isinstance(sizes, (int, np.integer)) else "")
         )
     _reject_masked(sizes, "sizes")
-    try:
-        arr = np.asarray(sizes)
-    except MemoryError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any failure to convert is the argument's fault
-        raise TypeError(f"sizes must be a 1-D array of integers, got {type(sizes).__name__}: {exc}") from None
-    if arr.ndim != 1:
-        raise TypeError(f"sizes must be 1-D, got an array of shape {arr.shape}")
+    arr = _one_d(sizes, "sizes", "a 1-D array of integers", np.asarray, shape_of="an array")
     if arr.dtype.kind not in "iu":
         raise TypeError(f"sizes must hold integers, got dtype {arr.dtype}")
     if arr.dtype.kind == "u" and arr.size and int(arr.max()) > _INT64_MAX:
@@ -392,16 +385,21 @@ def _page_list(values: list[Any] | tuple[Any, ...], name: str) -> tuple[NDArray[
     return np.array([-1 if i in beyond else int(v) for i, v in enumerate(values)], dtype=np.int64), beyond
 
 
-def _one_d(values: Any, name: str, what: str, convert: Callable[[Any], NDArray[Any]]) -> NDArray[Any]:
-    """``convert(values)`` (``np.array``, ``np.asarray``) if 1-D; else a ``TypeError`` naming ``name``."""
+def _one_d(
+    values: Any, name: str, what: str, convert: Callable[[Any], NDArray[Any]], shape_of: str | None = None
+) -> NDArray[Any]:
+    """``convert(values)`` (``np.array``, ``np.asarray``) if 1-D; else a ``TypeError`` naming ``name``.
+
+    A shape that is not 1-D is said to be ``shape_of``'s, by default that of ``values``'s type.
+    """
     try:
         arr = convert(values)
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure to convert is the argument's fault
-        raise TypeError(f"{name} must be {what}: {exc}") from None
+        raise TypeError(f"{name} must be {what}, got {type(values).__name__}: {exc}") from None
     if arr.ndim != 1:
-        raise TypeError(f"{name} must be 1-D, got {type(values).__name__} of shape {arr.shape}")
+        raise TypeError(f"{name} must be 1-D, got {shape_of or type(values).__name__} of shape {arr.shape}")
     return arr
 
 

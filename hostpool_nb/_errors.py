@@ -314,26 +314,8 @@ class KernelCacheWarning(UserWarning):
     """
 
 
-__all__ = [
-    "AlignmentError",
-    "DoubleFreeError",
-    "HostKVAlignmentError",
-    "HostKVDoubleFreeError",
-    "HostKVSlotRangeError",
-    "HostPoolError",
-    "KernelCacheWarning",
-    "LockRefUnderflowError",
-    "PageDoubleFreeError",
-    "PageNotAllocatedError",
-    "PageStateError",
-    "PagedOnlyError",
-    "PartialPageError",
-    "PinnedPageError",
-    "PoolForkedError",
-    "SlotRangeError",
-    "StaleFreeError",
-]
-
 # Tracebacks and reprs name the public path (hostpool_nb.DoubleFreeError), where every one is imported from.
-for _name in __all__:
-    globals()[_name].__module__ = "hostpool_nb"
+for _cls in tuple(globals().values()):
+    if isinstance(_cls, type) and _cls.__module__ == __name__:
+        _cls.__module__ = "hostpool_nb"
+del _cls

@@ -226,7 +226,7 @@ class HostPagePool(ArrayStatePool):
         try:
             status = _K.release(self._st, buffer_id, given, check)
             if status < 0:
-                raise self._free_error(status, "buffer_id", "release", {})
+                raise self._page_error(status, "buffer_id", "release", {})
         finally:
             lock.release()
 
@@ -311,7 +311,7 @@ class HostPagePool(ArrayStatePool):
         """The free kernel, under :attr:`lock` (held by the caller): the pages freed, into ``out`` if it has room."""
         status: int = _K.free(self._st, pages, gens, check, out)
         if status < 0:  # built under the same hold, from the values the kernel checked
-            raise self._free_error(status, "page id", "free", beyond)
+            raise self._page_error(status, "page id", "free", beyond)
         return status
 
     # -- pins -------------------------------------------------------------------------
@@ -349,7 +349,7 @@ class HostPagePool(ArrayStatePool):
             with self.lock:
                 status = _K.pin1(self._st, page, delta)
                 if status < 0:
-                    raise self._pin_error(status, {})
+                    raise self._page_error(status, "buffer_id", "lock_ref", {})
             return
         pages, beyond = as_page_ids(buffer_id, "buffer_id")
         if pages is buffer_id:
@@ -357,7 +357,7 @@ class HostPagePool(ArrayStatePool):
         with self.lock:
             status = _K.pin(self._st, pages, delta)
             if status < 0:
-                raise self._pin_error(status, beyond)
+                raise self._page_error(status, "buffer_id", "lock_ref", beyond)
 
     def require_allocated(self, buffer_id: int) -> None:
         """Raise the originals' errors unless ``buffer_id`` is an allocated page (``_require_allocated``).
@@ -473,13 +473,18 @@ class HostPagePool(ArrayStatePool):
         st = self._st
         return beyond.get(position, int(st[_layout.HP_FAULT])), int(st[_layout.HP_FAULT_GEN])
 
-    def _free_error(self, status: int, what: str, op: str, beyond: dict[int, int]) -> Exception:
+    def _page_error(self, status: int, what: str, op: str, beyond: dict[int, int]) -> Exception:  # noqa: PLR0911
+        """Why a kernel refused ``what`` in ``op`` (``release``, ``free``, or ``lock_ref``: the pins); one per code."""
         code, pos = _layout.decode_status(status)
         page, given = self._fault(beyond, pos)
         if code == _layout.E_RANGE:
             return SlotRangeError(f"{what}={page} outside pool range [0, {self.pool_size})")
+        if code == _layout.E_NOT_ALLOCATED and op == "lock_ref":
+            return PageNotAllocatedError(f"{what}={page} is not allocated (in free-list)")
         if code == _layout.E_NOT_ALLOCATED:
             return PageDoubleFreeError(f"double free of {what}={page}")
+        if code == _layout.E_UNDERFLOW:
+            return LockRefUnderflowError(f"dec_lock_ref underflow on {what}={page}")
         if code == _layout.E_STALE:
             return StaleFreeError(
                 f"stale {op} of {what}={page}: it was handed out again since generation {given} "
@@ -489,17 +494,6 @@ class HostPagePool(ArrayStatePool):
             verb = "release" if op == "release" else "free"
             return PinnedPageError(f"{verb} of locked {what}={page} (lock_ref={int(self.lock_ref[page])})")
         return self._corrupt(op, status)
-
-    def _pin_error(self, status: int, beyond: dict[int, int]) -> Exception:
-        code, pos = _layout.decode_status(status)
-        page, _ = self._fault(beyond, pos)
-        if code == _layout.E_RANGE:
-            return SlotRangeError(f"buffer_id={page} outside pool range [0, {self.pool_size})")
-        if code == _layout.E_NOT_ALLOCATED:
-            return PageNotAllocatedError(f"buffer_id={page} is not allocated (in free-list)")
-        if code == _layout.E_UNDERFLOW:
-            return LockRefUnderflowError(f"dec_lock_ref underflow on buffer_id={page}")
-        return self._corrupt("lock_ref", status)
 
 
 class HostKVPoolMixin:
@@ -603,13 +597,7 @@ class HostKVPoolMixin:
         raise self._host_pages._corrupt("reserve", page)
 
     def alloc(self, need_pages: int) -> NDArray[np.int64] | None:
-        """``HostPagePool.alloc``: the first ``need_pages`` free pages (int64), or ``None`` (logged, counted).
-
-        Parameters
-        ----------
-        need_pages : int
-            At least 1.
-        """
+        """``HostPagePool.alloc`` (its parameters): the first ``need_pages`` free pages, or ``None`` (logged)."""
         if type(need_pages) is not int:
             need_pages = as_count(need_pages, "need_pages")
         if need_pages <= 0:
@@ -632,15 +620,7 @@ class HostKVPoolMixin:
     # -- freeing ----------------------------------------------------------------------
 
     def release(self, buffer_id: int, *, generation: int | None = None) -> None:
-        """``HostPagePool.release``, the page's pending transfers and payload dropped under the lock, then the metric.
-
-        Parameters
-        ----------
-        buffer_id : int
-            The page.
-        generation : int, optional, keyword-only
-            Its generation when the caller got it: refused if it moved on.
-        """
+        """``HostPagePool.release`` (its parameters); the page's transfers and payload dropped, then the metric."""
         pages = self._host_pages
         lock = pages.lock
         if type(buffer_id) is int and generation is None and 0 <= buffer_id < self._pool_size:
@@ -648,7 +628,7 @@ class HostKVPoolMixin:
             try:
                 status: int = _K.release(pages._st, buffer_id, 0, 0)
                 if status < 0:
-                    raise pages._free_error(status, "buffer_id", "release", {})
+                    raise pages._page_error(status, "buffer_id", "release", {})
                 self._forget((buffer_id,))
             finally:
                 lock.release()
@@ -664,19 +644,7 @@ class HostKVPoolMixin:
 
         The whole input is read first: a generator that releases a page of
         this pool while it is read leaves this call's freed pages, and so
-        what is dropped, as they are.
-
-        Parameters
-        ----------
-        host_page_ids : sequence or 1-D array of int
-            The pages, all or none; a page named twice is freed once.
-        generations : sequence or 1-D array of int, optional, keyword-only
-            One per entry: the generations the caller got with the pages.
-
-        Returns
-        -------
-        int
-            The number of pages freed (the original returns ``None``).
+        what is dropped, as they are. Parameters and result: ``HostPagePool.free``'s.
         """
         pool = self._host_pages
         pages, beyond, gens, check = pool._free_arguments(host_page_ids, generations)

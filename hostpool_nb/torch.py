@@ -233,36 +233,14 @@ class LogicalHostPool(_CorePool):
         return _from_numpy(got[0]), _from_numpy(got[1])
 
     def free(self, indices: Any) -> int:
-        """Give back slots from earlier allocations: whole pages only.
+        """Give back slots from earlier allocations: whole pages only (:meth:`hostpool_nb.LogicalHostPool.free`).
 
-        Parameters
-        ----------
-        indices : torch.Tensor or array_like of int
-            Slot ids: a tensor of any integer dtype, shape (flattened in C
-            order) and device, or anything the core accepts (numpy arrays,
-            lists). Every run of ``page_size`` entries must be one page's
-            slots in ascending order, of a page currently allocated; pages
-            may come in any order. A CPU tensor is viewed without a copy; a
-            tensor on another device is copied to the host once. The pool
-            keeps no reference to ``indices``.
-
-        Returns
-        -------
-        int
-            The number of slots freed.
-
-        Raises
-        ------
-        TypeError
-            If ``indices`` is a scalar (including a 0-d tensor), holds
-            non-integers (float, bool, complex tensors) or is a sparse
-            tensor.
-        AlignmentError
-            If the number of slots is not a multiple of ``page_size``
-            (sglang's message).
-        SlotRangeError, PartialPageError, DoubleFreeError
-            If a slot is outside ``[0, size)``, a run is not one whole page
-            in order, or a page is not currently allocated.
+        ``indices`` may also be a tensor of any integer dtype, shape
+        (flattened in C order) and device: a CPU tensor is viewed without a
+        copy, one on another device is copied to the host once. The pool
+        keeps no reference to it. Returns, and raises, as the core's
+        ``free``; its ``TypeError`` also covers a 0-d tensor, a float, bool
+        or complex tensor and a sparse one.
         """
         rec = self._recording
         if rec is not None and rec.owner != get_ident():

@@ -33,17 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import _fork, _layout
+from .. import _errors, _fork, _layout
 from .._convert import as_count, as_slots
-from .._errors import (
-    AlignmentError,
-    DoubleFreeError,
-    HostKVAlignmentError,
-    HostKVDoubleFreeError,
-    HostKVSlotRangeError,
-    HostPoolError,
-    SlotRangeError,
-)
 from ..torch import LogicalHostPool as _TorchPool
 from ..torch import _tensor_as_numpy, _tensor_count
 from .sglang import BOOKKEEPINGS, DEEPSEEK_V4_PAGED, DOUBLE_FREES, HOST_KV_CACHE, Bookkeeping
@@ -98,7 +89,7 @@ class HostKVBooks(_TorchPool):
         if type(value) is not bool:
             raise TypeError(f"accept_double_frees must be a bool, got {type(value).__name__} {value!r}")
         if value and self.bookkeeping.checks_frees:
-            raise HostPoolError(
+            raise _errors.HostPoolError(
                 "accept_double_frees=True is only for pools whose original accepts double frees; "
                 f"{self.bookkeeping.defined_by}'s refuses them (an AssertionError)"
             )
@@ -116,8 +107,8 @@ class HostKVBooks(_TorchPool):
         self._caller = None
         super().__setstate__(fields if isinstance(saved, dict) else saved)
 
-    def _alloc_misaligned(self, need_size: int) -> AlignmentError:
-        return HostKVAlignmentError(
+    def _alloc_misaligned(self, need_size: int) -> _errors.AlignmentError:
+        return _errors.HostKVAlignmentError(
             "The requested size should be a multiple of the page size: "
             f"need_size={need_size}, page_size={self.page_size}"
         )
@@ -129,10 +120,10 @@ class HostKVBooks(_TorchPool):
             ps = self.page_size
             status, slots = _layout.status_for(code, int(kept[pos // ps]) * ps + pos % ps), caller
         error = super()._free_error(status, slots)
-        if isinstance(error, DoubleFreeError):
-            return HostKVDoubleFreeError(f"Double-free detected: {error}")
-        if isinstance(error, SlotRangeError):
-            return HostKVSlotRangeError(str(error))
+        if isinstance(error, _errors.DoubleFreeError):
+            return _errors.HostKVDoubleFreeError(f"Double-free detected: {error}")
+        if isinstance(error, _errors.SlotRangeError):
+            return _errors.HostKVSlotRangeError(str(error))
         return error
 
     def free(self, indices: Any) -> int:
@@ -153,7 +144,7 @@ class HostKVBooks(_TorchPool):
             return 0
         try:
             return super().free(indices)
-        except HostKVDoubleFreeError:
+        except _errors.HostKVDoubleFreeError:
             if not self._accepts:
                 raise
         except TypeError:
@@ -174,7 +165,7 @@ class HostKVBooks(_TorchPool):
             except (ValueError, TypeError):  # ragged: the pool says what is wrong with it
                 return False
         if len(shape) > 1:  # a scalar goes on to the pool's TypeError
-            raise HostPoolError(
+            raise _errors.HostPoolError(
                 f"indices must be 1-D, got shape {shape}: sglang's host pools count a 2-D input's rows, not its "
                 "slots; flatten it first"
             )
@@ -241,7 +232,7 @@ def books(pool: Any) -> HostKVBooks:
     """
     found = getattr(pool, KEY, None)
     if not isinstance(found, HostKVBooks):
-        raise HostPoolError(
+        raise _errors.HostPoolError(
             f"{type(pool).__name__} keeps its own books: hostpool_nb keeps those of sglang's host pools built "
             "after hostpool_nb.integrations.sglang.install()"
         )

@@ -105,16 +105,10 @@ TARGETS = (
 def install() -> dict[str, type]:
     """Put hostpool_nb's classes where sglang-jax looks its allocators and host pools up; what was replaced.
 
-    Everything is checked before anything is replaced: a module that does
-    not import, a class that is missing, or one whose public methods and
-    attributes hostpool_nb's does not offer with the same parameters, is an
-    :class:`~hostpool_nb.integrations.IntegrationError` naming the
-    attribute. Installed already: nothing changes, the same mapping returns.
-
-    Returns
-    -------
-    dict
-        ``"module.attribute"`` -> the class that was there.
+    Checked whole first, as every ``install()`` (:mod:`hostpool_nb.integrations`):
+    a module of sglang-jax that does not import, or a class of
+    :data:`TARGETS` missing or unlike what hostpool_nb offers, is an
+    :class:`~hostpool_nb.integrations.IntegrationError` and replaces nothing.
 
     Examples
     --------

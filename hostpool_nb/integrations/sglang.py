@@ -231,16 +231,11 @@ def books(pool: Any) -> Any:
 def install() -> dict[str, Any]:
     """Put hostpool_nb's ``LogicalHostPool`` where sglang looks it up; ``{"module.attribute": original}``.
 
-    Everything is checked before anything is replaced: sglang not
-    importable, no ``LogicalHostPool`` there, or one whose public methods
-    and attributes hostpool_nb's does not offer with the same parameters,
-    is an :class:`~hostpool_nb.integrations.IntegrationError` naming the
-    attribute. Installed already: nothing changes, the same mapping returns.
-
-    Returns
-    -------
-    dict
-        ``"module.attribute"`` -> the class that was there.
+    Checked whole first, as every ``install()`` (:mod:`hostpool_nb.integrations`):
+    sglang or torch not importable, or a class sglang defines unlike what
+    hostpool_nb offers for it, is an :class:`~hostpool_nb.integrations.IntegrationError`
+    and replaces nothing. The host tier's pool classes (:data:`HOST_KV_CACHE`) keep
+    their books on hostpool_nb's kernels once installed.
 
     Examples
     --------

@@ -39,7 +39,8 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         (``HostPoolError`` naming the request, where the original asserts).
     dp_size : int, optional
         Data-parallel ranks, each an independent allocator of
-        ``pages_per_rank = num_pages // dp_size`` pages.
+        ``pages_per_rank = num_pages // dp_size`` pages. A method's
+        ``dp_rank`` names one, in ``[0, dp_size)``; 0 by default.
     strict : bool, optional, keyword-only
         Make freeing an already-free page a ``DoubleFreeError`` (for
         debugging; callers free token ranges that share pages, which the
@@ -119,13 +120,7 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
 
     @handed_off
     def merge_and_sort_free(self, dp_rank: Any = 0) -> None:
-        """Merge the rank's release list into its free list, keeping it ascending. O(pages).
-
-        Parameters
-        ----------
-        dp_rank : int, optional
-            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
-        """
+        """Merge the rank's release list into its free list, keeping it ascending. O(pages)."""
         r = self._rank(dp_rank)
         with self.lock:
             status = _CORE.merge(self._st[r])
@@ -400,7 +395,8 @@ class TokenToKVPoolAllocator(_RankedAllocator):
     kvcache : object
         Stored and forwarded, as for the paged allocator.
     dp_size : int, optional
-        Data-parallel ranks, each an independent allocator.
+        Data-parallel ranks, each an independent allocator. A method's
+        ``dp_rank`` names one, in ``[0, dp_size)``; 0 by default.
     strict : bool, optional, keyword-only
         Accepted for symmetry with the paged allocator; a double free is
         always an error here.
@@ -458,15 +454,8 @@ class TokenToKVPoolAllocator(_RankedAllocator):
     def alloc(self, need_size: Any, dp_rank: Any = 0, *, tag: Hashable = None) -> NDArray[np.int32] | None:
         """The first ``need_size`` free slots of the rank (int32), or ``None`` if it has fewer.
 
-        Parameters
-        ----------
-        need_size : int
-            Slots, at least 0.
-        dp_rank : int, optional
-            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
-        tag : hashable, optional, keyword-only
-            A label for the allocation that a tracking allocator records
-            with its slots; ignored otherwise.
+        ``need_size`` is any number of slots from 0; ``dp_rank`` and ``tag``
+        are the paged allocator's (:meth:`PagedTokenToKVPoolAllocator.alloc`).
         """
         rec = self._recording
         if rec is not None and rec.owner != get_ident():
@@ -488,19 +477,9 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         Each slot must be allocated and named once: a :class:`DoubleFreeError`
         otherwise, and a :class:`SlotRangeError` for slot 0 (the padding
         slot) or beyond the rank, before anything changes. Inside a free
-        group the slots are appended when it ends.
-
-        Parameters
-        ----------
-        free_index : array_like of int
-            Slots: a list, or an array of any integer dtype and shape.
-        dp_rank : int, optional
-            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
-
-        Returns
-        -------
-        int
-            The number of slots freed (or made pending).
+        group the slots are appended when it ends. The parameters are the
+        paged allocator's (:meth:`PagedTokenToKVPoolAllocator.free`); returns
+        the number of slots freed (or made pending).
         """
         rec = self._recording
         if rec is not None and rec.owner != get_ident():

@@ -132,13 +132,7 @@ class BaseTokenToKVPoolAllocator:
         raise NotImplementedError
 
     def merge_and_sort_free(self, dp_rank: Any = 0) -> None:
-        """Nothing to merge on an allocator with no release list; ``dp_rank`` is checked, nothing changes.
-
-        Parameters
-        ----------
-        dp_rank : int, optional
-            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
-        """
+        """Nothing to merge on an allocator with no release list; ``dp_rank`` is checked, nothing changes."""
         self._rank(dp_rank)
 
 
@@ -237,13 +231,7 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
             self._in_group = False
 
     def available_size(self, dp_rank: Any = 0) -> int:
-        """Slots an allocation on ``dp_rank`` can use now: free and released pages, in slots.
-
-        Parameters
-        ----------
-        dp_rank : int, optional
-            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
-        """
+        """Slots an allocation on ``dp_rank`` can use now: free and released pages, in slots."""
         r = self._rank(dp_rank)
         st = self._st[r]
         with self.lock:

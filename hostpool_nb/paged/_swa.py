@@ -66,7 +66,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
     page_size : int, optional
         Slots per page (1: token allocators).
     dp_size : int, optional
-        Data-parallel ranks.
+        Data-parallel ranks, each with both sides. A method's ``dp_rank``
+        names one, in ``[0, dp_size)``; 0 by default.
     track : bool or None, optional, keyword-only
         Build both sub-allocators tracking: each side's pages know the call
         site and tag that allocated them (``tag=`` on :meth:`alloc`,
@@ -160,11 +161,6 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
         a ``TypeError`` (it keeps no lists of its own); the engine never
         calls it. This does what the name says, on both sub-allocators, in
         one hold of the lock.
-
-        Parameters
-        ----------
-        dp_rank : int, optional
-            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
         """
         r = self._rank(dp_rank)
         with self.lock:
