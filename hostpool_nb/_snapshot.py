@@ -276,12 +276,14 @@ class SWAState:
     >>> from types import SimpleNamespace
     >>> from hostpool_nb.paged import SWATokenToKVPoolAllocator
     >>> kv = SimpleNamespace(full_kv_pool=None, swa_kv_pool=None)
-    >>> a = SWATokenToKVPoolAllocator(size=64, size_swa=16, kvcache=kv)
+    >>> a, b = (SWATokenToKVPoolAllocator(64, 16, kv, page_size=4) for _ in "ab")
+    >>> full = a.alloc(8)
     >>> state = a.backup_state()
-    >>> full = a.alloc(3)
-    >>> a.restore_state(state)
-    >>> a.available_size(), int(a.full_to_swa_index_mapping[full].sum())
-    (16, 0)
+    >>> type(state.full).__name__, state.swa.page_size
+    ('PagedState', 4)
+    >>> b.restore_state(state)  # another allocator of the same sizes takes it, mapping included
+    >>> b.full_available_size(), b.swa_available_size(), bool((b.full_to_swa_index_mapping[full] > 0).all())
+    (56, 8, True)
     """
 
     full: PagedState

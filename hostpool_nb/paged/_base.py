@@ -28,8 +28,10 @@ _INT32_MAX = 2**31 - 1
 
 
 def raise_unless_short(pool: ArrayStatePool, status: int) -> None:
-    """An ``alloc`` its kernel refused: nothing when the rank was short (the call returns ``None``), else the
-    corruption raised. Called only on refusal, so a served call pays no call for it."""
+    """The result of an ``alloc`` its kernel refused: ``None`` when the rank was short, else the corruption raised.
+
+    Called only on refusal (``out if status >= 0 else raise_unless_short(...)``): a served call pays no call.
+    """
     if status != _STATUS_SHORT:
         raise pool._corrupt("alloc", status)
 
@@ -259,10 +261,7 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
             status: int = kernel(self._st[r], out, *args, -1 if where is None else self._site_of(r, where, tag))
             if status < 0 and where is not None:
                 self._failed(r)
-        if status >= 0:
-            return out
-        raise_unless_short(self, status)
-        return None
+        return out if status >= 0 else raise_unless_short(self, status)  # type: ignore[func-returns-value]
 
     def _failed(self, r: int) -> None:
         """A tracked call on rank ``r`` refused or failed: the sites it added go. Under the lock."""

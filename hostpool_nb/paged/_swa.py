@@ -220,10 +220,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
                 status = self._k.alloc_pages(stf, sts, self._maps[r], out, swa, ps, sf, ss)
             if status < 0 and where is not None:
                 self._failed(r)
-        if status >= 0:
-            return out
-        raise_unless_short(self, status)
-        return None
+        return out if status >= 0 else raise_unless_short(self, status)  # type: ignore[func-returns-value]
 
     def _batch_args(self, lens: tuple[Any, ...], names: tuple[str, ...]) -> tuple[NDArray[np.int64], ...]:
         arrays = as_int_vectors(lens, names)
