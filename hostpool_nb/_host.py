@@ -496,6 +496,19 @@ class HostPagePool(ArrayStatePool):
         return self._corrupt(op, status)
 
 
+def _kept_count(index: int) -> property:
+    """A count of a host class's that the pool's header word ``index`` keeps: 0 before the pool exists, set ignored."""
+
+    def get(self: Any) -> int:
+        header = getattr(self, "_header", None)
+        return 0 if header is None else int(header[index])
+
+    def ignore(self: Any, value: int) -> None:
+        """The host class's ``__init__`` sets it; the pool keeps the count."""
+
+    return property(get, ignore)
+
+
 class HostKVPoolMixin:
     """Put sglang-jax's host KV pools' bookkeeping on a :class:`~hostpool_nb.HostPagePool`, in one class line.
 
@@ -738,24 +751,9 @@ class HostKVPoolMixin:
 
         _slots: list[Any]
 
-    # The host class's __init__ sets these two before the pool exists: until then, 0.
-    @property
-    def _peak_used(self) -> int:
-        header = getattr(self, "_header", None)
-        return 0 if header is None else int(header[_layout.HP_PEAK])
-
-    @_peak_used.setter
-    def _peak_used(self, value: int) -> None:
-        """The host class's ``__init__`` sets it; the pool keeps the count."""
-
-    @property
-    def _exhaust_count(self) -> int:
-        header = getattr(self, "_header", None)
-        return 0 if header is None else int(header[_layout.HP_EXHAUSTED])
-
-    @_exhaust_count.setter
-    def _exhaust_count(self, value: int) -> None:
-        """The host class's ``__init__`` sets it; the pool keeps the count."""
+    # The host class's __init__ sets these two before the pool exists (until then, 0); the pool keeps the counts.
+    _peak_used = _kept_count(_layout.HP_PEAK)
+    _exhaust_count = _kept_count(_layout.HP_EXHAUSTED)
 
 
 def _logging_module(cls: type) -> str:

@@ -78,7 +78,7 @@ def pool_problems(
     found += _word_problems(st, npend, loading)
     sorted_flag = int(st[_layout.H_SORTED])
     track = int(st[_layout.H_TRACK])
-    counters = {name: int(st[h]) for name, h in _COUNTERS}
+    counters = _counters(st, host=False)
     lists = _listed_runs(st, n, (nfree, nrel, npend))
     if isinstance(lists, str):
         found.append(lists)
@@ -162,13 +162,10 @@ def _word_problems(st: NDArray[np.int64], npend: int, loading: bool) -> list[str
         found.append(f"free groups out of range: depth={depth} with {npend} pending pages")
     if sorted_flag not in (0, 1):
         found.append(f"merge order word is {sorted_flag}, expected 0 (fifo) or 1 (sorted)")
-    counters = {name: int(st[h]) for name, h in _COUNTERS}
+    counters = _counters(st, host=False)
     if min(counters.values()) < 0 or counters["failed_allocs"] > counters["alloc_calls"]:
         found.append(f"statistics out of range: {counters}")
-    grow = {
-        name: int(st[h])
-        for name, h in (*_COUNTERS, ("group depth", _layout.H_GROUP_DEPTH), ("allocation number", _layout.H_SEQ))
-    }
+    grow = {**counters, "group depth": int(st[_layout.H_GROUP_DEPTH]), "allocation number": int(st[_layout.H_SEQ])}
     limit, beyond = _limit(loading)
     full = [f"{name}={value}" for name, value in grow.items() if value >= limit]
     if full:
@@ -191,14 +188,21 @@ def _tracking_problems(st: NDArray[np.int64], n: int, track: int, owner: NDArray
     return []
 
 
+# Each counter's header word in a pool's (or paged rank's) state and in a host pool's; -1 where it has none.
 _COUNTERS = (
-    ("merges", _layout.H_MERGES),
-    ("alloc_calls", _layout.H_ALLOC_CALLS),
-    ("failed_allocs", _layout.H_FAILED_ALLOCS),
-    ("free_calls", _layout.H_FREE_CALLS),
-    ("peak_allocated_pages", _layout.H_PEAK),
-    ("clears", _layout.H_CLEARS),
+    ("merges", _layout.H_MERGES, -1),
+    ("alloc_calls", _layout.H_ALLOC_CALLS, _layout.HP_ALLOC_CALLS),
+    ("failed_allocs", _layout.H_FAILED_ALLOCS, -1),
+    ("exhausted_calls", -1, _layout.HP_EXHAUSTED),
+    ("free_calls", _layout.H_FREE_CALLS, _layout.HP_FREE_CALLS),
+    ("peak_allocated_pages", _layout.H_PEAK, _layout.HP_PEAK),
+    ("clears", _layout.H_CLEARS, _layout.HP_CLEARS),
 )
+
+
+def _counters(st: NDArray[np.int64], host: bool) -> dict[str, int]:
+    """The counters a pool's state (``host``: a host pool's) keeps, by name, in :data:`_COUNTERS`' order."""
+    return {name: int(st[words[host]]) for name, *words in _COUNTERS if words[host] >= 0}
 
 
 # -- a paged rank --------------------------------------------------------------------
@@ -264,18 +268,9 @@ def host_problems(st: NDArray[np.int64], n: int, *, loading: bool = False) -> li
     return _host_header_problems(st, n, nfree, limit) + _host_page_problems(st, n, head, nfree, limit)
 
 
-_HOST_COUNTERS = (
-    ("alloc_calls", _layout.HP_ALLOC_CALLS),
-    ("exhausted_calls", _layout.HP_EXHAUSTED),
-    ("free_calls", _layout.HP_FREE_CALLS),
-    ("peak_allocated_pages", _layout.HP_PEAK),
-    ("clears", _layout.HP_CLEARS),
-)
-
-
 def _host_header_problems(st: NDArray[np.int64], n: int, nfree: int, limit: tuple[int, str]) -> list[str]:
     found = []
-    counters = {name: int(st[h]) for name, h in _HOST_COUNTERS}
+    counters = _counters(st, host=True)
     full = [f"{name}={value}" for name, value in counters.items() if value >= limit[0]]
     if min(counters.values()) < 0:
         found.append(f"counters out of range: {counters}")
