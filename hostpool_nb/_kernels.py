@@ -15,26 +15,23 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from . import _run_kernels
 from ._jit import as_callee as _as_callee
 from ._jit import callee as _callee
 from ._jit import kernel as _jit
 from ._jit import twin as _twin
 from ._layout import (
-    E_DUPLICATE,
     E_LENGTH,
     E_MERGE_FIRST,
     E_MISALIGNED,
     E_NEGATIVE,
     E_NO_GROUP,
-    E_NOT_ALLOCATED,
     E_PARTIAL,
     E_RANGE,
-    E_SHORT,
     H_CLEARS,
     H_EFREE,
     H_EPEND,
     H_EREL,
-    H_FREE_CALLS,
     H_GROUP_DEPTH,
     H_HEAD,
     H_NFREE,
@@ -56,10 +53,11 @@ from ._layout import (
 )
 from ._run_kernels import (
     _RUN_PROBE,
-    _flags_are,
+    _claim_flags,
     _run_length,
-    _set_flags,
+    alloc_begin,
     count_alloc,
+    free_end,
     long_run,
     merge,
     put_run,
@@ -68,9 +66,11 @@ from ._run_kernels import (
     run_width,
     set_runs,
     stage,
+    staged_twice,
     take_front,
 )
-from ._short_kernels import alloc_short, free_short
+from ._short_kernels import free_short
+from ._splice import spliced
 
 # The kernels' Python annotations are for type checkers only: numba compiles
 # each kernel from its signature string, a callee for its callers' types.
@@ -123,28 +123,6 @@ def reset(st: NDArray[np.int64]) -> int:
 # page-size classes.
 
 
-@_callee()
-def _alloc_begin(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
-    """An allocation's checks: the pages to take (above 0), or what the kernel returns (0 or a failure).
-
-    ``E_MISALIGNED`` (``len(out)`` not a multiple of ``page_size``: the
-    pool's alignment check, made here to spare the hot path a Python check)
-    comes before anything, counters included. An empty allocation and one
-    the lists cannot serve (``E_SHORT``) are counted here.
-    """
-    page_size: int = st[H_PAGE_SIZE]
-    if out.shape[0] % page_size != 0:
-        return fail(E_MISALIGNED, 0)  # not counted: no allocation was asked for
-    need: int = out.shape[0] // page_size
-    if need == 0:
-        count_alloc(st, 0)
-        return 0
-    if need > st[H_NFREE] + st[H_NREL]:
-        count_alloc(st, 1)
-        return fail(E_SHORT, 0)
-    return need
-
-
 @_jit("i8(i8[::1], i8[::1])")
 def alloc_pages(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     """Pop ``len(out) // page_size`` pages from the front of the free list (:func:`take_front`).
@@ -161,7 +139,7 @@ def alloc_pages(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     discarded. Counts the call either way; but ``E_MISALIGNED`` comes
     before anything, counters included.
     """
-    need = _alloc_begin(st, out)
+    need: int = alloc_begin(st, out)
     if need <= 0:
         return need
     if need > st[H_NFREE] and st[H_SORTED] != 0:
@@ -169,11 +147,18 @@ def alloc_pages(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
         # the pool calls merge and asks again (this kernel stays small).
         return fail(E_MERGE_FIRST, 0)
     page_size: int = st[H_PAGE_SIZE]
-    status = take_front(st, need, out, page_size)
+    status: int = take_front(st, need, out, page_size)
     if status < 0:
         return status
     count_alloc(st, 0)
     return need * page_size
+
+
+# Calls of at most SHORT_SLOTS slots: the same definition, flat (its callees spliced in, so that it compiles as one
+# unit: what a new process's first alloc waits for), with the GIL kept, and without the stretches of lone pages.
+alloc_short = _jit("i8(i8[::1], i8[::1])", nogil=False)(
+    spliced(alloc_pages, name="alloc_short", callees=_run_kernels, constants={"_LONE_STRETCHES": False})
+)
 
 
 # -- free ---------------------------------------------------------------------
@@ -188,53 +173,6 @@ def alloc_pages(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
 # after its flag said "allocated", and every allocated page is off the live
 # window, so the spare part of the ring always has room (a run takes at most
 # an entry per page).
-
-
-@_callee()
-def _staged_twice(ring: NDArray[np.int32], tail: int, entries: int, page: int, position: int) -> int:
-    """The failure for a ``page`` that ``free`` found not allocated.
-
-    ``E_DUPLICATE`` if this call staged it already (it is in one of the
-    ``entries`` staged from ring position ``tail``), else
-    ``E_NOT_ALLOCATED``. Error path only; it reads the pool's ring, never
-    the caller's input.
-    """
-    n = ring.shape[0]
-    pos = tail
-    left = entries
-    while left > 0:
-        length = run_at(ring, pos, left)
-        if ring[pos] <= page < ring[pos] + length:
-            return fail(E_DUPLICATE, position)
-        w = run_width(length)
-        pos = pos + w if pos + w < n else pos + w - n
-        left -= w
-    return fail(E_NOT_ALLOCATED, position)
-
-
-@_callee()
-def _free_end(st: NDArray[np.int64], tail: int, done: int, entries: int, status: int) -> int:
-    """Finish a free that staged ``done`` pages as ``entries`` from ring position ``tail``: commit, or roll back.
-
-    On a failure (``status < 0``) the staged pages are flagged allocated
-    again (their runs stay outside the live window, as unread scratch) and
-    the failure is returned. Otherwise they join the release list (inside a
-    free group, the pending list: the kernels flagged them
-    ``OWNER_PENDING``; the group's end releases them) and ``status`` is
-    returned.
-    """
-    if status < 0:
-        set_runs(st, tail, entries, OWNER_ALLOCATED)
-        return status
-    if st[H_GROUP_DEPTH] > 0:
-        st[H_NPEND] += done
-        st[H_EPEND] += entries
-    else:
-        st[H_NREL] += done
-        st[H_EREL] += entries
-    if done > 0:
-        st[H_FREE_CALLS] += 1
-    return status
 
 
 @_jit("i8(i8[::1], i8[::1])")
@@ -290,8 +228,7 @@ def free_pn(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
                 # Whole pages of a run are one run of slots: measured in one
                 # vectorised pass over every slot. A page cut short ends it.
                 run = _run_length(slots, start, min(count - c, n - p) * page_size, first) // page_size
-                if run > 0 and _flags_are(st, p, run, OWNER_ALLOCATED):
-                    _set_flags(st, p, run, mark)
+                if run > 0 and _claim_flags(st, p, run, OWNER_ALLOCATED, mark):
                     pos, entries, first_page, length = stage(ring, pos, entries, first_page, length, p, run)
                     c += run
                     continue
@@ -351,8 +288,8 @@ def free_pn(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
         put_run(ring, pos, first_page, length)
         entries += run_width(length)
     if missing >= 0:
-        status = _staged_twice(ring, tail, entries, missing, c * page_size)
-    return _free_end(st, tail, c, entries, status if status != 0 else count * page_size)
+        status = staged_twice(ring, tail, entries, missing, c * page_size)
+    return free_end(st, tail, c, entries, status if status != 0 else count * page_size)
 
 
 _STOPPED_AT_A_RUN = 1  # why _stage_lone stopped (0: the end of its view)
@@ -427,8 +364,7 @@ def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
         p = slots[c]  # the only read of this element (a run's ids all derive from it)
         if c >= skip and 0 <= p < n and c + reach < count and slots[c + reach] == p + reach:
             run = _run_length(slots, c, min(count - c, n - p), p)
-            if run > 1 and _flags_are(st, p, run, OWNER_ALLOCATED):
-                _set_flags(st, p, run, mark)
+            if run > 1 and _claim_flags(st, p, run, OWNER_ALLOCATED, mark):
                 # Measured to its end (or the pool's): the next slot never continues it.
                 pos = put_run(ring, pos, p, run)
                 entries += 2
@@ -448,8 +384,8 @@ def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
                 missing = p
             break
     if missing >= 0:
-        status = _staged_twice(ring, tail, entries, missing, c)
-    return _free_end(st, tail, c, entries, status if status != 0 else count)
+        status = staged_twice(ring, tail, entries, missing, c)
+    return free_end(st, tail, c, entries, status if status != 0 else count)
 
 
 # Calls of SHORT_SLOTS + 1 .. GIL_SLOTS slots run these twins of the run
@@ -461,8 +397,8 @@ _TWO = "i8(i8[::1], i8[::1])"
 alloc_pages_gil = _twin(alloc_pages, _TWO, name="alloc_pages_gil", nogil=False)
 free_pn_gil = _twin(free_pn, _TWO, name="free_pn_gil", nogil=False)
 free_p1_gil = _twin(free_p1, _TWO, name="free_p1_gil", nogil=False)
-free_pn_short = _twin(free_short, _TWO, name="free_pn_short", nogil=False, constants={"_SHORT_CLASS": 0})
-free_p1_short = _twin(free_short, _TWO, name="free_p1_short", nogil=False, constants={"_SHORT_CLASS": 1})
+free_pn_short = _twin(free_short, _TWO, name="free_pn_short", nogil=False, constants={"_PAGE_SIZE_1_LOOP": False})
+free_p1_short = _twin(free_short, _TWO, name="free_p1_short", nogil=False, constants={"_LARGER_PAGES_LOOP": False})
 
 
 # -- tracking -----------------------------------------------------------------

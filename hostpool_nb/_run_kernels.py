@@ -16,17 +16,24 @@ from ._jit import kernel as _jit
 from ._jit import popcount, trailing_zeros
 from ._layout import (
     E_CORRUPT,
+    E_DUPLICATE,
+    E_MISALIGNED,
+    E_NOT_ALLOCATED,
     E_SHORT,
     H_ALLOC_CALLS,
     H_EFREE,
+    H_EPEND,
     H_EREL,
     H_FAILED_ALLOCS,
+    H_FREE_CALLS,
+    H_GROUP_DEPTH,
     H_HEAD,
     H_MERGES,
     H_NFREE,
     H_NPAGES,
     H_NPEND,
     H_NREL,
+    H_PAGE_SIZE,
     H_PEAK,
     H_SORTED,
     HEADER,
@@ -46,6 +53,10 @@ from ._layout import (
 # compiled function with everything it calls linked in, so a loop nested
 # three calls deep was compiled four times over (docs/architecture.md).
 
+# Whether _run_length tests the blocks after the first whole before masking one (the run kernels'); the short
+# free splices it in without (_splice.py).
+_WHOLE_BLOCKS = True
+
 # -- runs on the ring ----------------------------------------------------------
 # Every list is a sequence of runs (``_layout.py``): an entry ``p >= 0``, then,
 # for a run of ``L >= 2`` pages, the entry ``-L``. These are the only two
@@ -60,12 +71,13 @@ def run_at(ring: NDArray[np.int32], pos: int, left: int) -> int:
     A negative entry after it is its length, but only inside its list: the
     entry after a list's last run is another list's, or scratch.
     """
+    length = 1
     if left > 1:
         nxt = pos + 1 if pos + 1 < ring.shape[0] else 0
         e: int = ring[nxt]
         if e < 0:
-            return -e
-    return 1
+            length = -e
+    return length
 
 
 @_callee()
@@ -141,30 +153,27 @@ def _word_masks(start: int, length: int) -> tuple[int, int, int, int]:
 
 
 @_callee()
-def _flags_are(st: NDArray[np.int64], start: int, length: int, want: int) -> bool:
-    """Whether pages ``start .. start + length - 1`` (``length >= 1``) are all flagged ``want``."""
+def _claim_flags(st: NDArray[np.int64], start: int, length: int, want: int, flag: int) -> bool:
+    """Whether pages ``start .. start + length - 1`` (``length >= 1``) are all ``want``; if so, flag them ``flag``.
+
+    A word of eight flags at a time, the run's first and last words masked
+    to it: one pass tests, one sets, with no branch on the run's length.
+    """
     words = st[HEADER + (st[H_NPAGES] + 1) // 2 :]  # the ring's int64 words end here (_layout.py)
     lo, hi, first, last = _word_masks(start, length)
-    pattern = want * _EVERY_BYTE
-    bad = ((words[lo] ^ pattern) & first) | ((words[hi] ^ pattern) & last)
+    expect = want * _EVERY_BYTE
+    wrong = ((words[lo] ^ expect) & first) | ((words[hi] ^ expect) & last)
     middle = words[lo + 1 : hi]  # indexed from 0, LLVM vectorises it
     for q in range(middle.shape[0]):
-        bad |= middle[q] ^ pattern
-    ok: bool = bad == 0
-    return ok
-
-
-@_callee()
-def _set_flags(st: NDArray[np.int64], start: int, length: int, flag: int) -> None:
-    """Flag pages ``start .. start + length - 1`` (``length >= 1``) as ``flag``, and no other."""
-    words = st[HEADER + (st[H_NPAGES] + 1) // 2 :]
-    lo, hi, first, last = _word_masks(start, length)
-    pattern = flag * _EVERY_BYTE
-    words[lo] = (words[lo] & ~first) | (pattern & first)
-    words[hi] = (words[hi] & ~last) | (pattern & last)
-    middle = words[lo + 1 : hi]  # indexed from 0, LLVM vectorises it
-    for q in range(middle.shape[0]):
-        middle[q] = pattern
+        wrong |= middle[q] ^ expect
+    if wrong == 0:
+        pattern = flag * _EVERY_BYTE
+        words[lo] = (words[lo] & ~first) | (pattern & first)
+        words[hi] = (words[hi] & ~last) | (pattern & last)
+        for q in range(middle.shape[0]):
+            middle[q] = pattern
+    claimed: bool = wrong == 0
+    return claimed
 
 
 @_callee()
@@ -176,27 +185,63 @@ def set_runs(st: NDArray[np.int64], pos: int, entries: int, flag: int) -> None:
     left = entries
     while left > 0:
         length = run_at(ring, pos, left)
-        if length == 1:  # a lone page: its byte, no masks to make
+        if length == 1:  # a lone page: its byte
             owner[ring[pos]] = flag
-        else:
-            _set_flags(st, ring[pos], length, flag)
+        else:  # a loop LLVM makes a fill, no masked words: the short free splices it in, and compiles less
+            back = owner[ring[pos] : ring[pos] + length]
+            for j in range(length):  # a loop, not a slice assignment: that compiles numpy's setitem
+                back[j] = flag
         w = run_width(length)
         pos = pos + w if pos + w < n else pos + w - n
         left -= w
 
 
 @_callee()
-def _fill_run(out: NDArray[np.int64] | NDArray[np.int32], start: int, length: int, first: int) -> None:
-    """Write ``first, first + 1, ...`` to ``out[start:start + length]``.
+def staged_twice(ring: NDArray[np.int32], tail: int, entries: int, page: int, position: int) -> int:
+    """The failure for a ``page`` that ``free`` found not allocated.
 
-    Filling a slice view lets LLVM vectorise the loop (indexing ``out``
-    directly, it could not rule out aliasing). The view lives in this
-    helper, not in a caller's loop, where numba would count references to
-    it on every iteration.
+    ``E_DUPLICATE`` if this call staged it already (it is in one of the
+    ``entries`` staged from ring position ``tail``), else
+    ``E_NOT_ALLOCATED``. Error path only; it reads the pool's ring, never
+    the caller's input.
     """
-    dst = out[start : start + length]
-    for j in range(length):
-        dst[j] = first + j
+    n = ring.shape[0]
+    pos = tail
+    left = entries
+    status = fail(E_NOT_ALLOCATED, position)
+    while left > 0:
+        length = run_at(ring, pos, left)
+        if ring[pos] <= page < ring[pos] + length:
+            status = fail(E_DUPLICATE, position)
+            break
+        w = run_width(length)
+        pos = pos + w if pos + w < n else pos + w - n
+        left -= w
+    return status
+
+
+@_callee()
+def free_end(st: NDArray[np.int64], tail: int, done: int, entries: int, status: int) -> int:
+    """Finish a free that staged ``done`` pages as ``entries`` from ring position ``tail``: commit, or roll back.
+
+    On a failure (``status < 0``) the staged pages are flagged allocated
+    again (their runs stay outside the live window, as unread scratch) and
+    the failure is returned. Otherwise they join the release list (inside a
+    free group, the pending list: the kernels flagged them
+    ``OWNER_PENDING``; the group's end releases them) and ``status`` is
+    returned.
+    """
+    if status < 0:
+        set_runs(st, tail, entries, OWNER_ALLOCATED)
+    elif st[H_GROUP_DEPTH] > 0:
+        st[H_NPEND] += done
+        st[H_EPEND] += entries
+    else:
+        st[H_NREL] += done
+        st[H_EREL] += entries
+    if status >= 0 and done > 0:
+        st[H_FREE_CALLS] += 1
+    return status
 
 
 @_callee()
@@ -218,6 +263,11 @@ def _claim_lone(ids: NDArray[np.int32], dst: NDArray[np.int64] | NDArray[np.int3
     return count
 
 
+# Whether take_front hands out a stretch of lone pages at page size 1 through its own loop (_claim_lone): the
+# run kernels' does; the short alloc, into which it is spliced (_splice.py), is made with it off and calls nothing.
+_LONE_STRETCHES = True
+
+
 @_callee()
 def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArray[np.int32], page_size: int) -> int:
     """Hand out the first ``need`` pages of the lists, run by run; their slots to ``out`` (``page_size`` each).
@@ -230,11 +280,17 @@ def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArra
     counted). Returns 0; or ``E_CORRUPT`` at the page it stopped at, with
     the lists and flags as they were, when a run is not a run of free
     pages or the lists hold fewer pages than their counts.
+
+    Written out, calling nothing but where ``_LONE_STRETCHES`` (``run_at``,
+    ``run_width``, the flag and fill helpers' loops inline, no ``min()``:
+    its overload is a compile of its own): calls per run cost more than the
+    loops, and the short alloc splices it in whole (docs/architecture.md).
+    Its one ``return`` is its last statement, as splicing wants.
     """
     owner = owner_view(st)
     ring = ring_view(st)
     n = ring.shape[0]
-    words = st[HEADER + (n + 1) // 2 :]  # the owner flags, eight to a word (_flags_are)
+    words = st[HEADER + (n + 1) // 2 :]  # the owner flags, eight to a word (_claim_flags)
     nfree: int = st[H_NFREE]
     into_released = need > nfree
     avail: int = st[H_EFREE] + st[H_EREL] if into_released else st[H_EFREE]
@@ -252,18 +308,19 @@ def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArra
         p: int = ring[pos]
         nxt = pos + 1 if pos + 1 < n else 0
         if avail - used == 1 or ring[nxt] >= 0:  # a page alone: no views, no block loops
-            # Page size 1: a stretch of lone pages in one tight loop, through
-            # views indexed from 0; the entry after each tells whether it
-            # starts a run, so the view ends one entry early, inside the list.
-            m = min(need - got, avail - used - 1, n - pos - 1) if page_size == 1 else 0
-            if m > 0:
-                k = _claim_lone(ring[pos : pos + m + 1], out[got : got + m], owner)
-                if k > 0:
-                    got += k
-                    pos += k
-                    used += k
-                    length = take = 1
-                    continue
+            if _LONE_STRETCHES:
+                # Page size 1: a stretch of lone pages in one tight loop, through
+                # views indexed from 0; the entry after each tells whether it
+                # starts a run, so the view ends one entry early, inside the list.
+                m = min(need - got, avail - used - 1, n - pos - 1) if page_size == 1 else 0
+                if m > 0:
+                    k = _claim_lone(ring[pos : pos + m + 1], out[got : got + m], owner)
+                    if k > 0:
+                        got += k
+                        pos += k
+                        used += k
+                        length = take = 1
+                        continue
             if p < 0 or p >= n or owner[p] != OWNER_FREE:
                 bad = True
                 break
@@ -271,20 +328,29 @@ def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArra
             if page_size == 1:
                 out[got] = p
             else:
-                _fill_run(out, got * page_size, page_size, p * page_size)
+                dst = out[got * page_size : (got + 1) * page_size]  # a view: LLVM vectorises the fill
+                first = p * page_size
+                for j in range(page_size):
+                    dst[j] = first + j
             got += 1
             pos = nxt
             used += 1
             length = take = 1
             continue
         length = -ring[nxt]
-        take = min(length, need - got)
+        take = length if length < need - got else need - got
         if p < 0 or length > n - p:
             bad = True
             break
-        # The loops of _flags_are, _set_flags and _fill_run written out: calls
-        # per run cost more than the loops (docs/architecture.md).
-        lo, hi, first, last = _word_masks(p, take)
+        # The run's flags, eight to a word: _word_masks and _claim_flags written out.
+        lo = p >> 3
+        hi = (p + take - 1) >> 3
+        first = _ALL_BYTES << ((p & 7) << 3)
+        top = ((p + take - 1) & 7) + 1
+        last = _ALL_BYTES if top == _FLAGS_PER_WORD else (_LOW_BYTE << (top << 3)) - 1
+        if lo == hi:
+            first &= last
+            last = first
         wrong = (words[lo] & first) | (words[hi] & last)  # OWNER_FREE is 0
         middle = words[lo + 1 : hi]  # indexed from 0, LLVM vectorises it
         for q in range(middle.shape[0]):
@@ -304,47 +370,53 @@ def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArra
         if at + span + 15 < need * page_size:
             span = (span + 15) & ~15
         dst = out[at : at + span]
-        start = p * page_size
+        first = p * page_size
         for j in range(span):
-            dst[j] = start + j
+            dst[j] = first + j
         got += take
         if take < length:
             break
-        w = run_width(length)
+        w = 1 if length == 1 else 2
         pos = pos + w if pos + w < n else pos + w - n
         used += w
+    status = 0
     if bad:  # a corrupted list: the pages claimed are put back
         q = head
         done = 0
         left = avail
         while done < got:
-            length = run_at(ring, q, left)
-            part = min(length, got - done)
-            _set_flags(st, ring[q], part, OWNER_FREE)
+            nxt = q + 1 if q + 1 < n else 0
+            length = -ring[nxt] if left > 1 and ring[nxt] < 0 else 1
+            part = length if length < got - done else got - done
+            back = owner[ring[q] : ring[q] + part]
+            for j in range(part):  # a loop, not a slice assignment: that compiles numpy's setitem
+                back[j] = OWNER_FREE
             done += part
-            w = run_width(length)
+            w = 1 if length == 1 else 2
             q = q + w if q + w < n else q + w - n
             left -= w
-        return fail(E_CORRUPT, got)
-    if take < length:  # the last run's rest stays at the front
-        rest = length - take
-        first = ring[pos] + take
-        if rest > 1:
-            put_run(ring, pos, first, rest)
-        else:
-            pos = pos + 1 if pos + 1 < n else 0
-            ring[pos] = first
-            used += 1
-    if into_released:
-        st[H_NFREE] += st[H_NREL]
-        st[H_EFREE] += st[H_EREL]
-        st[H_NREL] = 0
-        st[H_EREL] = 0
-        st[H_MERGES] += 1
-    st[H_HEAD] = pos
-    st[H_NFREE] -= need
-    st[H_EFREE] -= used
-    return 0
+        status = fail(E_CORRUPT, got)
+    else:
+        if take < length:  # the last run's rest stays at the front
+            rest = length - take
+            nxt = pos + 1 if pos + 1 < n else 0
+            if rest > 1:
+                ring[pos] += take
+                ring[nxt] = -rest
+            else:
+                ring[nxt] = ring[pos] + take
+                pos = nxt
+                used += 1
+        if into_released:  # read on into the release list: a FIFO merge
+            st[H_NFREE] += st[H_NREL]
+            st[H_EFREE] += st[H_EREL]
+            st[H_NREL] = 0
+            st[H_EREL] = 0
+            st[H_MERGES] += 1
+        st[H_HEAD] = pos
+        st[H_NFREE] -= need
+        st[H_EFREE] -= used
+    return status
 
 
 # A sorted merge writes the longest runs when they average at least this many pages.
@@ -485,6 +557,27 @@ def count_alloc(st: NDArray[np.int64], failed: int) -> None:
     st[H_PEAK] = max(st[H_PEAK], held)
 
 
+@_callee()
+def alloc_begin(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
+    """An allocation's checks: the pages to take (above 0), or what the kernel returns (0 or a failure).
+
+    ``E_MISALIGNED`` (``len(out)`` not a multiple of ``page_size``: the
+    pool's alignment check, made here to spare the hot path a Python check)
+    comes before anything, counters included. An empty allocation and one
+    the lists cannot serve (``E_SHORT``) are counted here.
+    """
+    page_size: int = st[H_PAGE_SIZE]
+    need: int = out.shape[0] // page_size
+    if out.shape[0] % page_size != 0:
+        need = fail(E_MISALIGNED, 0)  # not counted: no allocation was asked for
+    elif need == 0 or need > st[H_NFREE] + st[H_NREL]:  # counted, nothing held changes: no peak to update
+        st[H_ALLOC_CALLS] += 1
+        if need > 0:
+            st[H_FAILED_ALLOCS] += 1
+            need = fail(E_SHORT, 0)
+    return need
+
+
 @_jit("i8(i8[::1])")
 def refuse(st: NDArray[np.int64]) -> int:
     """Count an allocation answered ``None`` before reaching a kernel; return ``E_SHORT``.
@@ -535,29 +628,41 @@ def _run_length(ids: NDArray[np.int64], start: int, limit: int, first: int) -> i
     measured against (never a second read); every other entry is read once.
     The first block is a mask (most runs end in it); later ones are first
     tested whole, which costs less per entry, and the block that fails the
-    test is masked.
+    test is masked. Without ``_WHOLE_BLOCKS`` (the short free, into which
+    it is spliced: its runs end in their first blocks) every block is a
+    mask, which compiles to less.
     """
     k = 1
-    if k + _RUN_BLOCK <= limit:
-        # A slice view: indexing ``ids[start + t]`` directly kept numba's
-        # negative-index test in the loop, which stopped LLVM vectorising it.
-        block = ids[start + k : start + k + _RUN_BLOCK]
-        off = 0  # bit t: entry k + t does not continue the run
-        for t in range(_RUN_BLOCK):
+    off = 0  # bit t: entry k + t does not continue the run
+    if _WHOLE_BLOCKS:
+        if k + _RUN_BLOCK <= limit:
+            # A slice view: indexing ``ids[start + t]`` directly kept numba's
+            # negative-index test in the loop, which stopped LLVM vectorising it.
+            block = ids[start + k : start + k + _RUN_BLOCK]
+            for t in range(_RUN_BLOCK):
+                off |= np.int64(block[t] != first + k + t) << t
+            if off == 0:
+                k += _RUN_BLOCK
+        while off == 0 and k + _RUN_BLOCK <= limit:
+            block = ids[start + k : start + k + _RUN_BLOCK]
+            acc = 0
+            for t in range(_RUN_BLOCK):
+                acc |= block[t] ^ (first + k + t)
+            if acc != 0:
+                break  # masked below
+            k += _RUN_BLOCK
+    else:
+        while k + _RUN_BLOCK <= limit:
+            block = ids[start + k : start + k + _RUN_BLOCK]
+            for t in range(_RUN_BLOCK):
+                off |= np.int64(block[t] != first + k + t) << t
+            if off != 0:
+                break
+            k += _RUN_BLOCK
+    if off == 0:
+        end = k + _RUN_BLOCK if k + _RUN_BLOCK < limit else limit  # not min(): spliced into a flat kernel
+        block = ids[start + k : start + end]  # the block that failed, or what is left
+        for t in range(block.shape[0]):
             off |= np.int64(block[t] != first + k + t) << t
-        if off != 0:
-            return k + trailing_zeros(off)
-        k += _RUN_BLOCK
-    while k + _RUN_BLOCK <= limit:
-        block = ids[start + k : start + k + _RUN_BLOCK]
-        acc = 0
-        for t in range(_RUN_BLOCK):
-            acc |= block[t] ^ (first + k + t)
-        if acc != 0:
-            break
-        k += _RUN_BLOCK
-    block = ids[start + k : start + min(k + _RUN_BLOCK, limit)]  # the block that failed, or what is left
-    off = 0
-    for t in range(block.shape[0]):
-        off |= np.int64(block[t] != first + k + t) << t
-    return k + trailing_zeros(off) if off != 0 else max(limit, 1)
+    length = k + trailing_zeros(off) if off != 0 else (limit if limit > 1 else 1)
+    return length

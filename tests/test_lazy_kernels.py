@@ -254,7 +254,7 @@ def test_constant_and_narrow_arguments_share_one_compile_of_a_callee() -> None:
         copy = pytypes.FunctionType(py.__code__, py.__globals__, f"{name}_copy")
         njit("i8(i8[::1], i8[::1])", cache=False, _nrt=False)(copy)
     assert L.fail.signatures == [(types.int64, types.int64)]
-    assert len(K._flags_are.signatures) == 1  # called with int32 ids (alloc) and int64 ones (free)
+    assert len(K._claim_flags.signatures) == 1  # called with a page id read from the input and one computed
 
 
 @pytest.mark.slow
