@@ -53,9 +53,10 @@ from ._layout import (
 # compiled function with everything it calls linked in, so a loop nested
 # three calls deep was compiled four times over (docs/architecture.md).
 
-# Whether _run_length tests the blocks after the first whole before masking one (the run kernels'); the short
-# free splices it in without (_splice.py).
+# Whether _run_length tests the blocks after the first whole before masking one, and set_runs flags a run's
+# pages by masked words: the run kernels'. The short free splices both in without (_splice.py): less to compile.
 _WHOLE_BLOCKS = True
+_WORD_FLAGS = True
 
 # -- runs on the ring ----------------------------------------------------------
 # Every list is a sequence of runs (``_layout.py``): an entry ``p >= 0``, then,
@@ -166,14 +167,28 @@ def _claim_flags(st: NDArray[np.int64], start: int, length: int, want: int, flag
     middle = words[lo + 1 : hi]  # indexed from 0, LLVM vectorises it
     for q in range(middle.shape[0]):
         wrong |= middle[q] ^ expect
-    if wrong == 0:
-        pattern = flag * _EVERY_BYTE
-        words[lo] = (words[lo] & ~first) | (pattern & first)
-        words[hi] = (words[hi] & ~last) | (pattern & last)
-        for q in range(middle.shape[0]):
-            middle[q] = pattern
     claimed: bool = wrong == 0
+    if claimed:
+        _store_words(words, lo, hi, first, last, flag * _EVERY_BYTE)
     return claimed
+
+
+@_callee()
+def _set_flags(st: NDArray[np.int64], start: int, length: int, flag: int) -> None:
+    """Flag pages ``start .. start + length - 1`` (``length >= 1``) as ``flag``, and no other."""
+    words = st[HEADER + (st[H_NPAGES] + 1) // 2 :]
+    lo, hi, first, last = _word_masks(start, length)
+    _store_words(words, lo, hi, first, last, flag * _EVERY_BYTE)
+
+
+@_callee()
+def _store_words(words: NDArray[np.int64], lo: int, hi: int, first: int, last: int, pattern: int) -> None:
+    """``pattern`` into the flag words ``lo .. hi``, the first and last masked (:func:`_word_masks`)."""
+    words[lo] = (words[lo] & ~first) | (pattern & first)
+    words[hi] = (words[hi] & ~last) | (pattern & last)
+    middle = words[lo + 1 : hi]  # indexed from 0, LLVM vectorises it
+    for q in range(middle.shape[0]):
+        middle[q] = pattern
 
 
 @_callee()
@@ -187,7 +202,9 @@ def set_runs(st: NDArray[np.int64], pos: int, entries: int, flag: int) -> None:
         length = run_at(ring, pos, left)
         if length == 1:  # a lone page: its byte
             owner[ring[pos]] = flag
-        else:  # a loop LLVM makes a fill, no masked words: the short free splices it in, and compiles less
+        elif _WORD_FLAGS:
+            _set_flags(st, ring[pos], length, flag)
+        else:  # a loop LLVM makes a fill: less to compile where spliced, and short calls' runs are short
             back = owner[ring[pos] : ring[pos] + length]
             for j in range(length):  # a loop, not a slice assignment: that compiles numpy's setitem
                 back[j] = flag

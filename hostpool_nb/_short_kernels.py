@@ -174,5 +174,7 @@ def _free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
 
 # The free's callees, spliced in: the run kernels' definitions, compiled here as one unit.
 free_short = _jit("i8(i8[::1], i8[::1])", nogil=False)(
-    spliced(_free_short, name="free_short", callees=_run_kernels, constants={"_WHOLE_BLOCKS": False})
+    spliced(
+        _free_short, name="free_short", callees=_run_kernels, constants={"_WHOLE_BLOCKS": False, "_WORD_FLAGS": False}
+    )
 )

@@ -207,10 +207,22 @@ class _Splicer:
             result = body.pop()  # the renamed ``return``
             value = result.value if isinstance(result, ast.Return) else None
             if target is not None and value is not None:
-                tail = [_at(ast.Assign(targets=[target], value=value), at)]
+                tail = [_at(ast.Assign(targets=[t], value=v), at) for t, v in _pairs(target, value)]
             elif value is not None:
                 tail = [_at(ast.Expr(value=value), at)]  # unused, but computed as the call would
         return self.block(bound + body) + tail
+
+
+def _pairs(target: ast.expr, value: ast.expr) -> list[tuple[ast.expr, ast.expr]]:
+    """``a, b = x, y`` as ``a = x`` and ``b = y`` where no value reads a target: no tuple for numba to type."""
+    if not (isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts)):
+        return [(target, value)]
+    written = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    if any(isinstance(n, ast.Name) and n.id in written for n in ast.walk(value)) or any(
+        isinstance(e, ast.Starred) for e in (*target.elts, *value.elts)
+    ):
+        return [(target, value)]
+    return list(zip(target.elts, value.elts, strict=True))
 
 
 def _at(node: _Node, at: ast.AST) -> _Node:
