@@ -167,9 +167,13 @@ def _claim_flags(st: NDArray[np.int64], start: int, length: int, want: int, flag
     middle = words[lo + 1 : hi]  # indexed from 0, LLVM vectorises it
     for q in range(middle.shape[0]):
         wrong |= middle[q] ^ expect
+    if wrong == 0:
+        pattern = flag * _EVERY_BYTE
+        words[lo] = (words[lo] & ~first) | (pattern & first)
+        words[hi] = (words[hi] & ~last) | (pattern & last)
+        for q in range(middle.shape[0]):
+            middle[q] = pattern
     claimed: bool = wrong == 0
-    if claimed:
-        _store_words(words, lo, hi, first, last, flag * _EVERY_BYTE)
     return claimed
 
 
@@ -178,12 +182,7 @@ def _set_flags(st: NDArray[np.int64], start: int, length: int, flag: int) -> Non
     """Flag pages ``start .. start + length - 1`` (``length >= 1``) as ``flag``, and no other."""
     words = st[HEADER + (st[H_NPAGES] + 1) // 2 :]
     lo, hi, first, last = _word_masks(start, length)
-    _store_words(words, lo, hi, first, last, flag * _EVERY_BYTE)
-
-
-@_callee()
-def _store_words(words: NDArray[np.int64], lo: int, hi: int, first: int, last: int, pattern: int) -> None:
-    """``pattern`` into the flag words ``lo .. hi``, the first and last masked (:func:`_word_masks`)."""
+    pattern = flag * _EVERY_BYTE
     words[lo] = (words[lo] & ~first) | (pattern & first)
     words[hi] = (words[hi] & ~last) | (pattern & last)
     middle = words[lo + 1 : hi]  # indexed from 0, LLVM vectorises it
