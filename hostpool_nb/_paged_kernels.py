@@ -337,6 +337,18 @@ def alloc_decode(st: I64, seq: I64, last: I64, out: I32, page_size: int, debug: 
     return n
 
 
+@_callee()
+def _refusal(mode: int, again: bool, code: int, c: int) -> int:
+    """What a free does with a page it cannot take, at slot ``c``: 0 where ``mode`` skips it, else ``fail(code, c)``.
+
+    A page this call named already (``again``): only the token free refuses
+    it, a paged free names a page by any of its slots. A page not held, or
+    pending: the strict modes refuse it, ``FREE_PAGED`` ignores it.
+    """
+    refused = mode == FREE_TOKENS if again else mode != FREE_PAGED
+    return fail(code, c) if refused else 0
+
+
 @_jit("i8(i8[::1], i8[::1], i8[::1], i8, i8, i8, i8)")
 def free_slots(st: I64, gp: I64, slots: I64, page_size: int, mode: int, in_group: int, site: int) -> int:
     """Free the pages of token ``slots``; return the number of pages freed (or pending).
@@ -385,19 +397,9 @@ def free_slots(st: I64, gp: I64, slots: I64, page_size: int, mode: int, in_group
             break
         if in_group != 0:
             mark = marks[p]
-            if mark == MARK_STAGED:
-                if mode == FREE_TOKENS:
-                    status = fail(E_DUPLICATE, c)
-                    break
-                continue
-            if mark == MARK_PENDING:
-                if mode != FREE_PAGED:
-                    status = fail(E_DUPLICATE, c)
-                    break
-                continue
-            if owner[p] != OWNER_ALLOCATED:
-                if mode != FREE_PAGED:
-                    status = fail(E_NOT_ALLOCATED, c)
+            if mark != MARK_NONE or owner[p] != OWNER_ALLOCATED:  # named earlier in the group, or not held
+                status = _refusal(mode, mark == MARK_STAGED, E_NOT_ALLOCATED if mark == MARK_NONE else E_DUPLICATE, c)
+                if status < 0:
                     break
                 continue
             marks[p] = MARK_STAGED
@@ -405,22 +407,14 @@ def free_slots(st: I64, gp: I64, slots: I64, page_size: int, mode: int, in_group
             done += 1
             continue
         flag = owner[p]
-        if flag == OWNER_STAGED:
-            if mode == FREE_TOKENS:
-                status = fail(E_DUPLICATE, c)
+        # A page still pending outside a group was freed in a group that clear() of another rank ended: still
+        # allocated, released at the next end_group; a second free is a double free, as inside the group.
+        if flag != OWNER_ALLOCATED or (mode != FREE_PAGED and marks[p] == MARK_PENDING):
+            again = flag == OWNER_STAGED
+            status = _refusal(mode, again, E_DUPLICATE if again else E_NOT_ALLOCATED, c)
+            if status < 0:
                 break
             continue
-        if flag != OWNER_ALLOCATED:
-            if mode != FREE_PAGED:
-                status = fail(E_NOT_ALLOCATED, c)
-                break
-            continue
-        if mode != FREE_PAGED and marks[p] == MARK_PENDING:
-            # Freed in a group that clear() of another rank ended: still
-            # allocated, but released at the next end_group. A second free
-            # is a double free, as it would be inside the group.
-            status = fail(E_NOT_ALLOCATED, c)
-            break
         owner[p] = OWNER_STAGED
         # stage() written out: as a callee in the sliding-window kernels' free, three calls deep, it cost their
         # free 22% (docs/architecture.md).
