@@ -13,10 +13,10 @@ from .. import _layout, _paged_kernels
 from .._convert import _INT64_MAX, as_count, as_int_vectors
 from .._errors import AlignmentError, HostPoolError
 from .._protocol import handed_off
-from ._base import _CORE, _INT32_MAX, _NONE, _STATUS_SHORT, _RankedAllocator
+from ._base import _CORE, _INT32_MAX, _NONE, _STATUS_SHORT, _BatchCalls, _RankedAllocator
 
 
-class PagedTokenToKVPoolAllocator(_RankedAllocator):
+class PagedTokenToKVPoolAllocator(_BatchCalls, _RankedAllocator):
     """sglang-jax's paged allocator: whole pages per request, page 0 reserved, sorted merges.
 
     Per rank: a free list of page ids ``1..pages_per_rank`` (always
@@ -127,39 +127,8 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         if status < 0:
             raise self._corrupt("merge", status)
 
-    def alloc(self, need_size: Any, dp_rank: Any = 0, *, tag: Hashable = None) -> NDArray[np.int64] | None:
-        """``need_size // page_size`` whole pages from the front of the free list, as int64 slots.
-
-        Parameters
-        ----------
-        need_size : int
-            Slots; a non-negative multiple of ``page_size``.
-        dp_rank : int, optional
-            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
-        tag : hashable, optional, keyword-only
-            A label for the allocation (a request id) that a tracking
-            allocator records with its pages; ignored otherwise.
-
-        Returns
-        -------
-        numpy.ndarray or None
-            The slots of the pages, page by page (int64), or ``None`` when
-            the rank is short even after merging.
-
-        Raises
-        ------
-        AlignmentError
-            When ``need_size`` is not a multiple of ``page_size`` (the
-            original's failed assert).
-        HostPoolError
-            When ``need_size`` is negative or ``dp_rank`` is out of range.
-        """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.alloc(need_size, dp_rank, tag=tag)  # type: ignore[no-any-return]
-        if type(need_size) is not int:
-            need_size = as_count(need_size, "need_size")
-        r = self._rank(dp_rank)
+    def _alloc(self, need_size: int, r: int, tag: Hashable) -> NDArray[np.int64] | None:
+        """``alloc`` of whole pages, as int64 slots."""
         ps = self.page_size
         if need_size % ps != 0:
             raise AlignmentError(f"alloc must be page-aligned, got need_size={need_size}, page_size={ps}")
@@ -173,58 +142,9 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         where = None if trackers is None else trackers[r].where(tag, 1)  # an unusable tag raises here
         return self._alloc_into(r, np.empty(need_size, dtype=np.int64), where, tag, self._k.alloc_slots, ps)
 
-    def alloc_extend(  # noqa: PLR0913 - sglang-jax's arguments, and the tags
-        self,
-        prefix_lens: Any,
-        seq_lens: Any,
-        last_loc: Any,
-        extend_num_tokens: Any,
-        dp_rank: Any = 0,
-        *,
-        tags: Any = None,
+    def _extend(  # noqa: PLR0913, PLR0917 - alloc_extend's arguments, passed on as they came
+        self, prefix_lens: Any, seq_lens: Any, last_loc: Any, extend_num_tokens: Any, dp_rank: Any, tags: Any
     ) -> NDArray[np.int32] | None:
-        """Extend a batch of requests; return their new slots, requests in order (int32).
-
-        Request ``i`` grows from ``prefix_lens[i]`` to ``seq_lens[i]``
-        tokens; ``last_loc[i]`` is the slot of its last prefix token (``-1``
-        for an empty prefix). Its slots: the rest of its current page, then
-        whole new pages, then a partial one; the new pages of the whole
-        batch come from the front of the free list as one block (merging
-        first if short). ``None`` when the rank is short even after merging.
-
-        Parameters
-        ----------
-        prefix_lens, seq_lens, last_loc : sequence or 1-D array of int
-            Per request: its tokens before and after the call, and the slot
-            of its last prefix token (``-1`` for none). Lists or arrays of
-            any integer dtype; int64 arrays are read without a conversion.
-        extend_num_tokens : int
-            ``sum(seq_lens - prefix_lens)``: the length of the result.
-        dp_rank : int, optional
-            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
-        tags : sequence of hashable, optional, keyword-only
-            One label per request (its id) that a tracking allocator records
-            with the request's new pages; ignored otherwise.
-
-        Returns
-        -------
-        numpy.ndarray or None
-            ``extend_num_tokens`` slots (int32), or ``None`` when the rank is
-            short even after merging.
-
-        Raises
-        ------
-        HostPoolError
-            For arguments of different lengths, a negative prefix,
-            ``seq_lens < prefix_lens``, an ``extend_num_tokens`` other than
-            the extensions' sum, and with ``debug_mode`` a ``last_loc`` that
-            does not continue its request; the allocator is then unchanged.
-        TypeError
-            For non-integer arguments.
-        """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens, dp_rank, tags=tags)  # type: ignore[no-any-return]
         prefix, seq, last = as_int_vectors((prefix_lens, seq_lens, last_loc), ("prefix_lens", "seq_lens", "last_loc"))
         total = as_count(extend_num_tokens, "extend_num_tokens")
         r = self._rank(dp_rank)
@@ -253,46 +173,9 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             status = self._k.alloc_extend(self._st[r], prefix, seq, last, out, tokens, ps, debug, sites)
             if status < 0 and keys is not None:  # refused or failed: the table as it was
                 self._failed(r)
-        if status >= 0:
-            return out
-        if status == _STATUS_SHORT:
-            return None
-        raise self._batch_error(status, (prefix, seq, last), total, "alloc_extend")
+        return out if status >= 0 else self._refused(status, (prefix, seq, last), total, "alloc_extend")
 
-    def alloc_decode(
-        self, seq_lens: Any, last_loc: Any, dp_rank: Any = 0, *, tags: Any = None
-    ) -> NDArray[np.int32] | None:
-        """One new token per request: its slot, a new page's first or ``last_loc + 1`` (int32).
-
-        ``seq_lens`` counts the new token. The new pages come from the front
-        of the free list in request order (merging first if short).
-
-        Parameters
-        ----------
-        seq_lens, last_loc : sequence or 1-D array of int
-            Per request: its tokens including the new one, and the slot of
-            its last token before it.
-        dp_rank : int, optional
-            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
-        tags : sequence of hashable, optional, keyword-only
-            One label per request that a tracking allocator records with
-            the request's new page; ignored otherwise.
-
-        Returns
-        -------
-        numpy.ndarray or None
-            One slot per request (int32), or ``None`` when the rank is short
-            even after merging.
-
-        Raises
-        ------
-        HostPoolError
-            For arguments of different lengths, ``seq_lens < 1``, and with
-            ``debug_mode`` a ``last_loc`` that does not end its request.
-        """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.alloc_decode(seq_lens, last_loc, dp_rank, tags=tags)  # type: ignore[no-any-return]
+    def _decode(self, seq_lens: Any, last_loc: Any, dp_rank: Any, tags: Any) -> NDArray[np.int32] | None:
         seq, last = as_int_vectors((seq_lens, last_loc), ("seq_lens", "last_loc"))
         r = dp_rank if type(dp_rank) is int and 0 <= dp_rank < self.dp_size else self._rank(dp_rank)
         if seq.shape[0] != last.shape[0]:
@@ -308,11 +191,7 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
             status = self._k.alloc_decode(self._st[r], seq, last, out, ps, debug, sites)
             if status < 0 and keys is not None:  # refused or failed: the table as it was
                 self._failed(r)
-        if status >= 0:
-            return out
-        if status == _STATUS_SHORT:
-            return None
-        raise self._batch_error(status, (seq - 1, seq, last), seq.shape[0], "alloc_decode")
+        return out if status >= 0 else self._refused(status, (seq - 1, seq, last), seq.shape[0], "alloc_decode")
 
     def free(self, free_index: Any, dp_rank: Any = 0) -> int:
         """Free the pages of ``free_index`` (token slots, any integer dtype and shape).
@@ -345,6 +224,14 @@ class PagedTokenToKVPoolAllocator(_RankedAllocator):
         return self._free(
             free_index, dp_rank, _paged_kernels.FREE_PAGED_STRICT if self.strict else _paged_kernels.FREE_PAGED
         )
+
+    def _refused(
+        self, status: int, lens: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]], total: int, op: str
+    ) -> NDArray[np.int32] | None:
+        """The result of a batch call its kernel refused: ``None`` when the rank was short, else the error raised."""
+        if status != _STATUS_SHORT:
+            raise self._batch_error(status, lens, total, op)
+        return None
 
     def _batch_error(
         self, status: int, lens: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]], total: int, op: str
@@ -451,18 +338,8 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         with self.lock:
             return [self._window(r, 0, int(st[_layout.H_NFREE] + st[_layout.H_NREL])) for r, st in enumerate(self._st)]
 
-    def alloc(self, need_size: Any, dp_rank: Any = 0, *, tag: Hashable = None) -> NDArray[np.int32] | None:
-        """The first ``need_size`` free slots of the rank (int32), or ``None`` if it has fewer.
-
-        ``need_size`` is any number of slots from 0; ``dp_rank`` and ``tag``
-        are the paged allocator's (:meth:`PagedTokenToKVPoolAllocator.alloc`).
-        """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.alloc(need_size, dp_rank, tag=tag)  # type: ignore[no-any-return]
-        if type(need_size) is not int:
-            need_size = as_count(need_size, "need_size")
-        r = self._rank(dp_rank)
+    def _alloc(self, need_size: int, r: int, tag: Hashable) -> NDArray[np.int32] | None:
+        """``alloc`` of slots, as int32."""
         if need_size < 0:
             raise HostPoolError(f"need_size must be non-negative, got need_size={need_size}")
         if need_size > self.size_per_rank:

@@ -4,6 +4,7 @@ the paged and token allocators (``_RankedAllocator``)."""
 from __future__ import annotations
 
 from collections.abc import Hashable
+from threading import get_ident
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -27,13 +28,14 @@ _NONE = np.zeros(0, dtype=np.int64)  # no sites, no copy: an untracked call's em
 _INT32_MAX = 2**31 - 1
 
 
-def raise_unless_short(pool: ArrayStatePool, status: int) -> None:
+def raise_unless_short(pool: ArrayStatePool, status: int) -> NDArray[Any] | None:
     """The result of an ``alloc`` its kernel refused: ``None`` when the rank was short, else the corruption raised.
 
     Called only on refusal (``out if status >= 0 else raise_unless_short(...)``): a served call pays no call.
     """
     if status != _STATUS_SHORT:
         raise pool._corrupt("alloc", status)
+    return None
 
 
 class BaseTokenToKVPoolAllocator:
@@ -42,8 +44,11 @@ class BaseTokenToKVPoolAllocator:
     sglang-jax's allocators derive from its ``BaseTokenToKVPoolAllocator``,
     and callers see its methods on each of them: so do hostpool_nb's
     (``docs/behaviour.md`` section 3 says where they differ). Each
-    allocator here defines its own ``alloc``, ``free``, ``available_size``,
-    ``clear``, free groups and snapshots; this class holds the rest:
+    allocator here defines its own ``free``, ``available_size``, ``clear``,
+    free groups and snapshots, and the work of ``alloc`` (``_alloc``); this
+    class holds the rest:
+
+    - ``alloc``'s front: a recording's hand-off, the size and rank checked;
 
     - ``debug_print()``: ``""`` (the sliding-window allocator's says its sizes);
     - ``get_kvcache()``, and ``get_cpu_copy`` / ``load_cpu_copy`` forwarded
@@ -69,6 +74,50 @@ class BaseTokenToKVPoolAllocator:
     _kvcache: Any
     lock: Any
     _recording: Any
+
+    def alloc(self, need_size: Any, dp_rank: Any = 0, *, tag: Hashable = None) -> NDArray[Any] | None:
+        """``need_size`` slots from the front of the rank's free list; ``None`` if it has fewer.
+
+        The paged allocator hands out ``need_size // page_size`` whole pages,
+        their slots int64, page by page (merging first if short); the token
+        allocator slots, int32; the sliding-window allocator as many on both
+        sides, mapped, and returns the full slots (int32 at page size 1,
+        int64 above), ``None`` if either side is short.
+
+        Parameters
+        ----------
+        need_size : int
+            Slots; not negative, and above page size 1 a multiple of ``page_size``.
+        dp_rank : int, optional
+            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+        tag : hashable, optional, keyword-only
+            A label for the allocation (a request id) that a tracking
+            allocator records with its pages; ignored otherwise.
+
+        Returns
+        -------
+        numpy.ndarray or None
+            The slots, or ``None`` when the rank is short (even after
+            merging).
+
+        Raises
+        ------
+        AlignmentError
+            When ``need_size`` is not a multiple of ``page_size`` (the
+            original's failed assert).
+        HostPoolError
+            When ``need_size`` is negative or ``dp_rank`` is out of range.
+        """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.alloc(need_size, dp_rank, tag=tag)  # type: ignore[no-any-return]
+        if type(need_size) is not int:
+            need_size = as_count(need_size, "need_size")
+        return self._alloc(need_size, self._rank(dp_rank), tag)
+
+    def _alloc(self, need_size: int, r: int, tag: Hashable) -> NDArray[Any] | None:
+        raise NotImplementedError
+
     _in_group: bool
     # Per rank, the slots of each free made inside the open group, as validated (free_group).
     _group_frees: list[list[NDArray[np.int64]]]
@@ -136,6 +185,120 @@ class BaseTokenToKVPoolAllocator:
     def merge_and_sort_free(self, dp_rank: Any = 0) -> None:
         """Nothing to merge on an allocator with no release list; ``dp_rank`` is checked, nothing changes."""
         self._rank(dp_rank)
+
+
+class _BatchCalls:
+    """sglang-jax's batch calls, as its paged and sliding-window allocators take them: one front for both.
+
+    A recording hands another thread's call to the recording; the class's
+    ``_extend`` and ``_decode`` do the work.
+    """
+
+    _recording: Any
+
+    def alloc_extend(  # noqa: PLR0913 - sglang-jax's arguments, and the tags
+        self,
+        prefix_lens: Any,
+        seq_lens: Any,
+        last_loc: Any,
+        extend_num_tokens: Any,
+        dp_rank: Any = 0,
+        *,
+        tags: Any = None,
+    ) -> NDArray[np.int32] | None:
+        """Extend a batch of requests; return their new slots, requests in order (int32).
+
+        Request ``i`` grows from ``prefix_lens[i]`` to ``seq_lens[i]``
+        tokens; ``last_loc[i]`` is the slot of its last prefix token (``-1``
+        for an empty prefix). Its slots: the rest of its current page, then
+        whole new pages, then a partial one; the new pages of the whole
+        batch come from the front of the free list as one block (merging
+        first if short). ``None`` when the rank is short even after merging.
+        The sliding-window allocator extends both sides (page size > 1):
+        the SWA side gets the same lengths and ``last_loc`` mapped to its
+        slots, each new full slot mapped to its new SWA slot, and the full
+        slots are returned; ``None`` if either side is short.
+
+        Parameters
+        ----------
+        prefix_lens, seq_lens, last_loc : sequence or 1-D array of int
+            Per request: its tokens before and after the call, and the slot
+            of its last prefix token (``-1`` for none). Lists or arrays of
+            any integer dtype; int64 arrays are read without a conversion.
+        extend_num_tokens : int
+            ``sum(seq_lens - prefix_lens)``: the length of the result.
+        dp_rank : int, optional
+            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+        tags : sequence of hashable, optional, keyword-only
+            One label per request (its id) that a tracking allocator records
+            with the request's new pages; ignored otherwise.
+
+        Returns
+        -------
+        numpy.ndarray or None
+            ``extend_num_tokens`` slots (int32), or ``None`` when the rank is
+            short even after merging.
+
+        Raises
+        ------
+        HostPoolError
+            For arguments of different lengths, a negative prefix,
+            ``seq_lens < prefix_lens``, an ``extend_num_tokens`` other than
+            the extensions' sum, and with ``debug_mode`` a ``last_loc`` that
+            does not continue its request; the allocator is then unchanged.
+        TypeError
+            For non-integer arguments.
+        """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens, dp_rank, tags=tags)  # type: ignore[no-any-return]
+        return self._extend(prefix_lens, seq_lens, last_loc, extend_num_tokens, dp_rank, tags)
+
+    def alloc_decode(
+        self, seq_lens: Any, last_loc: Any, dp_rank: Any = 0, *, tags: Any = None
+    ) -> NDArray[np.int32] | None:
+        """One new token per request: its slot, a new page's first or ``last_loc + 1`` (int32).
+
+        ``seq_lens`` counts the new token. The new pages come from the front
+        of the free list in request order (merging first if short). The
+        sliding-window allocator does so on both sides (page size > 1) and
+        returns the full slots; ``None`` if either side is short.
+
+        Parameters
+        ----------
+        seq_lens, last_loc : sequence or 1-D array of int
+            Per request: its tokens including the new one, and the slot of
+            its last token before it.
+        dp_rank : int, optional
+            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+        tags : sequence of hashable, optional, keyword-only
+            One label per request that a tracking allocator records with
+            the request's new page; ignored otherwise.
+
+        Returns
+        -------
+        numpy.ndarray or None
+            One slot per request (int32), or ``None`` when the rank is short
+            even after merging.
+
+        Raises
+        ------
+        HostPoolError
+            For arguments of different lengths, ``seq_lens < 1``, and with
+            ``debug_mode`` a ``last_loc`` that does not end its request.
+        """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.alloc_decode(seq_lens, last_loc, dp_rank, tags=tags)  # type: ignore[no-any-return]
+        return self._decode(seq_lens, last_loc, dp_rank, tags)
+
+    def _extend(  # noqa: PLR0913, PLR0917 - alloc_extend's arguments, passed on as they came
+        self, prefix_lens: Any, seq_lens: Any, last_loc: Any, extend_num_tokens: Any, dp_rank: Any, tags: Any
+    ) -> NDArray[np.int32] | None:
+        raise NotImplementedError
+
+    def _decode(self, seq_lens: Any, last_loc: Any, dp_rank: Any, tags: Any) -> NDArray[np.int32] | None:
+        raise NotImplementedError
 
 
 class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
@@ -261,7 +424,10 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
             status: int = kernel(self._st[r], out, *args, -1 if where is None else self._site_of(r, where, tag))
             if status < 0 and where is not None:
                 self._failed(r)
-        return out if status >= 0 else raise_unless_short(self, status)  # type: ignore[func-returns-value]
+        if status >= 0:
+            return out
+        raise_unless_short(self, status)
+        return None
 
     def _failed(self, r: int) -> None:
         """A tracked call on rank ``r`` refused or failed: the sites it added go. Under the lock."""

@@ -18,14 +18,14 @@ from .._protocol import handed_off, parts
 from .._snapshot import SWAState
 from .._tracking import wanted
 from ._allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from ._base import _NONE, _STATUS_SHORT, BaseTokenToKVPoolAllocator, raise_unless_short
+from ._base import _NONE, _STATUS_SHORT, BaseTokenToKVPoolAllocator, _BatchCalls, raise_unless_short
 from ._swa_state import _SWAStateKeeping
 
 _UNTRACKED, _NO_SITES = (-1, -1), (_NONE, _NONE)  # an untracked call's sites, no method call to get them
 _SWA_KERNELS = tuple(Entries(kernels) for kernels in _swa_kernels.KERNELS)  # plain, tracked
 
 
-class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
+class SWATokenToKVPoolAllocator(_BatchCalls, BaseTokenToKVPoolAllocator, _SWAStateKeeping):
     """sglang-jax's sliding-window allocator: a full and an SWA sub-allocator, and the mapping between them.
 
     For hybrid models that mix full and sliding-window attention: each
@@ -188,19 +188,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
 
     # -- allocation -----------------------------------------------------------------------
 
-    def alloc(self, need_size: Any, dp_rank: Any = 0, *, tag: Hashable = None) -> NDArray[Any] | None:
-        """``need_size`` full slots and as many SWA slots, mapped; ``None`` if either side has fewer available.
-
-        Returns the full slots: int32 at page size 1, int64 (whole pages)
-        above, as the sub-allocators' ``alloc``. ``tag`` (keyword-only): a
-        label a tracking allocator records with both sides' pages.
-        """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.alloc(need_size, dp_rank, tag=tag)  # type: ignore[no-any-return]
-        if type(need_size) is not int:
-            need_size = as_count(need_size, "need_size")
-        r = self._rank(dp_rank)
+    def _alloc(self, need_size: int, r: int, tag: Hashable) -> NDArray[Any] | None:
+        """``alloc`` on both sides, mapped: the full slots."""
         ps = self.page_size
         if need_size < 0:
             raise HostPoolError(f"need_size must be non-negative, got need_size={need_size}")
@@ -220,7 +209,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
                 status = self._k.alloc_pages(stf, sts, self._maps[r], out, swa, ps, sf, ss)
             if status < 0 and where is not None:
                 self._failed(r)
-        return out if status >= 0 else raise_unless_short(self, status)  # type: ignore[func-returns-value]
+        return out if status >= 0 else raise_unless_short(self, status)
 
     def _batch_args(self, lens: tuple[Any, ...], names: tuple[str, ...]) -> tuple[NDArray[np.int64], ...]:
         arrays = as_int_vectors(lens, names)
@@ -248,26 +237,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
             )
         raise self.full_attn_allocator._batch_error(status, batch, n, op)
 
-    def alloc_extend(  # noqa: PLR0913 - sglang-jax's arguments, and the tags
-        self,
-        prefix_lens: Any,
-        seq_lens: Any,
-        last_loc: Any,
-        extend_num_tokens: Any,
-        dp_rank: Any = 0,
-        *,
-        tags: Any = None,
+    def _extend(  # noqa: PLR0913, PLR0917 - alloc_extend's arguments, passed on as they came
+        self, prefix_lens: Any, seq_lens: Any, last_loc: Any, extend_num_tokens: Any, dp_rank: Any, tags: Any
     ) -> NDArray[np.int32] | None:
-        """Extend a batch on both sides (page size > 1); the full slots (int32), or ``None`` if a side is short.
-
-        As ``PagedTokenToKVPoolAllocator.alloc_extend`` on the full side;
-        the SWA side gets the same lengths and ``last_loc`` mapped to SWA
-        slots. Each new full slot is mapped to its new SWA slot. ``tags``
-        (keyword-only): one label per request, for a tracking allocator.
-        """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens, dp_rank, tags=tags)  # type: ignore[no-any-return]
         self._needs_pages("alloc_extend")
         prefix, seq, last = self._batch_args((prefix_lens, seq_lens, last_loc), ("prefix_lens", "seq_lens", "last_loc"))
         total = as_count(extend_num_tokens, "extend_num_tokens")
@@ -293,16 +265,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator, _SWAStateKeeping):
         self._refused(status, r, (prefix, seq, last), total, "alloc_extend")
         return None
 
-    def alloc_decode(
-        self, seq_lens: Any, last_loc: Any, dp_rank: Any = 0, *, tags: Any = None
-    ) -> NDArray[np.int32] | None:
-        """One new token per request on both sides (page size > 1); the full slots (int32), or ``None``.
-
-        ``tags`` (keyword-only): one label per request, for a tracking allocator.
-        """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.alloc_decode(seq_lens, last_loc, dp_rank, tags=tags)  # type: ignore[no-any-return]
+    def _decode(self, seq_lens: Any, last_loc: Any, dp_rank: Any, tags: Any) -> NDArray[np.int32] | None:
         self._needs_pages("alloc_decode")
         seq, last = self._batch_args((seq_lens, last_loc), ("seq_lens", "last_loc"))
         r = self._rank(dp_rank)
