@@ -59,8 +59,8 @@ def _child(code: str, cache: Path, *args: str) -> dict[str, Any]:
     return result
 
 
-_SHORT = {"_short_kernels.alloc_short", "_short_kernels.free_pn_short"}  # the flat pair a page size above 1 starts with
-_SHORT_1 = {"_short_kernels.alloc_short", "_short_kernels.free_p1_short"}  # and page size 1
+_SHORT = {"_kernels.alloc_short", "_short_kernels.free_pn_short"}  # the flat pair a page size above 1 starts with
+_SHORT_1 = {"_kernels.alloc_short", "_short_kernels.free_p1_short"}  # and page size 1
 FIRST_CALLS = {
     "page size 64": ("p = hostpool_nb.LogicalHostPool(1 << 14, 64); p.free(p.alloc(64))", _SHORT),
     "page size 1": ("p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(64))", _SHORT_1),
