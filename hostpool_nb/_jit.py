@@ -651,6 +651,9 @@ def _compile(
         watch.where = where
     ignored = _ignored_cache_dir(where)
 
+    if _load_cached(dispatcher, signature):
+        dispatcher.disable_compile()
+        return dispatcher, ignored
     error = _try_compile(dispatcher, signature)
     if error is not None and not _compiled(dispatcher) and _forget_index(dispatcher):
         # Loading failed. With the index empty, this compiles and rewrites
@@ -700,6 +703,39 @@ def _ignored_cache_dir(where: str) -> _Problem | None:
         f"so numba ignores it and caches the kernels in {where} instead. Point NUMBA_CACHE_DIR to a writable "
         "directory, or unset it."
     )
+
+
+def _load_cached(dispatcher: Any, signature: str) -> bool:
+    """Load the kernel from its cache files without numba's refresh of its compiler; whether it did.
+
+    numba's own load first refreshes the target context, importing and
+    installing every typing and lowering registry (200-300 ms, once per
+    process), which only a compile needs: a cached kernel is object code
+    and a wrapper. So a load skips it, and anything unusual (no such
+    private attribute, a miss, a stale or broken file) is left to
+    :func:`_try_compile`, numba's own path.
+    """
+    load = getattr(getattr(dispatcher, "_cache", None), "_load_overload", None)
+    if load is None or getattr(dispatcher, "_can_compile", None) is not True:
+        return False
+    from numba.core.compiler_lock import global_compiler_lock  # noqa: PLC0415 - loaded with numba's dispatcher
+
+    try:
+        with global_compiler_lock:
+            target = dispatcher.targetctx
+            cres = load(signature, target)
+            if cres is None or cres.objectmode:
+                return False
+            target.insert_user_function(cres.entry_point, cres.fndesc, [cres.library])
+            dispatcher.add_overload(cres)
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 - numba's own path tries again, and handles what it finds
+        return False
+    hits = getattr(dispatcher, "_cache_hits", None)
+    if hits is not None:
+        hits[signature] += 1
+    return True
 
 
 def _try_compile(dispatcher: Any, signature: str) -> Exception | None:
