@@ -99,6 +99,10 @@ class HostPagePool(ArrayStatePool):
     """
 
     _kind = _format = "HostPagePool"
+
+    def _kernel_calls(self) -> list[tuple[Any, str]]:
+        return [(_K, name) for name in _host_kernels.KERNELS._fields] + [(_CORE, "load_state")]
+
     _state_class = HostPageState
 
     def __init__(self, pool_size: int) -> None:
@@ -431,7 +435,7 @@ class HostPagePool(ArrayStatePool):
         return checked_host_words(state._words, self.pool_size, "the state")
 
     def _load(self, checked: NDArray[np.int64]) -> None:
-        _CORE.load_state(self._st, checked)
+        _CORE.load_state(self._st, checked, 0)
 
     def _pickled(self) -> dict[str, Any]:
         return {"pool_size": self.pool_size, "state": self._st.copy()}
@@ -588,6 +592,10 @@ class HostKVPoolMixin:
         self._clears = isinstance(getattr(self, "_slots", None), list)
         self._reports = callable(getattr(cls, "_inc_alloc_metric", None))
         self._log = logging.getLogger(_logging_module(cls))
+
+    def _kernel_calls(self) -> list[tuple[Any, str]]:
+        """Its host page pool's (``hostpool_nb.warmup.load``)."""
+        return self._host_pages._kernel_calls()
 
     # -- allocation -----------------------------------------------------------------
 

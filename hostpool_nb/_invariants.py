@@ -170,9 +170,12 @@ def _word_problems(st: NDArray[np.int64], npend: int, loading: bool) -> list[str
     full = [f"{name}={value}" for name, value in grow.items() if value >= limit]
     if full:
         found.append(f"counters {beyond}: {', '.join(full)}")
-    spare = st[_layout.H_EPEND + 1 : _layout.HEADER]
+    avail, listed = int(st[_layout.H_AVAIL]), int(st[_layout.H_NFREE] + st[_layout.H_NREL])
+    if avail != listed and not (loading and avail == 0):  # derived: a snapshot or pickle holds 0
+        found.append(f"available pages word is {avail}, but the free and release lists hold {listed} pages")
+    spare = st[_layout.H_AVAIL + 1 : _layout.HEADER]
     if spare.any():
-        found.append(f"spare header word {_layout.H_EPEND + 1 + int(np.argmax(spare != 0))} is not zero")
+        found.append(f"spare header word {_layout.H_AVAIL + 1 + int(np.argmax(spare != 0))} is not zero")
     return found
 
 

@@ -28,6 +28,7 @@ from ._layout import (
     E_NO_GROUP,
     E_PARTIAL,
     E_RANGE,
+    H_AVAIL,
     H_CLEARS,
     H_EFREE,
     H_EPEND,
@@ -107,6 +108,7 @@ def reset(st: NDArray[np.int64]) -> int:
         put_run(ring, 0, 0, n)
     st[H_HEAD] = 0
     st[H_NFREE] = n
+    st[H_AVAIL] = n
     st[H_EFREE] = entries
     st[H_NREL] = 0
     st[H_EREL] = 0
@@ -578,6 +580,7 @@ def group_end(st: NDArray[np.int64]) -> int:
     pos: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL]
     set_runs(st, pos - n if pos >= n else pos, st[H_EPEND], OWNER_FREE)
     st[H_NREL] += pend
+    st[H_AVAIL] = st[H_NFREE] + st[H_NREL]
     st[H_EREL] += st[H_EPEND]
     st[H_NPEND] = 0
     st[H_EPEND] = 0
@@ -619,17 +622,21 @@ def plan_batch(sizes: NDArray[np.int64], offsets: NDArray[np.int64], page_size: 
     return limit + 1 if over else total
 
 
-@_jit("i8(i8[::1], i8[::1])")
-def load_state(st: NDArray[np.int64], src: NDArray[np.int64]) -> int:
+@_jit("i8(i8[::1], i8[::1], i8)")
+def load_state(st: NDArray[np.int64], src: NDArray[np.int64], core: int) -> int:
     """Copy a validated snapshot ``src`` over the state; return its length.
 
     ``restore_state`` and unpickling check ``src`` (same layout, invariants)
     before calling this; here it is one block copy, so the pool is never
-    seen half restored by a kernel.
+    seen half restored by a kernel. A ``core`` state's derived word
+    (``H_AVAIL``, 0 in a snapshot) is set in the same call; a host pool's
+    layout has none.
     """
     words: int = st.shape[0]
     for i in range(words):  # not ``st[:] = src``, which may copy ``src`` first
         st[i] = src[i]
+    if core != 0:
+        st[H_AVAIL] = st[H_NFREE] + st[H_NREL]
     return words
 
 

@@ -88,6 +88,9 @@ H_SEQ = 16  # the next allocation's number, in a tracking pool
 H_EFREE = 17  # ring entries of the free list
 H_EREL = 18  # ring entries of the release list
 H_EPEND = 19  # ring entries of the pending list
+# Pages on the free and release lists (H_NFREE + H_NREL), stored by each kernel that changes either: one aligned
+# word, so available_size reads it without the lock. Derived: 0 in a snapshot or pickle, recomputed on load.
+H_AVAIL = 20
 HEADER = 24  # the spare words keep room for later counters
 
 OWNER_FREE = 0
@@ -192,6 +195,18 @@ def run_pages(entries: NDArray[np.integer]) -> NDArray[np.int64]:
     return pages
 
 
+def persisted(st: NDArray[np.int64]) -> NDArray[np.int64]:
+    """A copy of a core state as snapshots and pickles keep it: :data:`H_AVAIL` 0, their format unchanged by it."""
+    words: NDArray[np.int64] = st.copy()
+    words[H_AVAIL] = 0
+    return words
+
+
+def derive(st: NDArray[np.int64]) -> None:
+    """Set the derived word of a state taken from a pickle (which holds 0 there: :func:`persisted`)."""
+    st[H_AVAIL] = st[H_NFREE] + st[H_NREL]
+
+
 def new_state(num_pages: int, page_size: int, sorted_order: bool = False, track: bool = False) -> NDArray[np.int64]:
     """A new state: every page free, listed in ascending order, as ``reset`` leaves it.
 
@@ -203,6 +218,7 @@ def new_state(num_pages: int, page_size: int, sorted_order: bool = False, track:
     ring_ids(st, num_pages)[: first.shape[0]] = first
     st[H_EFREE] = first.shape[0]
     st[H_NFREE] = num_pages
+    st[H_AVAIL] = num_pages
     st[H_NPAGES] = num_pages
     st[H_PAGE_SIZE] = page_size
     st[H_PAGE_SHIFT] = page_shift(page_size)

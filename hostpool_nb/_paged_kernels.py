@@ -39,6 +39,7 @@ from ._layout import (
     GP_COUNT,
     GP_FAULT,
     GP_HEADER,
+    H_AVAIL,
     H_CLEARS,
     H_EFREE,
     H_EREL,
@@ -120,6 +121,7 @@ def reset_rank(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
         owner[0] = OWNER_ALLOCATED  # the padding page: never listed, never handed out
     st[H_HEAD] = 0
     st[H_NFREE] = cap - 1
+    st[H_AVAIL] = cap - 1
     st[H_EFREE] = entries
     st[H_NREL] = 0
     st[H_EREL] = 0
@@ -460,6 +462,7 @@ def free_slots(st: I64, gp: I64, slots: I64, page_size: int, mode: int, in_group
         return status
     st[H_NREL] += done
     st[H_EREL] += entries
+    st[H_AVAIL] = st[H_NFREE] + st[H_NREL]
     if TRACKED:
         track_free(st, tail, site, done)
     return done
@@ -499,6 +502,7 @@ def end_group(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
     gp[GP_COUNT] = 0
     st[H_NREL] += released
     st[H_EREL] += entries
+    st[H_AVAIL] = st[H_NFREE] + st[H_NREL]
     return released
 
 

@@ -164,6 +164,12 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
     """
 
     _kind = "LogicalHostPool"  # in messages, for the torch adapter's class too
+
+    def _kernel_calls(self) -> list[tuple[Any, str]]:
+        """Its page-size class's alloc and free kernels for every call length (tracked or not), and the rest."""
+        own = {*_ALLOC_KERNELS[self.track], *_FREE_KERNELS[self.track]}
+        return [(self._k, name) for name in sorted(own)] + [(_K, name) for name in _kernels.POOL._fields]
+
     _format = "LogicalHostPool"
     _state_class = PoolState
 
@@ -223,6 +229,7 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
         self._free_short = self._sized(self._free_kernels, 0)
         self._make_lock()
         self._recording = None  # an instance attribute: read on the checked paths, faster than the class's
+        _layout.derive(st)
         self._st = st
         # A view for Python-side checks; the kernels find it inside ``_st``.
         self._owner = _layout.owner_flags(st, size // page_size)

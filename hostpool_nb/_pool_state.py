@@ -58,7 +58,7 @@ class _PoolStateKeeping(Recordable, ArrayStatePool):
 
     def _load(self, checked: tuple[NDArray[np.int64], Any]) -> None:
         words, sites = checked
-        _CORE.load_state(self._st, words)
+        _CORE.load_state(self._st, words, 1)
         if self._tracker is not None:  # the ids in the restored words index the snapshot's sites
             self._tracker.load(sites)
 
@@ -70,7 +70,7 @@ class _PoolStateKeeping(Recordable, ArrayStatePool):
             "page_size": self.page_size,
             "layout": self.layout,
             "merge": self.merge_order,
-            "state": self._st.copy(),
+            "state": _layout.persisted(self._st),
             "sites": None if tracker is None else tracker.table(),
         }
 

@@ -215,6 +215,10 @@ class Recordable:
     def _recording_changed(self) -> None:
         """Under the lock, when a recording begins or ends: a kind with a hot path that skips the check adjusts it."""
 
+    def _kernel_calls(self) -> list[tuple[Any, str]]:
+        """Every kernel this pool may call, as ``(Entries, name)``: what ``hostpool_nb.warmup.load`` loads."""
+        raise NotImplementedError
+
     def _record_if_asked(self) -> None:
         """At the end of building (or unpickling) the pool: record it if ``HOSTPOOL_NB_RECORD`` names a folder."""
         folder = os.environ.get(RECORD_ENV)

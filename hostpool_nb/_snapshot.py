@@ -100,17 +100,20 @@ class PoolState:
         )
 
 
-def frozen_words(words: Any, what: str) -> NDArray[np.int64]:
+def frozen_words(words: Any, what: str, *, core: bool = True) -> NDArray[np.int64]:
     """A snapshot's state words as a read-only int64 copy; ``HostPoolError`` for anything that is not one.
 
     A damaged pickle may hold any object here: only a 1-D array of integers
     is a state (numpy would read a list of digit strings, or floats, as
-    numbers), and the checks before a load need its values as they are.
+    numbers), and the checks before a load need its values as they are. A
+    ``core`` state (a pool's, a rank's) is kept as :func:`_layout.persisted` keeps it.
     """
     if not isinstance(words, np.ndarray) or words.ndim != 1 or words.dtype.kind not in "iu":
         kind = f"{words.dtype} array of shape {words.shape}" if isinstance(words, np.ndarray) else type(words).__name__
         raise HostPoolError(f"{what} holds a {kind}, not a pool's state words (a 1-D int64 array)")
     frozen = np.array(words, dtype=np.int64, copy=True)
+    if core and frozen.shape[0] > _layout.H_AVAIL:
+        frozen[_layout.H_AVAIL] = 0
     frozen.flags.writeable = False  # frozen means the contents too
     return frozen
 
@@ -346,7 +349,7 @@ class HostPageState:
     _words: NDArray[np.int64] = field(repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_words", frozen_words(self._words, "the HostPageState"))
+        object.__setattr__(self, "_words", frozen_words(self._words, "the HostPageState", core=False))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_load_host, (FORMATS["HostPageState"], self.pool_size, self._words))

@@ -19,6 +19,7 @@ import importlib
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 
 def compile_all(quiet: bool = False) -> float:
@@ -60,6 +61,37 @@ def compile_all(quiet: bool = False) -> float:
     return took
 
 
+def load(pool: Any) -> float:
+    """Load (or compile) every kernel ``pool`` may call, now; return the seconds it took.
+
+    Kernels load on their first use: the first ``alloc``, ``free`` or batch
+    call of a new process would wait for its kernel. A server calls this
+    while it starts, so its first requests wait for none; the pools an
+    engine builds after ``install()`` (``hostpool_nb.integrations``) do it
+    when they are built. With the kernels in numba's cache it takes
+    milliseconds; with an empty cache it compiles them, seconds each
+    (:func:`compile_all` ahead of time avoids that).
+
+    Parameters
+    ----------
+    pool : LogicalHostPool, HostPagePool, a ``hostpool_nb.paged`` allocator, or a host pool under ``HostKVPoolMixin``
+        The pool whose kernels to load.
+
+    Examples
+    --------
+    >>> from hostpool_nb.paged import PagedTokenToKVPoolAllocator
+    >>> from hostpool_nb.warmup import load
+    >>> seconds = load(PagedTokenToKVPoolAllocator(1 << 16, 16, None))
+    """
+    calls = getattr(pool, "_kernel_calls", None)
+    if calls is None:
+        raise TypeError(f"load takes a hostpool_nb pool or allocator, got {type(pool).__name__}")
+    started = time.perf_counter()
+    for table, name in calls():
+        getattr(table, name)  # an Entries attribute: compiled or loaded on first access
+    return time.perf_counter() - started
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hostpool_nb.warmup",
@@ -70,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     compile_all(quiet=args.quiet)
     return 0
 
+
+__all__ = ["compile_all", "load"]
 
 if __name__ == "__main__":
     sys.exit(main())

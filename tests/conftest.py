@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -174,6 +175,13 @@ def run_child(source: str, args: dict[str, Any], timeout: float) -> dict[str, An
     assert proc.returncode == 0, f"child exited {proc.returncode} (negative: killed by signal)\n{proc.stderr[-3000:]}"
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
+
+
+def loaded(line: str) -> int:
+    """How many kernels an integration's INFO line says its pool loaded when it was built (ms, a whole number)."""
+    found = re.fullmatch(r".*; (\d+) kernels loaded in \d+ ms", line)
+    assert found, line
+    return int(found[1])
 
 
 @pytest.fixture(scope="session")

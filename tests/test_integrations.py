@@ -37,6 +37,7 @@ from hostpool_nb.integrations._surface import (
 from hostpool_nb.originals import host_tier
 from hostpool_nb.originals import paged as original_paged
 from hostpool_nb.originals.engines import ENGINES, StandIn, stand_in_engine
+from tests.conftest import loaded
 
 ALLOCATORS = ("TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator", "SWATokenToKVPoolAllocator")
 HOST_POOLS = ("LRUHostKVPool", "QueueHostKVPool")
@@ -100,7 +101,10 @@ def test_each_pool_the_engine_builds_says_so_once(engine: StandIn, caplog: pytes
         engine.build("QueueHostKVPool", 32),
     ]
     lines = [r.getMessage() for r in caplog.records if r.name == "hostpool_nb"]
-    assert lines == [
+    # Each pool loaded every kernel it may call while it was built, and says how many and how long it took.
+    assert [loaded(line) for line in lines] == [len(pool._kernel_calls()) for pool in built]
+    assert all(name in vars(table) for pool in built for table, name in pool._kernel_calls())
+    assert [line.partition("; ")[0] for line in lines] == [
         "hostpool_nb in use: sgl_jax builds PagedTokenToKVPoolAllocator (hostpool_nb.paged): size=4096, "
         "page_size=16, dp_size=2, tracking off",
         "hostpool_nb in use: sgl_jax builds TokenToKVPoolAllocator (hostpool_nb.paged): size=1024, "
@@ -346,10 +350,12 @@ def test_sglang_builds_hostpool_nbs_torch_pool(caplog: pytest.LogCaptureFixture)
         pool = made.build("LogicalHostPool", 1024, 16, "layer_first")
         assert isinstance(pool, LogicalHostPool)
         assert pool.alloc(32).tolist() == list(range(32))
-        assert [r.getMessage() for r in caplog.records if r.name == "hostpool_nb"] == [
+        said = [r.getMessage() for r in caplog.records if r.name == "hostpool_nb"]
+        assert [line.partition("; ")[0] for line in said] == [
             "hostpool_nb in use: sglang builds LogicalHostPool (hostpool_nb.torch): size=1024, page_size=16, "
             "tracking off"
         ]
+        assert [loaded(line) for line in said] == [len(pool._kernel_calls())]
         assert sglang.uninstall() == replaced
     assert status() == []
 

@@ -109,6 +109,65 @@ def test_first_calls_compile_only_the_kernels_they_use(name: str, tmp_path: Path
     assert written == expected
 
 
+# Each kind of pool, built, then every call it offers: the calls after warmup.load(pool) load no kernel.
+_EVERY_CALL = {
+    "paged": (
+        "from hostpool_nb.paged import PagedTokenToKVPoolAllocator as C; p = C(1 << 12, 16, None)",
+        "o = p.alloc_extend([0, 0], [20, 5], [-1, -1], 25); d = p.alloc_decode([21, 6], [int(o[19]), int(o[24])]); "
+        "p.free_group_begin(); p.free(o[:20]); p.free_group_end(); p.free(o[20:]); p.free(d); p.alloc(32); "
+        "s = p.backup_state(); p.merge_and_sort_free(); p.restore_state(s); p.available_size(); p.clear()",
+    ),
+    "token": (
+        "from hostpool_nb.paged import TokenToKVPoolAllocator as C; p = C(1 << 12, None)",
+        "o = p.alloc(40); p.free_group_begin(); p.free(o[:20]); p.free_group_end(); p.free(o[20:]); "
+        "s = p.backup_state(); p.merge_and_sort_free(); p.restore_state(s); p.available_size(); p.clear()",
+    ),
+    "sliding window": (
+        "from types import SimpleNamespace as N; from hostpool_nb.paged import SWATokenToKVPoolAllocator as C; "
+        "p = C(1 << 12, 1 << 10, N(full_kv_pool=None, swa_kv_pool=None), 16)",
+        "o = p.alloc_extend([0], [40], [-1], 40); d = p.alloc_decode([41], [int(o[39])]); p.free_swa(o[:16]); "
+        "p.free_group_begin(); p.free(o); p.free_group_end(); p.free(d); p.alloc(32); s = p.backup_state(); "
+        "p.merge_and_sort_free(); p.restore_state(s); p.available_size(); p.clear()",
+    ),
+    "host page pool": (
+        "p = hostpool_nb.HostPagePool(64)",
+        "b = p.reserve(); p.inc_lock_ref(b); p.dec_lock_ref(b); p.release(b); a = p.alloc(3); p.free(a); "
+        "p.free_listed(p.alloc(2)); s = p.backup_state(); p.restore_state(s); p.clear()",
+    ),
+    "logical host pool": (
+        "p = hostpool_nb.LogicalHostPool(1 << 14, 1)",
+        "for n in (16, 2048, 8192): p.free(p.alloc(n))\n"
+        "s, o = p.alloc_many([16, 32]); p.free(s); p.alloc(1 << 15)\n"
+        "with p.free_group(): p.free(p.alloc(16))\n"
+        "p.merge(); st = p.backup_state(); p.restore_state(st); p.clear()",
+    ),
+}
+
+
+@pytest.mark.slow
+@needs_jit
+@pytest.mark.parametrize("name", list(_EVERY_CALL))
+def test_a_pool_loaded_by_warmup_load_loads_no_kernel_on_its_calls(name: str) -> None:
+    build, calls = _EVERY_CALL[name]
+    code = (
+        f"{build}\nfrom hostpool_nb.warmup import load\nload(p)\nloaded = used()\n{calls}\n"
+        "assert used() == loaded, sorted(set(used()) - set(loaded))"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # the package's own cache: warm after the first run
+    env.pop("NUMBA_DISABLE_JIT", None)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, code], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_warmup_load_refuses_what_is_not_a_pool() -> None:
+    from hostpool_nb.warmup import load
+
+    with pytest.raises(TypeError, match="load takes a hostpool_nb pool or allocator, got list"):
+        load([])
+
+
 # Every timer fires as it starts: a compile (or a cache load) is "slow" on any machine, however fast.
 _ALWAYS_SLOW = """
 import threading

@@ -35,7 +35,7 @@ from hostpool_nb import (  # noqa: E402
 from hostpool_nb.integrations import IntegrationError, sglang, status  # noqa: E402
 from hostpool_nb.integrations._sglang_host import KEY, HostKVBooks  # noqa: E402
 from hostpool_nb.originals.engines import StandIn, stand_in_engine  # noqa: E402
-from tests.conftest import run_child  # noqa: E402
+from tests.conftest import loaded, run_child  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -143,10 +143,11 @@ def test_each_pool_built_says_so_once(engine: StandIn, caplog: pytest.LogCapture
     pool = build(engine, "MLATokenToKVPoolHost")
     pool.clear()  # a later clear() is not a new pool
     said = [r.getMessage() for r in caplog.records if r.name == "hostpool_nb"]
-    assert said == [
+    assert [line.partition("; ")[0] for line in said] == [
         "hostpool_nb in use: sglang builds MLATokenToKVPoolHost on hostpool_nb (HostKVCache's bookkeeping): "
         "32 slots, page_size=8, tracking off"
     ]
+    assert [loaded(line) for line in said] == [len(sglang.books(pool)._kernel_calls())]
 
 
 def test_uninstall_puts_the_methods_back_and_hands_each_pool_its_lists(engine: StandIn) -> None:

@@ -353,9 +353,17 @@ def status() -> list[Replacement]:
         return [r for replaced in _INSTALLED.values() for r in replaced if _in_place(r)]
 
 
-def log_in_use(engine: str, what: str) -> None:
-    """The one INFO line an engine's pool on hostpool_nb logs when it is built."""
-    _log.info("hostpool_nb in use: %s builds %s", engine, what)
+def log_in_use(engine: str, what: str, pool: Any) -> None:
+    """Load every kernel ``pool`` may call, then log the one INFO line an engine's pool logs when it is built.
+
+    The kernels load while the engine starts, so its first requests wait
+    for none (``hostpool_nb.warmup.load``); the line says how long it took.
+    """
+    from ..warmup import load  # noqa: PLC0415 - a module of its own, for its command line
+
+    took = load(pool)
+    count = len(pool._kernel_calls())
+    _log.info("hostpool_nb in use: %s builds %s; %d kernels loaded in %.0f ms", engine, what, count, took * 1e3)
 
 
 def announcing(base: type, engine: str, describe: Callable[[Any], str], module: str, name: str | None = None) -> type:
@@ -372,7 +380,7 @@ def announcing(base: type, engine: str, describe: Callable[[Any], str], module: 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        log_in_use(engine, describe(self))
+        log_in_use(engine, describe(self), self)
 
     made = type(name or base.__name__, (base,), {"__init__": __init__, "__doc__": base.__doc__, "__module__": module})
     made.__qualname__ = made.__name__

@@ -183,6 +183,7 @@ def _announce_books(pool: Any, kept: Any) -> None:
         ENGINE,
         f"{type(pool).__name__} on hostpool_nb ({kept.bookkeeping.defined_by}'s bookkeeping): {kept.size} slots, "
         f"page_size={kept.page_size}, tracking {'on' if kept.track else 'off'}{extra}",
+        kept,
     )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Hashable
-from threading import get_ident
 from typing import Any, ClassVar
 
 import numpy as np
@@ -68,6 +67,8 @@ class PagedTokenToKVPoolAllocator(_BatchCalls, _RankedAllocator):
     _kind = "PagedTokenToKVPoolAllocator"
     _snapshot_kind = "paged"
     _sorted = True
+    _rank_calls = ("reset_rank", "end_group", "alloc_slots", "alloc_extend", "alloc_decode", "free_slots")
+    _core_calls = ("merge", "load_state")
     _recorded = (*_RankedAllocator._recorded, "alloc_extend", "alloc_decode", "merge_and_sort_free")
 
     def __init__(  # noqa: PLR0913 - sglang-jax's constructor, kept for drop-in use
@@ -193,38 +194,6 @@ class PagedTokenToKVPoolAllocator(_BatchCalls, _RankedAllocator):
                 self._failed(r)
         return out if status >= 0 else self._refused(status, (seq - 1, seq, last), seq.shape[0], "alloc_decode")
 
-    def free(self, free_index: Any, dp_rank: Any = 0) -> int:
-        """Free the pages of ``free_index`` (token slots, any integer dtype and shape).
-
-        A page is freed once however many of its slots are given, and a page
-        already free is ignored (``strict``: ``DoubleFreeError``). Inside a
-        free group the pages stay allocated until the group ends.
-
-        Parameters
-        ----------
-        free_index : array_like of int
-            Token slots: a list, or an array of any integer dtype and shape.
-        dp_rank : int, optional
-            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
-
-        Returns
-        -------
-        int
-            The number of pages freed (or made pending).
-
-        Raises
-        ------
-        SlotRangeError
-            For slots of page 0 or beyond the rank's pages, before anything
-            changes.
-        """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.free(free_index, dp_rank)  # type: ignore[no-any-return]
-        return self._free(
-            free_index, dp_rank, _paged_kernels.FREE_PAGED_STRICT if self.strict else _paged_kernels.FREE_PAGED
-        )
-
     def _refused(
         self, status: int, lens: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]], total: int, op: str
     ) -> NDArray[np.int32] | None:
@@ -311,6 +280,8 @@ class TokenToKVPoolAllocator(_RankedAllocator):
     _kind = "TokenToKVPoolAllocator"
     _snapshot_kind = "token"
     _sorted = False
+    _free_mode = _paged_kernels.FREE_TOKENS  # every slot allocated and named once
+    _rank_calls = ("reset_rank", "end_group", "alloc_tokens", "free_slots")
     #: ``None``, as the original's (its base class's page lists, which a token allocator does not keep).
     free_pages: ClassVar[None] = None
     #: ``None``, as the original's (see :attr:`free_pages`).
@@ -347,18 +318,3 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         trackers = self._trackers
         where = None if trackers is None else trackers[r].where(tag, 1)  # an unusable tag raises here
         return self._alloc_into(r, np.empty(need_size, dtype=np.int32), where, tag, self._k.alloc_tokens)
-
-    def free(self, free_index: Any, dp_rank: Any = 0) -> int:
-        """Append ``free_index`` (slots, any integer dtype and shape) to the rank's free list.
-
-        Each slot must be allocated and named once: a :class:`DoubleFreeError`
-        otherwise, and a :class:`SlotRangeError` for slot 0 (the padding
-        slot) or beyond the rank, before anything changes. Inside a free
-        group the slots are appended when it ends. The parameters are the
-        paged allocator's (:meth:`PagedTokenToKVPoolAllocator.free`); returns
-        the number of slots freed (or made pending).
-        """
-        rec = self._recording
-        if rec is not None and rec.owner != get_ident():
-            return rec.free(free_index, dp_rank)  # type: ignore[no-any-return]
-        return self._free(free_index, dp_rank, _paged_kernels.FREE_TOKENS)

@@ -23,6 +23,9 @@ _CORE = Entries(_kernels.POOL)  # the core pool's merge and load: a rank keeps t
 # Each allocator reads its kernels from the table their module makes: a rank's, plain and tracked.
 _RANK_KERNELS = tuple(Entries(kernels) for kernels in _paged_kernels.KERNELS)
 _STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
+_AVAIL = _layout.H_AVAIL
+_NDARRAY = np.ndarray
+_I32 = np.dtype(np.int32)
 _Out = TypeVar("_Out", bound=NDArray[Any])  # an allocation's output: int64 slots, or a token allocator's int32
 _NONE = np.zeros(0, dtype=np.int64)  # no sites, no copy: an untracked call's empty arrays
 _INT32_MAX = 2**31 - 1
@@ -139,15 +142,18 @@ class BaseTokenToKVPoolAllocator:
         with self.lock:
             return [list(frees) for frees in self._group_frees]
 
-    @handed_off
     def free_group_begin(self) -> None:
         """Defer frees until ``free_group_end()``; each is still checked when made.
 
         As the original: groups do not nest (a second begin continues the
         group), and the pages freed inside stay allocated until the end.
         """
-        with self.lock:
-            self._in_group = True
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.free_group_begin()  # type: ignore[no-any-return]
+        # One store, no lock: a free holding the lock sees the group begun or not, as if made before or after.
+        self._in_group = True
+        return None
 
     def debug_print(self) -> str:
         """``""``: what sglang-jax's base class prints (its sliding-window allocator's says more)."""
@@ -324,6 +330,8 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
         self.dp_size = dp_size
         self.size_per_rank = size // dp_size
         self.strict = bool(strict)
+        if self._free_mode != _paged_kernels.FREE_TOKENS:
+            self._free_mode = _paged_kernels.FREE_PAGED_STRICT if self.strict else _paged_kernels.FREE_PAGED
         self.track = track
         # Per rank, the call sites and tags its tracking words index (track=True), else None.
         self._trackers: list[Tracker] | None = [Tracker() for _ in range(dp_size)] if track else None
@@ -341,8 +349,29 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
             gp = np.zeros(_layout.group_length(pages_per_rank), dtype=np.int64)
             gp[_layout.GP_CAP] = pages_per_rank + 1
             self._gp.append(gp)
+        self._bind()
         self.clear()
         self._record_if_asked()
+
+    def _bind(self) -> None:
+        """The hot paths' tables, after the ranks' arrays are placed and when a recording begins or ends.
+
+        ``_heads`` maps each rank to a view of its header (``available_size``
+        reads one word of it, without the lock); ``_plain`` each rank to
+        ``(rank, state, group buffer)`` for ``free``. Both are empty while the
+        allocator records, ``_plain`` also when it tracks: a rank missing
+        from them sends the call down the checked path, which hands it on.
+        The tables are looked up with the caller's ``dp_rank`` as it is, so
+        only a valid rank (an ``int`` in ``[0, dp_size)``) finds an entry.
+        """
+        recording = self._recording is not None
+        self._heads: dict[int, memoryview] = {} if recording else {r: _words(st) for r, st in enumerate(self._st)}
+        plain = not recording and self._trackers is None
+        ranks = enumerate(zip(self._st, self._gp, strict=True))
+        self._plain = {r: (r, st, gp) for r, (st, gp) in ranks} if plain else {}
+
+    def _recording_changed(self) -> None:
+        self._bind()
 
     @staticmethod
     def _shape(size: Any, page_size: Any, dp_size: Any) -> tuple[int, int, int]:
@@ -361,19 +390,27 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
             raise HostPoolError(f"dp_rank must be in [0, {self.dp_size}), got dp_rank={r}")
         return r
 
-    @handed_off
     def free_group_end(self) -> None:
         """Free, per rank, what was freed in the group (one kernel call per rank).
 
         Outside a group nothing is pending, and nothing happens.
         """
-        with self.lock:
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.free_group_end()  # type: ignore[no-any-return]
+        lock = self.lock
+        lock.acquire()  # not ``with``: a call every decode step makes
+        try:
             self._in_group = False
-            for st, gp in zip(self._st, self._gp, strict=True):
-                if gp[_layout.GP_COUNT]:
-                    self._k.end_group(st, gp)
-            for frees in self._group_frees:
-                frees.clear()
+            if any(self._group_frees):  # a rank's pending pages are those of its frees kept here
+                for st, gp, frees in zip(self._st, self._gp, self._group_frees, strict=True):
+                    if frees:
+                        if gp[_layout.GP_COUNT]:
+                            self._k.end_group(st, gp)
+                        frees.clear()
+        finally:
+            lock.release()
+        return None
 
     @handed_off
     def clear(self, dp_rank: Any = None) -> None:
@@ -396,11 +433,19 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
             self._in_group = False
 
     def available_size(self, dp_rank: Any = 0) -> int:
-        """Slots an allocation on ``dp_rank`` can use now: free and released pages, in slots."""
-        r = self._rank(dp_rank)
-        st = self._st[r]
-        with self.lock:
-            return int(st[_layout.H_NFREE] + st[_layout.H_NREL]) * self.page_size
+        """Slots an allocation on ``dp_rank`` can use now: free and released pages, in slots.
+
+        One word of the rank's state, which every kernel that changes the
+        lists stores last: read without the lock, it is the count as of one
+        moment.
+        """
+        head = self._heads.get(dp_rank) if dp_rank.__class__ is int else None
+        if head is not None:
+            return head[_AVAIL] * self.page_size  # a memoryview's item: an int
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.available_size(dp_rank)  # type: ignore[no-any-return]
+        return int(self._st[self._rank(dp_rank)][_AVAIL]) * self.page_size
 
     # -- who holds each page (track=True) ---------------------------------------
 
@@ -535,7 +580,7 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
 
     def _snapshot(self) -> PagedState:
         """Every rank's lists (not the free group, as the original's), as of one moment."""
-        ranks = tuple(st.copy() for st in self._st)
+        ranks = tuple(_layout.persisted(st) for st in self._st)
         sites = None if self._trackers is None else tuple(t.table() for t in self._trackers)
         return PagedState(self._snapshot_kind, self.size, self.page_size, self.dp_size, ranks, sites)
 
@@ -551,7 +596,7 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
     def _load(self, checked: tuple[list[NDArray[np.int64]], tuple[Any, ...] | None]) -> None:
         ranks, sites = checked
         for st, words in zip(self._st, ranks, strict=True):
-            _CORE.load_state(st, words)
+            _CORE.load_state(st, words, 1)
         if self._trackers is not None and sites is not None:  # the ids restored index these tables
             for tracker, table in zip(self._trackers, sites, strict=True):
                 tracker.load(table)
@@ -578,7 +623,7 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
         return {
             "args": self._constructor_args(),
             "kvcache": self._kvcache,
-            "ranks": tuple(st.copy() for st in self._st),
+            "ranks": tuple(_layout.persisted(st) for st in self._st),
             "groups": tuple(gp.copy() for gp in self._gp),
             "group_frees": [[f.copy() for f in frees] for frees in self._group_frees],
             "in_group": self._in_group,
@@ -617,8 +662,11 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
                 found = ["the frees it keeps for free_group are not the pages pending"]
             if found:
                 raise HostPoolError(f"{what}: the free group of rank {r} fails the invariants: " + "; ".join(found))
+        for st in ranks:
+            _layout.derive(st)
         self._st = ranks
         self._gp = [np.array(gp, dtype=np.int64, copy=True) for gp in groups]
+        self._bind()
         self._group_frees = [[_read_only_copy(f) for f in kept] for kept in frees]
         self._in_group = saved["in_group"]
         if self._trackers is not None:
@@ -732,7 +780,59 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
 
     # -- freeing -----------------------------------------------------------------
 
-    def _free(self, free_index: Any, dp_rank: Any, mode: int) -> int:
+    _free_mode = _paged_kernels.FREE_PAGED  # the kernel's rule for a page it cannot take (set by each allocator)
+    # The rank kernels and core kernels (merge, load_state) each kind calls: what warmup.load loads.
+    _rank_calls: ClassVar[tuple[str, ...]] = ()
+    _core_calls: ClassVar[tuple[str, ...]] = ("load_state",)
+
+    def _kernel_calls(self) -> list[tuple[Any, str]]:
+        return [(self._k, name) for name in self._rank_calls] + [(_CORE, name) for name in self._core_calls]
+
+    def free(self, free_index: Any, dp_rank: Any = 0) -> int:
+        """Free the pages of ``free_index`` (token slots, any integer dtype and shape); the token allocator its slots.
+
+        The paged allocator frees a page once however many of its slots are
+        given, and ignores a page already free (``strict``:
+        :class:`DoubleFreeError`); the freed pages go to the release list.
+        The token allocator appends the slots to its free list, in order:
+        each must be allocated and named once, else a
+        :class:`DoubleFreeError`. Inside a free group the pages stay
+        allocated until the group ends.
+
+        Parameters
+        ----------
+        free_index : array_like of int
+            Token slots: a list, or an array of any integer dtype and shape.
+        dp_rank : int, optional
+            The data-parallel rank, in ``[0, dp_size)``; 0 by default.
+
+        Returns
+        -------
+        int
+            The number of pages (slots) freed, or made pending.
+
+        Raises
+        ------
+        SlotRangeError
+            For slots of page 0 (the padding page) or beyond the rank's
+            pages, before anything changes.
+        """
+        plain = self._plain.get(dp_rank) if dp_rank.__class__ is int else None
+        if plain is not None and free_index.__class__ is _NDARRAY and free_index.ndim == 1:
+            dtype = free_index.dtype
+            if dtype is INT64 or dtype is _I32:  # sglang-jax's: a 1-D int32 array, often empty
+                if free_index.shape[0] == 0:
+                    return 0
+                if dtype is INT64 and free_index.strides == STRIDES_1D:  # what the kernel reads
+                    return self._freed(plain, free_index, False, None)
+                return self._freed(plain, free_index.astype(INT64), True, None)
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.free(free_index, dp_rank)  # type: ignore[no-any-return]
+        return self._free(free_index, dp_rank)
+
+    def _free(self, free_index: Any, dp_rank: Any) -> int:
+        """``free``'s checked path: any argument it takes, tracking."""
         r = self._rank(dp_rank)
         if type(free_index) is np.ndarray and free_index.dtype is INT64 and free_index.strides == STRIDES_1D:
             slots: NDArray[np.int64] = free_index
@@ -741,15 +841,24 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
         if slots.shape[0] == 0:
             return 0
         where = None if self._trackers is None else self._trackers[r].where(None, 2)
+        return self._freed((r, self._st[r], self._gp[r]), slots, False, where)
+
+    def _freed(self, rank: tuple[int, Any, Any], slots: NDArray[np.int64], owned: bool, where: Any) -> int:
+        """Free ``slots`` (C-contiguous int64) on ``rank``, ``(r, state, group buffer)``: the kernel under the lock.
+
+        ``owned``: ``slots`` is a copy of the caller's, which a group may keep
+        as it is; ``where`` the caller's site key (``None``: untracked).
+        """
+        r, st, gp = rank
         lock = self.lock
         lock.acquire()  # not ``with``, which costs more, on the call every decode step makes
         try:
             in_group = self._in_group
-            if in_group:  # free_group keeps the slots: the kernel reads this copy, so they are what it checked
+            if in_group and not owned:  # free_group keeps the slots: the kernel reads this copy, the slots kept
                 slots = slots.copy()
             site = -1 if where is None else self._site_of(r, where, None)
             # in_group, a bool, is the kernel's 0 or 1 as it is: the entry point reads any int.
-            status: int = self._k.free_slots(self._st[r], self._gp[r], slots, self.page_size, mode, in_group, site)
+            status: int = self._k.free_slots(st, gp, slots, self.page_size, self._free_mode, in_group, site)
             if status < 0:  # refused or failed: the table as it was, the error built under the same hold
                 if where is not None:
                     self._failed(r)
@@ -791,6 +900,11 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
                 f"{what} of rank {r}, freed at {where}, is not allocated: it was freed already{history}"
             )
         return RuntimeError(f"{type(self).__name__} rank {r} is corrupted: free kernel failed with code {code}")
+
+
+def _words(st: NDArray[np.int64]) -> memoryview:
+    """A view of ``st`` whose items are Python ints: a read of one costs less than numpy's scalar."""
+    return memoryview(st)  # type: ignore[arg-type]  # an ndarray is a buffer; numpy's stubs do not say so
 
 
 def _lists_of(st: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:

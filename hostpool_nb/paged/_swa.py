@@ -18,7 +18,7 @@ from .._protocol import handed_off, parts
 from .._snapshot import SWAState
 from .._tracking import wanted
 from ._allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from ._base import _NONE, _STATUS_SHORT, BaseTokenToKVPoolAllocator, _BatchCalls, raise_unless_short
+from ._base import _CORE, _NONE, _STATUS_SHORT, BaseTokenToKVPoolAllocator, _BatchCalls, raise_unless_short
 from ._swa_state import _SWAStateKeeping
 
 _UNTRACKED, _NO_SITES = (-1, -1), (_NONE, _NONE)  # an untracked call's sites, no method call to get them
@@ -93,6 +93,14 @@ class SWATokenToKVPoolAllocator(_BatchCalls, BaseTokenToKVPoolAllocator, _SWASta
     """
 
     _kind = "SWATokenToKVPoolAllocator"
+
+    def _kernel_calls(self) -> list[tuple[Any, str]]:
+        """Its own kernels (the paged ones at page size > 1), and what its sides load and merge with."""
+        paged = self.page_size > 1
+        own = [n for n in self._k._kernels._fields if paged or n not in ("alloc_pages", "alloc_extend", "alloc_decode")]
+        sides = self.full_attn_allocator._kernel_calls()
+        return [(self._k, name) for name in own] + [(table, name) for table, name in sides if table is _CORE]
+
     _state_class = SWAState
     #: ``None``, as the original's (its base class's page lists, which the sub-allocators keep instead).
     free_pages: ClassVar[None] = None
