@@ -118,19 +118,36 @@ class _BoundedRecorder(Recorder):
         super().__init__(pool)
         self.limit = 0
         self.full = False
-        self._chars = 0  # the messages' characters (four bytes each in the file)
+        self._chars = 0  # the messages' characters (at most six bytes each, as JSON, before compression)
         self.on_full: Any = None
+        # The file's bytes at its last write, and what the record held then: (calls, runs, messages, characters).
+        self.written = 0
+        self.written_holds = (0, 0, 0, 0)
+
+    def holds(self) -> tuple[int, int, int, int]:
+        """What the record holds now, as :attr:`written_holds` counts it (under the pool's lock)."""
+        return len(self.ops), self.runs, len(self.messages), self._chars
 
     def size(self) -> int:
-        """The trace file's bytes, were it written now (the archive's own headers counted as 4 KB, a bound)."""
-        body = len(self.ops) * OP_DTYPE.itemsize + self.data_len * 8 + self._chars * 4 + self.start.nbytes
-        return int(body) + 4096
+        """A bound on the trace file's bytes, were it written now: the last write's, and what came since.
+
+        What came since is counted as it is before compression (the records,
+        16 bytes a run of numbers, the messages as JSON), with what zlib adds
+        to what it cannot shrink, a few bytes a thousand; before the first
+        write, the start state too, and 4 KB for the archive's own headers.
+        """
+        calls, runs, messages, chars = self.written_holds
+        if not self.written:
+            runs -= self.start.shape[0] // 2
+        body = (len(self.ops) - calls) * OP_DTYPE.itemsize + (self.runs - runs) * 16
+        body += (self._chars - chars) * 6 + (len(self.messages) - messages) * 4
+        return int(self.written or 4096) + body + body // 500 + 256
 
     def add(self, *args: Any, **kwargs: Any) -> None:
         if self.full:
             return
-        ops, data, messages = self.mark()
-        data_len = self.data_len
+        ops, data, messages = self.mark()  # the record holds what it held: the call that passes the bound goes
+        data_len, runs = self.data_len, self.runs
         super().add(*args, **kwargs)
         self._chars += sum(len(m) for m in self.messages[messages:])
         if self.size() <= self.limit:
@@ -139,7 +156,7 @@ class _BoundedRecorder(Recorder):
         del self.ops[ops:], self.data[data:]
         self._chars -= sum(len(m) for m in self.messages[messages:])
         del self.messages[messages:]
-        self.data_len = data_len
+        self.data_len, self.runs = data_len, runs
         self.full = True
         if self.on_full is not None:
             self.on_full()
@@ -178,15 +195,18 @@ class LiveRecording:
         if os.getpid() != self.pid:
             return False
         with self._lock:
-            upto = self.rec.mark()
+            upto, holds = self.rec.mark(), self.rec.holds()
         if upto == self._written:
             return False
         began = time.monotonic()
         try:
             self.rec.write(self.path, upto=upto)
+            written = self.path.stat().st_size
         except OSError as exc:  # a full disk, a folder removed: say so, keep serving, try again later
             _log.warning("hostpool_nb: could not write the trace %s: %s", self.path, exc)
             return False
+        with self._lock:  # the bound counts from this write on
+            self.rec.written, self.rec.written_holds = written, holds
         self.write_seconds = time.monotonic() - began
         self._written = upto
         return True

@@ -267,10 +267,15 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
         return moved * self.page_size
 
     def available_size(self) -> int:
-        """Number of slots an ``alloc`` can hand out now (free + released)."""
-        st = self._st
-        with self.lock:
-            return int(st[_layout.H_NFREE] + st[_layout.H_NREL]) * self.page_size
+        """Number of slots an ``alloc`` can hand out now (free + released).
+
+        One word of the state that every kernel changing the lists stores
+        last: read without the lock, it is the count as of one moment.
+        """
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.available_size()  # type: ignore[no-any-return]
+        return int(self._st[_layout.H_AVAIL]) * self.page_size
 
     def alloc(self, need_size: int, *, tag: Any = None) -> NDArray[np.int64] | None:
         """Allocate ``need_size`` slots: whole pages, in FIFO order.
@@ -642,6 +647,7 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
         "free_group_end",
         "backup_state",
         "restore_state",
+        "available_size",
     )
 
     # -- internals -------------------------------------------------------

@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 
 from ._convert import as_slots
 from ._errors import HostPoolError
-from .trace import ERRORS, HEADER_DTYPE, OP_DTYPE, OPS, VERSION
+from .trace import ERRORS, HEADER_DTYPE, KINDS, OP_DTYPE, OPS, VERSION, _pack_records, _pack_runs, _pack_text, _runs_of
 
 _names = itertools.count()
 
@@ -39,19 +39,22 @@ class Recorder:
     def __init__(self, pool: Any) -> None:
         """Start recording ``pool``: under its lock, so the state it starts from is one call's."""
         self.shape = pool._trace_shape()
-        self.start = pool._trace_start()
-        self.ops: list[tuple[int, int, bool, int, int, int, int, int]] = []
-        self.data: list[NDArray[np.int64]] = []
-        self.data_len = 0
+        self.start = _runs_of(pool._trace_start())  # a 1M-slot pool's free list: one run
+        self.ops: list[tuple[int, int, bool, int, int, int, int, int, int]] = []
+        self.data: list[NDArray[np.int64]] = []  # each call's numbers as runs (trace._runs_of)
+        self.data_len = 0  # the numbers they hold
+        self.runs = 0  # the runs they are
         self.messages: list[str] = []
         self.backups: list[Any] = []  # snapshots taken while recording: their number is their place
 
     def _numbers(self, *arrays: Any) -> int:
         offset = self.data_len
         for a in arrays:
-            arr = np.asarray(a, dtype=np.int64).reshape(-1).copy()
-            self.data.append(arr)
+            arr = np.asarray(a, dtype=np.int64).reshape(-1)
+            runs = _runs_of(arr)
+            self.data.append(runs)
             self.data_len += arr.shape[0]
+            self.runs += runs.shape[0] // 2
         return offset
 
     def add(  # noqa: PLR0913 - a record's fields
@@ -63,8 +66,12 @@ class Recorder:
         exc: BaseException | None = None,
         *,
         rank: int | None = 0,
+        kind: int = 0,
     ) -> None:
-        """Append one call; ``arg``, ``numbers`` or ``rank`` ``None`` (or a ``TypeError``): not replayable."""
+        """Append one call; ``arg``, ``numbers`` or ``rank`` ``None`` (or a ``TypeError``): not replayable.
+
+        ``kind``: how its array argument came (an index into ``trace.KINDS``).
+        """
         unreadable = arg is None or numbers is None or rank is None
         offset = self._numbers(*(() if unreadable or numbers is None else numbers))
         error, message = 0, -1
@@ -75,7 +82,7 @@ class Recorder:
             self.messages.append(str(exc))
             unreadable = unreadable or isinstance(exc, TypeError)  # the record holds only numbers
         arg = -1 if arg is None else arg
-        self.ops.append((OPS.index(op), error, unreadable, arg, result, offset, message, rank or 0))
+        self.ops.append((OPS.index(op), error, unreadable, arg, result, offset, message, rank or 0, kind))
 
     def mark(self) -> tuple[int, int, int]:
         """How many calls, number arrays and messages the record holds now: a prefix :meth:`write` can write."""
@@ -90,17 +97,18 @@ class Recorder:
         that another thread may write while the pool goes on recording.
         """
         n_ops, n_data, n_messages = upto or self.mark()
-        data = np.concatenate(self.data[:n_data]) if n_data else np.empty(0, dtype=np.int64)
-        fields = {**self.shape, "version": VERSION, "ops": n_ops, "data": data.shape[0]}
+        runs = np.concatenate(self.data[:n_data]) if n_data else np.empty(0, dtype=np.int64)
+        count = int(runs[1::2].sum())
+        fields = {**self.shape, "version": VERSION, "ops": n_ops, "data": count}
         header = np.array([tuple(fields[name] for name in HEADER_DTYPE.names or ())], dtype=HEADER_DTYPE)
-        ops = np.array(self.ops[:n_ops], dtype=OP_DTYPE)
-        messages = np.array(self.messages[:n_messages] if n_messages else [""], dtype=np.str_)
+        ops = _pack_records(np.array(self.ops[:n_ops], dtype=OP_DTYPE))
+        data, messages, start = _pack_runs(runs), _pack_text(self.messages[:n_messages]), _pack_runs(self.start)
         target = Path(path)
         if tmp is None:
             tmp = temporary_beside(target)
         try:
             with open(tmp, "wb") as f:
-                np.savez(f, header=header, ops=ops, data=data, messages=messages, start=self.start)
+                np.savez(f, header=header, ops=ops, data=data, messages=messages, start=start)
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -227,13 +235,16 @@ class _Calls:
         """The pool's lock, read at each call: a fork may replace it in a child (``_fork.py``)."""
         return self.pool.lock
 
-    def _served(self, op: str, arg: int | None, numbers: tuple[Any, ...] | None, out: Any, rank: int | None) -> None:
+    def _served(  # noqa: PLR0913, PLR0917 - a record's fields
+        self, op: str, arg: int | None, numbers: tuple[Any, ...] | None, out: Any, rank: int | None, kind: int = 0
+    ) -> None:
         """Record an allocation that returned ``out`` (slots, or ``None``)."""
         slots = _slots_of(out)
         if slots is None:
-            self.rec.add(op, arg, -1, numbers, rank=rank)
+            self.rec.add(op, arg, -1, numbers, rank=rank, kind=kind)
         else:
-            self.rec.add(op, arg, slots.shape[0], None if numbers is None else (*numbers, slots), rank=rank)
+            numbers = None if numbers is None else (*numbers, slots)
+            self.rec.add(op, arg, slots.shape[0], numbers, rank=rank, kind=kind)
 
     def _freeing(self, op: str, free_index: Any, args: tuple[Any, ...], rank: int | None) -> Any:
         """A call that frees ``free_index`` (free, free_swa): the slots as read, then its count or its error."""
@@ -243,13 +254,28 @@ class _Calls:
             except Exception:  # noqa: BLE001 - unreadable input: the pool decides, the record skips it
                 slots = None
             arg, numbers = (None, ()) if slots is None else (slots.shape[0], (slots,))
+            kind = kind_of(free_index)
             try:
                 n = self._call(op, free_index, *args)
             except Exception as exc:
-                self.rec.add(op, arg, 0, numbers, exc, rank=rank)
+                self.rec.add(op, arg, 0, numbers, exc, rank=rank, kind=kind)
                 raise
-            self.rec.add(op, arg, n, numbers, rank=rank)
+            self.rec.add(op, arg, n, numbers, rank=rank, kind=kind)
             return n
+
+    def _sized(self, op: str, *args: Any, rank: int | None = 0) -> Any:
+        """available_size and the sliding-window allocator's per side: nothing changes, the answer is recorded."""
+        with self.lock:
+            try:
+                size = self._call(op, *args)
+            except Exception as exc:
+                self.rec.add(op, 0, 0, (), exc, rank=rank)
+                raise
+            self.rec.add(op, 0, size if type(size) is int else -1, rank=rank)
+            return size
+
+    def available_size(self) -> Any:
+        return self._sized("available_size")
 
     def alloc(self, need_size: Any, *, tag: Any = None) -> Any:
         with self.lock:
@@ -355,25 +381,26 @@ class _RankedCalls(_Calls):
             lens = _same_length(prefix_lens, seq_lens, last_loc)
             numbers = None if lens is None else (np.array([lens[0].shape[0]]), *lens)
             arg, rank = _int_or_none(extend_num_tokens), self._rank(dp_rank)
+            kind = kind_of(seq_lens)
             try:
                 out = self._call("alloc_extend", prefix_lens, seq_lens, last_loc, extend_num_tokens, dp_rank, tags=tags)
             except Exception as exc:
-                self.rec.add("alloc_extend", arg, 0, numbers, exc, rank=rank)
+                self.rec.add("alloc_extend", arg, 0, numbers, exc, rank=rank, kind=kind)
                 raise
-            self._served("alloc_extend", arg, numbers, out, rank)
+            self._served("alloc_extend", arg, numbers, out, rank, kind)
             return out
 
     def alloc_decode(self, seq_lens: Any, last_loc: Any, dp_rank: Any = 0, *, tags: Any = None) -> Any:
         with self.lock:
             lens = _same_length(seq_lens, last_loc)
             arg = None if lens is None else lens[0].shape[0]
-            rank = self._rank(dp_rank)
+            rank, kind = self._rank(dp_rank), kind_of(seq_lens)
             try:
                 out = self._call("alloc_decode", seq_lens, last_loc, dp_rank, tags=tags)
             except Exception as exc:
-                self.rec.add("alloc_decode", arg, 0, lens, exc, rank=rank)
+                self.rec.add("alloc_decode", arg, 0, lens, exc, rank=rank, kind=kind)
                 raise
-            self._served("alloc_decode", arg, lens, out, rank)
+            self._served("alloc_decode", arg, lens, out, rank, kind)
             return out
 
     def free(self, free_index: Any, dp_rank: Any = 0) -> Any:
@@ -381,6 +408,15 @@ class _RankedCalls(_Calls):
 
     def free_swa(self, free_index: Any, dp_rank: Any = 0) -> Any:
         return self._freeing("free_swa", free_index, (dp_rank,), self._rank(dp_rank))
+
+    def available_size(self, dp_rank: Any = 0) -> Any:  # an allocator's takes a rank
+        return self._sized("available_size", dp_rank, rank=self._rank(dp_rank))
+
+    def full_available_size(self, dp_rank: Any = 0) -> Any:
+        return self._sized("full_available_size", dp_rank, rank=self._rank(dp_rank))
+
+    def swa_available_size(self, dp_rank: Any = 0) -> Any:
+        return self._sized("swa_available_size", dp_rank, rank=self._rank(dp_rank))
 
     def merge_and_sort_free(self, dp_rank: Any = 0) -> None:
         with self.lock:
@@ -415,6 +451,18 @@ class _RankedCalls(_Calls):
             self.rec.add(op, 0, 0, (), exc, rank=rank)
             raise
         self.rec.add(op, 0, 0, rank=rank)
+
+
+_KIND = {np.dtype(np.int64): KINDS.index("int64 array"), np.dtype(np.int32): KINDS.index("int32 array")}
+
+
+def kind_of(value: Any) -> int:
+    """How a call's array argument came, as ``trace.KINDS`` numbers it: replay passes it the same way."""
+    if type(value) is list:
+        return KINDS.index("list")
+    if type(value) is np.ndarray:
+        return _KIND.get(value.dtype, KINDS.index("other"))
+    return KINDS.index("other")
 
 
 def _same_length(*vectors: Any) -> tuple[NDArray[np.int64], ...] | None:

@@ -263,20 +263,32 @@ def replay(trace: Trace, max_pool_bytes: int = MAX_POOL_BYTES) -> tuple[int, int
 def _ranked_call(pool: Any, op: Operation, backups: dict[int, Any]) -> Any:
     """The recorded call of a paged allocator's trace, made on ``pool`` (hostpool_nb's, or the original's)."""
     r = op.rank
-    batch = op.batch or ()
+    batch = tuple(as_given(v, op.kind) for v in op.batch or ())
     calls = {
         "alloc": lambda: pool.alloc(op.arg, r),
         "alloc_extend": lambda: pool.alloc_extend(*batch, op.arg, r),
         "alloc_decode": lambda: pool.alloc_decode(*batch, r),
-        "free": lambda: pool.free(op.slots, r),
-        "free_swa": lambda: pool.free_swa(op.slots, r),
+        "free": lambda: pool.free(as_given(op.slots, op.kind), r),
+        "free_swa": lambda: pool.free_swa(as_given(op.slots, op.kind), r),
         "merge_and_sort_free": lambda: pool.merge_and_sort_free(r),
         "clear": lambda: pool.clear(None if r < 0 else r),
         "backup": lambda: backups.__setitem__(op.arg, pool.backup_state()),
         "restore": lambda: pool.restore_state(backups[op.arg] if op.state is None else _snapshot_of(pool, op)),
+        **{name: functools.partial(getattr(pool, name), r) for name in SIZES if hasattr(pool, name)},
     }
-    call = calls.get(op.name) or getattr(pool, op.name)  # free_group_begin, free_group_end
+    call: Any = calls.get(op.name) or getattr(pool, op.name)  # free_group_begin, free_group_end
     return call()
+
+
+#: The calls that only answer how much is available: replay compares the answer.
+SIZES = ("available_size", "full_available_size", "swa_available_size")
+
+
+def as_given(values: Any, kind: str) -> Any:
+    """A recorded argument (int64 numbers) as the recorded call gave it: a list, an int32 array, or int64."""
+    if values is None or kind in ("int64 array", "other"):
+        return values
+    return values.tolist() if kind == "list" else values.astype(np.int32)
 
 
 def _snapshot_of(pool: Any, op: Operation) -> Any:
@@ -342,7 +354,7 @@ def _compare(op: Operation, value: Any, exc: BaseException | None) -> Divergence
         got_slots = value if op.name != "alloc_many" or value is None else value[0]
         if not _same_slots(want_slots, got_slots):
             return Divergence(op.index, op.name, describe_slots(want_slots), describe_slots(got_slots))
-    if op.name in ("free", "merge", "free_swa") and value != op.result:
+    if op.name in ("free", "merge", "free_swa", *SIZES) and value != op.result:
         return Divergence(op.index, op.name, f"{op.result}", f"{value}")
     return None
 
@@ -523,14 +535,15 @@ def _ranked_plan(trace: Trace, with_errors: bool, like: Any) -> list[tuple[str, 
     for op in trace.operations:
         if not op.replayable or (op.error and not with_errors):
             continue
-        r, batch = op.rank, op.batch or ()
+        r, batch = op.rank, tuple(as_given(v, op.kind) for v in op.batch or ())
         args: dict[str, tuple[Any, ...]] = {
             "alloc": (op.arg, r),
             "alloc_extend": (*batch, op.arg, r),
             "alloc_decode": (*batch, r),
-            "free": (op.slots, r),
-            "free_swa": (op.slots, r),
+            "free": (as_given(op.slots, op.kind), r),
+            "free_swa": (as_given(op.slots, op.kind), r),
             "merge_and_sort_free": (r,),
+            **dict.fromkeys(SIZES, (r,)),
             "clear": (None if r < 0 else r,),
             "backup": (op.arg,),
             "restore": (op.arg if op.state is None else _snapshot_of(like, op),),

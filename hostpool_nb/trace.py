@@ -6,12 +6,21 @@ on the pool inside the block to ``path``; :func:`load` reads it back as
 on a fresh pool, checking every result and error, and ``--time`` also times
 it against the original algorithm (``hostpool_nb.replay``).
 
-File format (version 3)
+File format (version 4)
 -----------------------
 An uncompressed ``.npz`` archive (``numpy.load(path)`` reads it; no pickle)
 with five arrays, each a stored (not compressed) ``.npy`` member whose
 header declares exactly the bytes it holds (:func:`load` checks both, and
-that the file holds that many bytes, before reading a byte of data):
+that the file holds that many bytes, before reading a byte of data). The
+header is stored as it is; the other four are uint8 arrays holding a zlib
+stream each, of the arrays below: the ``ops`` records; the ``data`` and
+``start`` numbers as runs of consecutive integers, each run two
+little-endian int64, its first number less where the run before it ended
+(0 when it continues it) and its length; the ``messages`` as a UTF-8 JSON
+list. :func:`arrays` gives them unpacked, :func:`write_arrays` packs them.
+No stream is inflated past what the header bounds it to. A call on a
+KV-cache workload costs some 10-70 bytes (version 3 stored every number
+as it is: 10-13 KB a call; docs/diagnostics.md).
 
 ``header``, one record
     ``version`` (int32), ``pool`` (the class, e.g. ``"LogicalHostPool"``,
@@ -23,7 +32,7 @@ that the file holds that many bytes, before reading a byte of data):
     allocators' constructor flags, false for a host pool) and ``size_swa``
     (int64: a sliding-window allocator's SWA slots, 0 for any other kind;
     its ``size`` is the full side's).
-``ops``, one fixed-size record per call, in the order the calls changed the pool
+``ops``, one fixed-size record per call, in the order the calls were made
     ``op`` (uint8: see :data:`OPS`), ``error`` (uint8: 0 for none, else an
     index into :data:`ERRORS`), ``unreadable`` (bool: the call's argument
     is not in the record, see below), ``arg`` (int64: ``need_size`` for
@@ -32,12 +41,16 @@ that the file holds that many bytes, before reading a byte of data):
     for alloc_decode, the snapshot number for backup and restore; -1 for
     an allocator's restore of a snapshot taken before the recording
     began),
-    ``result`` (int64: the number of slots returned, freed or merged, or
-    pages freed by a paged allocator's free; -1 for ``None``), ``offset``
+    ``result`` (int64: the number of slots returned, freed or merged,
+    pages freed by a paged allocator's free, or what ``available_size``
+    answered; -1 for ``None``), ``offset``
     (int64: where the call's numbers start in ``data``), ``message``
-    (int32: the error's text, an index into ``messages``; -1 for none) and
+    (int32: the error's text, an index into ``messages``; -1 for none),
     ``rank`` (int32: the ``dp_rank`` the call named, 0 for a host pool;
-    -1 for a ``clear()`` of every rank).
+    -1 for a ``clear()`` of every rank) and ``kind`` (uint8: how the
+    call's array argument came, an index into :data:`KINDS`: an int64
+    array or none, an int32 array, a list, anything else; replay gives it
+    the same way).
 ``data``, int64
     The numbers of every call, back to back: alloc's returned slots;
     alloc_many's sizes then its slots; free's slots (flattened, as the pool
@@ -59,19 +72,21 @@ that the file holds that many bytes, before reading a byte of data):
     numbers). Replay starts from it.
 
 The calls each kind records (:data:`CALLS`): a host pool's ``alloc``,
-``alloc_many``, ``free``, ``clear``, ``merge``, free groups, ``backup``
-and ``restore``; the paged allocators' ``alloc``, ``alloc_extend``,
-``alloc_decode``, ``free``, ``merge_and_sort_free``, ``clear``, free
-groups, ``backup`` and ``restore`` (the token allocator has no batch
-calls and no merge); the sliding-window allocator's ``alloc``,
-``alloc_extend``, ``alloc_decode``, ``free``, ``free_swa``,
-``merge_and_sort_free``, ``clear``, free groups, ``backup`` and
-``restore``. Tags are not recorded: they change no
-result.
+``alloc_many``, ``free``, ``clear``, ``merge``, free groups, ``backup``,
+``restore`` and ``available_size``; the paged allocators' ``alloc``,
+``alloc_extend``, ``alloc_decode``, ``free``, ``merge_and_sort_free``,
+``clear``, free groups, ``backup``, ``restore`` and ``available_size``
+(the token allocator has no batch calls and no merge); the
+sliding-window allocator's too, and ``free_swa``,
+``full_available_size`` and ``swa_available_size``. Tags are not
+recorded: they change no result.
 
-Version 2 (the header without ``dp_size``, ``strict`` and ``debug_mode``,
-the ops without ``rank``: host pools only) and version 1 (no ``start``
-either: the recording began on a fresh pool) are read as well.
+Version 3 (its arrays stored as they are: ``data`` and ``start`` int64,
+``messages`` a fixed-width unicode array; the ops without ``kind``, and
+no ``available_size``), version 2 (the header without ``dp_size``,
+``strict`` and ``debug_mode``, the ops without ``rank``: host pools only)
+and version 1 (no ``start`` either: the recording began on a fresh pool)
+are read as well.
 
 A call whose argument the record cannot hold (not integers, such as a float
 array given to ``free``, or integers beyond int64) and a call that failed
@@ -87,8 +102,10 @@ replays.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import zipfile
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,11 +115,12 @@ from numpy.typing import NDArray
 from ._errors import HostPoolError
 
 #: The trace format this version writes.
-VERSION = 3
+VERSION = 4
 #: The trace formats :func:`load` reads.
-READS = (1, 2, 3)
+READS = (1, 2, 3, 4)
 _WITH_START = 2  # the first version whose traces hold the state they began from
 _WITH_RANKS = 3  # the first whose header and ops hold the ranks of an allocator (dp_size, strict, a rank per op)
+_PACKED = 4  # the first whose arrays are runs, compressed, and whose ops say how arguments came
 _START_HEADER = 4  # the start array's counts per rank: group depth, free, released, pending
 #: The calls a trace records, by their number in the file (an operation's ``ops`` field).
 OPS = (
@@ -120,6 +138,16 @@ OPS = (
     "alloc_decode",
     "merge_and_sort_free",
     "free_swa",
+    "available_size",  # from version 4: the calls that change nothing but an engine makes most
+    "full_available_size",
+    "swa_available_size",
+)
+#: How a recorded call's array argument came (an operation's ``kind``, from version 4), as replay passes it.
+KINDS = (
+    "int64 array",  # or no array argument
+    "int32 array",
+    "list",
+    "other",  # a tuple, another dtype, a tensor: replayed as an int64 array
 )
 #: The exceptions a recorded call may have raised, by their number in the file ("" for none).
 ERRORS = (
@@ -132,7 +160,7 @@ ERRORS = (
     "DoubleFreeError",
     "PagedOnlyError",  # appended: a number, once written, keeps its meaning
 )
-_GROUPS_AND_SNAPSHOTS = ("clear", "free_group_begin", "free_group_end", "backup", "restore")
+_GROUPS_AND_SNAPSHOTS = ("clear", "free_group_begin", "free_group_end", "backup", "restore", "available_size")
 #: The calls a trace of each pool kind may hold (a call its kind lacks makes the trace damaged).
 CALLS = {
     "LogicalHostPool": ("alloc", "alloc_many", "free", "merge", *_GROUPS_AND_SNAPSHOTS),
@@ -152,6 +180,8 @@ CALLS = {
         "free",
         "free_swa",
         "merge_and_sort_free",
+        "full_available_size",
+        "swa_available_size",
         *_GROUPS_AND_SNAPSHOTS,
     ),
 }
@@ -177,8 +207,10 @@ _HEADER_FIELDS = [
     ("ops", "<i8"),
     ("data", "<i8"),
 ]
-#: One operation's record in the file (version 3).
-OP_DTYPE = np.dtype([*_OP_FIELDS, ("rank", "<i4")])
+#: One operation's record in the file (version 4).
+OP_DTYPE = np.dtype([*_OP_FIELDS, ("rank", "<i4"), ("kind", "u1")])
+OP_DTYPE_3 = np.dtype([*_OP_FIELDS, ("rank", "<i4")])
+_KIND_FIELD = OP_DTYPE.names.index("kind") if OP_DTYPE.names else -1
 #: The file's header record (version 3), the pool's kind and constructor arguments.
 HEADER_DTYPE = np.dtype(
     [*_HEADER_FIELDS, ("dp_size", "<i8"), ("strict", "?"), ("debug_mode", "?"), ("size_swa", "<i8")]
@@ -251,6 +283,7 @@ class Operation:
     batch: tuple[NDArray[np.int64], ...] | None = None
     state: tuple[StartState, ...] | None = None
     mappings: tuple[NDArray[np.int64], ...] | None = None
+    kind: str = KINDS[0]
 
     @property
     def replayable(self) -> bool:
@@ -412,6 +445,26 @@ def load(path: str | os.PathLike[str]) -> Trace:
         no permission), or is not a trace, or is damaged; the message names
         the file and the problem.
     """
+    return _check(path, arrays(path))
+
+
+def arrays(path: str | os.PathLike[str]) -> dict[str, NDArray[Any]]:
+    """The arrays of a trace file as numbers: a version 4 trace's members unpacked, an older one's as stored.
+
+    ``header``, ``ops`` (one record per call: :data:`OP_DTYPE`, or an older
+    version's), ``data`` (int64), ``messages`` (str) and, from version 2 on,
+    ``start`` (int64): what the module docstring describes. Read as
+    :func:`load` reads them (nothing unpickled, every size checked before
+    anything that size is made), without :func:`load`'s checks of what they
+    mean.
+
+    Raises
+    ------
+    FileNotFoundError
+        If there is no such file.
+    TraceError
+        If the file is not a trace, or its arrays cannot be read.
+    """
     try:
         f = open(path, "rb")  # noqa: SIM115 - opened apart from the with below, so an OSError here is told apart
     except FileNotFoundError:
@@ -444,8 +497,34 @@ def load(path: str | os.PathLike[str]) -> Trace:
             for name in _MEMBERS:
                 if name + ".npy" not in archive.NameToInfo:
                     raise TraceError(f"{path} is not a hostpool_nb trace: it has no {name!r} array")
-            arrays = {name: _read_member(archive, name, path, total) for name in names}
-    return _check(path, arrays)
+            members = {name: _read_member(archive, name, path, total) for name in names}
+    return _unpacked(path, members)
+
+
+def write_arrays(path: str | os.PathLike[str], arrays: dict[str, NDArray[Any]]) -> None:
+    """Write ``arrays`` (as :func:`arrays` gives them) as a trace file of the version their header names.
+
+    For tools that make or edit traces (and tests of damaged ones): a version
+    4 header's arrays are packed as :func:`load` expects, an older one's
+    stored as they are. Nothing is checked.
+    """
+    header = arrays.get("header")
+    fields = dict(arrays)
+    if (
+        isinstance(header, np.ndarray)
+        and header.dtype == HEADER_DTYPE
+        and header.shape == (1,)
+        and int(header[0]["version"]) >= _PACKED
+    ):
+        for name in ("data", "start"):
+            if name in arrays:
+                fields[name] = _pack_runs(_runs_of(np.asarray(arrays[name], dtype=np.int64).reshape(-1)))
+        if "ops" in arrays:
+            fields["ops"] = _pack_records(np.asarray(arrays["ops"]))
+        if "messages" in arrays:
+            fields["messages"] = _pack_text([str(m) for m in np.asarray(arrays["messages"]).reshape(-1)])
+    with open(path, "wb") as f:
+        np.savez(f, **fields)  # type: ignore[arg-type]  # numpy's stubs type the keywords as savez's own
 
 
 def _read_member(archive: zipfile.ZipFile, name: str, path: Any, total: int) -> NDArray[Any]:
@@ -495,6 +574,126 @@ def _read_member(archive: zipfile.ZipFile, name: str, path: Any, total: int) -> 
     return arr.reshape(shape, order="F" if fortran else "C")
 
 
+def _runs_of(numbers: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``numbers`` as runs of consecutive integers: ``(first, length)`` pairs, flattened (int64).
+
+    What a version-4 trace stores of a call's numbers: an allocation's
+    slots, a free's, a start state's lists are mostly runs.
+    """
+    n = numbers.shape[0]
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    firsts = np.flatnonzero(numbers[1:] - numbers[:-1] != 1) + 1  # int64 wraps alike both ways
+    pairs = np.empty((firsts.shape[0] + 1, 2), dtype=np.int64)
+    pairs[0, 0] = numbers[0]
+    pairs[1:, 0] = numbers[firsts]
+    ends = np.append(firsts, n)
+    pairs[:, 1] = ends - np.insert(firsts, 0, 0)
+    return pairs.reshape(-1)
+
+
+def _pack_runs(runs: NDArray[np.int64]) -> NDArray[np.uint8]:
+    """Runs (:func:`_runs_of`, concatenated) as a version-4 trace stores them: each run's first number less where
+    the run before ended, then its length, little-endian int64, compressed with zlib."""
+    pairs = runs.reshape(-1, 2)
+    gaps = pairs.copy()
+    gaps[1:, 0] -= pairs[:-1, 0] + pairs[:-1, 1]  # a run that continues the last one: 0
+    return _deflated(gaps.astype("<i8").tobytes())
+
+
+def _pack_text(messages: list[str]) -> NDArray[np.uint8]:
+    """Error messages as a version-4 trace stores them: a JSON list, UTF-8, compressed with zlib."""
+    return _deflated(json.dumps(messages).encode())
+
+
+def _pack_records(ops: NDArray[Any]) -> NDArray[np.uint8]:
+    """The operations' records (:data:`OP_DTYPE`) as a version-4 trace stores them, compressed with zlib."""
+    return _deflated(ops.astype(OP_DTYPE).tobytes())
+
+
+def _deflated(raw: bytes) -> NDArray[np.uint8]:
+    return np.frombuffer(zlib.compress(raw, _LEVEL), dtype=np.uint8)
+
+
+_LEVEL = 6  # zlib's default: a 3,000-call trace of 1M slots compresses in 20 ms (level 1: 10 ms, 20% larger)
+_MOST_INFLATION = 1032  # zlib expands at most about this much: a stream claiming more is not zlib's
+
+
+def _inflated(where: str, name: str, packed: NDArray[Any], most: int) -> bytes:
+    """A packed member's bytes, at most ``most`` of them (a bound from the header: nothing larger is made)."""
+    if packed.dtype != np.uint8 or packed.ndim != 1:
+        raise TraceError(f"{where}: its {name!r} array is not the compressed bytes a version 4 trace holds")
+    blob = packed.tobytes()
+    most = min(most, _MOST_INFLATION * len(blob) + 64)
+    unzip = zlib.decompressobj()
+    try:
+        raw = unzip.decompress(blob, most)
+    except zlib.error as exc:
+        raise TraceError(f"{where}: its {name!r} array cannot be decompressed ({exc})") from None
+    if not unzip.eof or unzip.unconsumed_tail or unzip.unused_data:
+        raise TraceError(f"{where}: its {name!r} array holds more than its header declares, or is cut short")
+    return raw
+
+
+def _expanded(where: str, name: str, packed: NDArray[Any], count: int | None, most: int = 0) -> NDArray[np.int64]:
+    """The numbers of a packed runs member (:func:`_pack_runs`): ``count`` of them, or (``None``) at most ``most``."""
+    bound = most if count is None else count
+    raw = _inflated(where, name, packed, 16 * bound)
+    if len(raw) % 16:
+        raise TraceError(f"{where}: its {name!r} array does not hold whole runs ({len(raw)} bytes)")
+    pairs = np.frombuffer(raw, dtype="<i8").astype(np.int64).reshape(-1, 2)
+    lengths = pairs[:, 1]
+    held = int(lengths.sum()) if lengths.shape[0] else 0
+    if lengths.shape[0] and int(lengths.min()) < 1:
+        raise TraceError(f"{where}: its {name!r} array holds a run of {int(lengths.min())} numbers")
+    if held != count if count is not None else held > most:
+        declared = f"the {count} numbers its header declares" if count is not None else f"at most {most} numbers"
+        raise TraceError(f"{where}: its {name!r} array's runs hold {held} numbers, not {declared}")
+    count = held
+    ends = np.cumsum(pairs[:, 0] + lengths)  # int64 wraps as the writer's subtraction did
+    offsets = np.cumsum(lengths) - lengths
+    numbers: NDArray[np.int64] = np.repeat(ends - lengths - offsets, lengths) + np.arange(count, dtype=np.int64)
+    return numbers
+
+
+def _unpacked(path: Any, arrays: dict[str, NDArray[Any]]) -> dict[str, NDArray[Any]]:
+    """A version-4 trace's members as the arrays earlier versions stored (any other version's as they are)."""
+    header = arrays["header"]
+    if header.dtype != HEADER_DTYPE or header.shape != (1,) or int(header[0]["version"]) < _PACKED:
+        return arrays
+    where = f"{path} is damaged"
+    n_ops, n_data = int(header[0]["ops"]), int(header[0]["data"])
+    if n_ops < 0 or n_data < 0:
+        raise TraceError(f"{where}: the header says {n_ops} operations and {n_data} numbers")
+    ops = np.frombuffer(_inflated(where, "ops", arrays["ops"], n_ops * OP_DTYPE.itemsize), dtype=OP_DTYPE)
+    if ops.shape[0] != n_ops:
+        raise TraceError(f"{where}: the header says {n_operations(n_ops)}, the file holds {ops.shape[0]}")
+    text = _inflated(where, "messages", arrays["messages"], 1 << 40)
+    try:
+        messages = json.loads(text.decode())
+    except (UnicodeDecodeError, ValueError):
+        messages = None
+    if not isinstance(messages, list) or not all(isinstance(m, str) for m in messages):
+        raise TraceError(f"{where}: its 'messages' array is not a list of texts")
+    unpacked = {**arrays, "ops": ops.copy(), "data": _expanded(where, "data", arrays["data"], n_data)}
+    unpacked["messages"] = np.array(messages or [""], dtype=np.str_)
+    if "start" in arrays:  # its length is not in the header: bounded by what the pool's start can hold
+        unpacked["start"] = _expanded(where, "start", arrays["start"], None, _start_bound(header[0]))
+    return unpacked
+
+
+def _start_bound(h: Any) -> int:
+    """The most numbers a start state of the header's pool holds (its checks come later: this bounds the memory)."""
+    size, page_size, dp, size_swa = (max(int(h[f]), 1) for f in ("size", "page_size", "dp_size", "size_swa"))
+    # Per rank and side, its counts and each page listed at most twice (free or released, and pending); a
+    # sliding-window allocator's mappings, size // dp_size + page_size numbers a rank.
+    return 2 * dp * _START_HEADER + 2 * (size + size_swa) + size + dp * page_size
+
+
+def n_operations(n: int) -> str:
+    return f"{n} operation" + ("" if n == 1 else "s")
+
+
 def _check(path: Any, arrays: dict[str, NDArray[Any]]) -> Trace:
     header, ops, data, messages = (arrays[name] for name in _MEMBERS)
     where = f"{path} is damaged"
@@ -513,7 +712,7 @@ def _check(path: Any, arrays: dict[str, NDArray[Any]]) -> Trace:
     if (version >= _WITH_START) != ("start" in arrays):
         holds = "has no" if version >= _WITH_START else "has a"
         raise TraceError(f"{where}: a version {version} trace, it {holds} 'start' array")
-    op_dtype = OP_DTYPE if ranked_format else OP_DTYPE_2
+    op_dtype = OP_DTYPE if version >= _PACKED else OP_DTYPE_3 if ranked_format else OP_DTYPE_2
     if ops.dtype != op_dtype or ops.ndim != 1 or data.dtype != np.int64 or data.ndim != 1:
         raise TraceError(f"{where}: its ops or data array has the wrong type")
     if messages.ndim != 1 or messages.dtype.kind != "U":
@@ -590,6 +789,7 @@ def _operations(where: str, shape: Trace, arrays: dict[str, Any], ranks: Any) ->
     n_data = data.shape[0]
     for i, (rec, rank) in enumerate(zip(ops.tolist(), ranks.tolist(), strict=True)):
         op, error, unreadable, arg, res, offset, message = rec[:7]
+        given = rec[_KIND_FIELD] if len(rec) > _KIND_FIELD else 0  # version 4: how the call's array argument came
         if not 0 < op < len(OPS) or error >= len(ERRORS) or not -1 <= message < messages.shape[0]:
             raise TraceError(f"{where}: operation {i} has an unknown code (op {op}, error {error})")
         name = OPS[op]
@@ -640,6 +840,7 @@ def _operations(where: str, shape: Trace, arrays: dict[str, Any], ranks: Any) ->
                 batch=batch,
                 state=state,
                 mappings=mappings,
+                kind=KINDS[given] if given < len(KINDS) else KINDS[-1],  # a later kind: an array, replayed as int64
             )
         )
     return result
@@ -753,6 +954,7 @@ __all__ = [
     "CALLS",
     "ERRORS",
     "HEADER_DTYPE",
+    "KINDS",
     "OPS",
     "OP_DTYPE",
     "RANKED",
@@ -762,6 +964,8 @@ __all__ = [
     "StartState",
     "Trace",
     "TraceError",
+    "arrays",
     "describe_slots",
     "load",
+    "write_arrays",
 ]

@@ -75,7 +75,7 @@ def test_every_call_of_the_paged_allocator_is_recorded(tmp_path: Path) -> None:
     a = PagedTokenToKVPoolAllocator(128, 4, None, dp_size=2)
     got = paged_session(a, tmp_path / "t.npz")
     header = arrays(tmp_path / "t.npz")["header"][0]
-    assert header.tolist() == (3, "PagedTokenToKVPoolAllocator", 128, 4, "sorted", False, 14, 39, 2, False, False, 0)
+    assert header.tolist() == (4, "PagedTokenToKVPoolAllocator", 128, 4, "sorted", False, 14, 39, 2, False, False, 0)
     extend, decode, alloc = got["extend"].tolist(), got["decode"].tolist(), got["alloc"].tolist()
     assert extend == [4, 5, 6, 7, 8, 9, 12, 13, 14]  # rank 1: pages 1, 2 for the first request, 3 for the second
     assert decode == [10]
@@ -489,7 +489,7 @@ def test_every_call_of_the_sliding_window_allocator_is_recorded(tmp_path: Path) 
         a.merge_and_sort_free(0)  # the pages just freed merged, on both sides
         a.clear()
     header = arrays(tmp_path / "t.npz")["header"][0].tolist()
-    assert header == (3, "SWATokenToKVPoolAllocator", 64, 4, "sorted", False, 6, 23, 2, False, False, 32)
+    assert header == (4, "SWATokenToKVPoolAllocator", 64, 4, "sorted", False, 6, 23, 2, False, False, 32)
     assert (
         ops_of(tmp_path / "t.npz")
         == [

@@ -10,12 +10,14 @@ hostpool_nb.replay`` runs.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 import warnings
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,7 @@ OP_DTYPE = np.dtype(
         ("offset", "<i8"),
         ("message", "<i4"),
         ("rank", "<i4"),
+        ("kind", "u1"),
     ]
 )
 # Versions 1 and 2: the header without the allocators' fields, the ops without a rank.
@@ -81,31 +84,36 @@ def as_tuple(op: T.Operation) -> tuple[Any, ...]:
 
 
 def arrays(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as archive:
-        return {k: archive[k] for k in archive.files}
+    """The trace's arrays as numbers (a version 4 trace's unpacked), writable."""
+    return {k: v.copy() for k, v in T.arrays(path).items()}
 
 
 def rewrite(src: Path, dst: Path, **changes: Any) -> Path:
-    """``dst``: the trace ``src`` with some arrays replaced (``None`` drops one)."""
+    """``dst``: the trace ``src`` with some arrays replaced (``None`` drops one), in the version its header names."""
     got = arrays(src)
     for key, value in changes.items():
         if value is None:
             del got[key]
         else:
             got[key] = value
-    np.savez(dst, **got)
+    T.write_arrays(dst, got)
     return dst
 
 
 def as_version(src: Path, dst: Path, version: int, **changes: Any) -> Path:
-    """``dst``: the host pool's trace ``src`` written as version 1 or 2 wrote it (``start`` dropped for 1)."""
+    """``dst``: the host pool's trace ``src`` as version 1, 2 or 3 wrote it (``start`` dropped for 1).
+
+    Versions 1 to 3 stored their arrays as they are; 1 and 2 had the header without the allocators' fields
+    and the ops without a rank, 3 the ops without a kind.
+    """
     got = arrays(src)
-    header = np.zeros(1, dtype=HEADER_DTYPE_2)
-    for name in HEADER_DTYPE_2.names:
+    header_dtype, op_dtype = (HEADER_DTYPE, T.OP_DTYPE_3) if version == 3 else (HEADER_DTYPE_2, OP_DTYPE_2)
+    header = np.zeros(1, dtype=header_dtype)
+    for name in header_dtype.names:
         header[name] = got["header"][name]
     header["version"] = version
-    ops = np.zeros(got["ops"].shape[0], dtype=OP_DTYPE_2)
-    for name in OP_DTYPE_2.names:
+    ops = np.zeros(got["ops"].shape[0], dtype=op_dtype)
+    for name in op_dtype.names:
         ops[name] = got["ops"][name]
     return rewrite(src, dst, header=header, ops=ops, **({"start": None} if version == 1 else {}), **changes)
 
@@ -281,17 +289,28 @@ def test_the_file_is_an_npz_numpy_reads_without_pickle(tmp_path: Path) -> None:
         assert a is not None
         assert pool.alloc_many([16, 16]) is not None
         assert pool.free(a) == 32
-        with pytest.raises(DoubleFreeError):
+        with pytest.raises(DoubleFreeError) as info:
             pool.free(a)
     with zipfile.ZipFile(path) as zf:
         assert sorted(zf.namelist()) == ["data.npy", "header.npy", "messages.npy", "ops.npy", "start.npy"]
         assert {info.compress_type for info in zf.infolist()} == {zipfile.ZIP_STORED}
     with np.load(path, allow_pickle=False) as archive:
         assert sorted(archive.files) == ["data", "header", "messages", "ops", "start"]
-        header, ops, data, messages, start = (archive[k] for k in ("header", "ops", "data", "messages", "start"))
+        stored = {k: archive[k] for k in archive.files}
+    # Version 4: each array but the header compressed with zlib; the numbers as runs (first less the last run's
+    # end, length), int64; the messages as a JSON list.
+    assert {k for k, v in stored.items() if v.dtype == np.uint8} == {"ops", "data", "messages", "start"}
+    runs = np.frombuffer(zlib.decompress(stored["data"].tobytes()), dtype="<i8").reshape(-1, 2)
+    # 0..31, then 16 and 16, 32..63, and 0..31 twice
+    assert runs.tolist() == [[0, 32], [-16, 1], [-1, 1], [15, 32], [-64, 32], [-32, 32]]
+    assert json.loads(zlib.decompress(stored["messages"].tobytes())) == [str(info.value)]
+    assert np.frombuffer(zlib.decompress(stored["start"].tobytes()), dtype="<i8").reshape(-1, 2)[:, 1].sum() == 8
+    assert np.frombuffer(zlib.decompress(stored["ops"].tobytes()), dtype=OP_DTYPE).shape == (4,)
+    # trace.arrays unpacks them.
+    header, ops, data, messages, start = (T.arrays(path)[k] for k in ("header", "ops", "data", "messages", "start"))
     assert header.dtype == HEADER_DTYPE
     assert header.shape == (1,)
-    assert header[0].tolist() == (3, "LogicalHostPool", 64, 16, "sorted", True, 4, 130, 1, False, False, 0)
+    assert header[0].tolist() == (4, "LogicalHostPool", 64, 16, "sorted", True, 4, 130, 1, False, False, 0)
     # The pool as the recording found it: no group, 4 free pages, none released or pending; the free list.
     assert start.dtype == np.dtype("<i8")
     assert start.tolist() == [0, 4, 0, 0, 0, 1, 2, 3]
@@ -316,7 +335,11 @@ def test_the_file_is_an_npz_numpy_reads_without_pickle(tmp_path: Path) -> None:
         "alloc_decode",
         "merge_and_sort_free",
         "free_swa",
+        "available_size",
+        "full_available_size",
+        "swa_available_size",
     )
+    assert T.KINDS == ("int64 array", "int32 array", "list", "other")
     assert T.ERRORS == (
         "",
         "TypeError",
@@ -328,10 +351,10 @@ def test_the_file_is_an_npz_numpy_reads_without_pickle(tmp_path: Path) -> None:
         "PagedOnlyError",
     )
     assert ops.tolist() == [
-        (1, 0, False, 32, 32, 0, -1, 0),
-        (2, 0, False, 2, 32, 32, -1, 0),
-        (3, 0, False, 32, 32, 66, -1, 0),
-        (3, 6, False, 32, 0, 98, 0, 0),
+        (1, 0, False, 32, 32, 0, -1, 0, 0),
+        (2, 0, False, 2, 32, 32, -1, 0, 0),
+        (3, 0, False, 32, 32, 66, -1, 0, 0),
+        (3, 6, False, 32, 0, 98, 0, 0, 0),
     ]
     assert data[0:32].tolist() == list(range(32))
     assert data[32:34].tolist() == [16, 16]
@@ -766,7 +789,12 @@ def test_divergence_a_changed_error(tmp_path: Path, capsys: Any) -> None:
 
 
 def damaged(good: Path, tmp_path: Path, case: str) -> tuple[Path, str]:
-    """A damaged copy of ``good`` (small_trace: 5 ops, 32 numbers) and the exact TraceError text."""
+    """A damaged copy of ``good`` (small_trace: 5 ops, 32 numbers) and the exact TraceError text.
+
+    The damage to a stored array's type or length is made to a version 3 copy, which stores them as they are.
+    """
+    if case in STORED_AS_THEY_ARE:
+        good = as_version(good, tmp_path / "good-3.npz", 3)
     got = arrays(good)
     bad = tmp_path / f"{case}.npz"
     where = f"{bad} is damaged"
@@ -827,10 +855,10 @@ def damaged(good: Path, tmp_path: Path, case: str) -> tuple[Path, str]:
         return bad, f"{where}: operation 2 (alloc) points outside the data {text}"
     if case == "version":
         header = got["header"].copy()
-        header["version"] = 4
+        header["version"] = 5
         rewrite(good, bad, header=header)
         return bad, (
-            f"{bad} is a version 4 trace; this hostpool_nb reads versions 1, 2, 3 "
+            f"{bad} is a version 5 trace; this hostpool_nb reads versions 1, 2, 3, 4 "
             "(replay it with the hostpool_nb that recorded it)"
         )
     if case == "not-a-pool":
@@ -846,6 +874,8 @@ def damaged(good: Path, tmp_path: Path, case: str) -> tuple[Path, str]:
     raise AssertionError(case)
 
 
+STORED_AS_THEY_ARE = ("wrong-ops-dtype", "wrong-data-dtype", "big-endian-data", "2d-data")
+STORED_AS_THEY_ARE += ("ops-count", "data-count", "fewer-ops")
 DAMAGED = [
     "wrong-header-dtype",
     "two-headers",
@@ -946,7 +976,7 @@ def test_a_damaged_archive_is_closed(case: str, tmp_path: Path) -> None:
 
 
 def test_an_array_that_cannot_be_read_without_pickle(tmp_path: Path, capsys: Any) -> None:
-    good = small_trace(tmp_path / "good.npz")
+    good = as_version(small_trace(tmp_path / "good.npz"), tmp_path / "good-3.npz", 3)  # arrays stored as they are
     bad = rewrite(good, tmp_path / "bad.npz", messages=np.array([TWICE, None], dtype=object))
     with pytest.raises(T.TraceError) as info:
         T.load(bad)
@@ -991,7 +1021,7 @@ def test_a_npy_file_is_a_trace_error(tmp_path: Path, capsys: Any) -> None:
 
 
 def test_a_0d_messages_array_is_a_trace_error(tmp_path: Path) -> None:
-    good = small_trace(tmp_path / "good.npz")
+    good = as_version(small_trace(tmp_path / "good.npz"), tmp_path / "good-3.npz", 3)  # arrays stored as they are
     bad = rewrite(good, tmp_path / "bad.npz", messages=np.array(TWICE))
     with pytest.raises(T.TraceError):
         T.load(bad)
@@ -1425,3 +1455,136 @@ def test_timing_checks_every_answer_of_the_original_against_the_record(where: st
     at = [op.index for op in trace.operations if op.name == where][2]
     assert index == at
     assert said.startswith(f"the original (numpy) diverges at operation {at} ({where})")
+
+
+# -- version 4: runs, compressed; the calls that change nothing; how arguments came ---------------------
+
+
+def test_a_version_3_trace_replays_as_recorded(tmp_path: Path) -> None:
+    good = small_trace(tmp_path / "good.npz")
+    old = as_version(good, tmp_path / "v3.npz", 3)
+    assert arrays(old)["data"].dtype == np.dtype("<i8")  # stored as it is, as version 3 stored it
+    trace = T.load(old)
+    assert [as_tuple(op) for op in trace.operations] == [as_tuple(op) for op in T.load(good).operations]
+    assert {op.kind for op in trace.operations} == {"int64 array"}
+    assert R.replay(trace) == (5, 0, None)
+
+
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40), st.lists(st.integers(1, 5), max_size=8))
+def test_runs_hold_any_numbers_exactly(numbers: list[int], stretches: list[int]) -> None:
+    """Runs (first less the last run's end, length) give back any int64 numbers, wrapping at either end."""
+    for n in stretches:  # and stretches that count up, across int64's end too
+        numbers += [(numbers[-1] if numbers else 2**63 - 3) + k for k in range(1, n + 1)]
+    x = ((np.array(numbers, dtype=object) + 2**63) % 2**64 - 2**63).astype(np.int64)
+    runs = T._runs_of(x)
+    assert int(runs[1::2].sum()) == x.shape[0]
+    assert T._expanded("where", "data", T._pack_runs(runs), x.shape[0]).tolist() == x.tolist()
+
+
+def _kv_workload(pool: LogicalHostPool, calls: int, seed: int) -> None:
+    """The KV-cache workload a trace's size is judged on: allocations of 64 to 2,496 slots, random frees."""
+    rng = np.random.default_rng(seed)
+    held: list[Any] = []
+    for _ in range(calls):
+        if held and (rng.random() < 0.45 or pool.available_size() < 2496 + pool.page_size):
+            j = int(rng.integers(len(held)))
+            held[j], held[-1] = held[-1], held[j]
+            pool.free(held.pop())
+        else:
+            slots = pool.alloc(max(int(rng.integers(64, 2497)) // pool.page_size, 1) * pool.page_size)
+            if slots is not None:
+                held.append(slots)
+
+
+MOST_BYTES_A_CALL = 330  # what a trace may cost a call on that workload (a version 3 trace: 10 to 13 KB)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_a_trace_of_a_kv_cache_workload_costs_at_most_330_bytes_a_call(page_size: int, tmp_path: Path) -> None:
+    pool = LogicalHostPool(1 << 20, page_size)
+    path = tmp_path / "kv.trace"
+    with pool.recording(path):
+        _kv_workload(pool, 3000, seed=page_size)
+    trace = T.load(path)
+    assert len(trace) == 3000 + sum(op.name == "available_size" for op in trace.operations)
+    assert path.stat().st_size / 3000 <= MOST_BYTES_A_CALL
+    assert R.replay(trace)[2] is None  # and it still replays exactly
+
+
+def test_the_calls_that_change_nothing_are_recorded_and_compared(tmp_path: Path, capsys: Any) -> None:
+    pool = LogicalHostPool(64, 16)
+    path = tmp_path / "t.npz"
+    with pool.recording(path):
+        held = pool.alloc(32)
+        assert pool.available_size() == 32
+        pool.free(held)
+    trace = T.load(path)
+    assert [(op.name, op.result) for op in trace.operations] == [("alloc", 32), ("available_size", 32), ("free", 32)]
+    assert R.replay(trace) == (3, 0, None)
+    got = arrays(path)
+    got["ops"]["result"][1] = 48
+    bad = rewrite(path, tmp_path / "bad.npz", ops=got["ops"])
+    assert R.main([str(bad)]) == 1
+    assert "DIVERGES at operation 1 (available_size): expected 48, got 32" in capsys.readouterr().out
+
+
+def test_each_argument_is_replayed_as_it_was_given(tmp_path: Path) -> None:
+    """Lists, int32 arrays and int64 arrays are recorded as such, and replay gives them so."""
+    from hostpool_nb.paged import PagedTokenToKVPoolAllocator
+
+    a = PagedTokenToKVPoolAllocator(256, 4, None)
+    path = tmp_path / "t.npz"
+    with a.recording(path):
+        out = a.alloc_extend([0, 0], [6, 3], [-1, -1], 9)
+        assert out is not None
+        a.free(out[:6].astype(np.int32))
+        a.free(np.array(out[6:], dtype=np.int64))
+        assert a.free((20, 21)) == 0  # a tuple of slots on free pages, as the original ignores them
+    trace = T.load(path)
+    assert [op.kind for op in trace.operations] == ["list", "int32 array", "int64 array", "other"]
+    plan = R._ranked_plan(trace, True, None)
+    given = [args[0] for _, args, _ in plan]
+    assert type(given[0]) is list
+    assert given[1].dtype == np.int32
+    assert given[2].dtype == np.int64
+    assert R.replay(trace) == (4, 0, None)
+
+
+def _packed_damage(good: Path, tmp_path: Path, case: str) -> tuple[Path, str]:
+    stored = {k: v.copy() for k, v in np.load(good).items()}
+    bad = tmp_path / f"{case}.npz"
+    where = f"{bad} is damaged"
+    if case == "not-zlib":
+        stored["data"] = np.frombuffer(b"not zlib at all", dtype=np.uint8)
+        text = f"{where}: its 'data' array cannot be decompressed (Error -3 while decompressing data: "
+        text += "incorrect header check)"
+    elif case == "runs-short":
+        stored["data"] = T._pack_runs(np.array([0, 31], dtype=np.int64))
+        text = f"{where}: its 'data' array's runs hold 31 numbers, not the 32 numbers its header declares"
+    elif case == "empty-run":
+        stored["data"] = T._pack_runs(np.array([0, 32, 5, 0], dtype=np.int64))
+        text = f"{where}: its 'data' array holds a run of 0 numbers"
+    elif case == "bomb":  # a stream that inflates past what the header declares: never inflated whole
+        stored["data"] = np.frombuffer(zlib.compress(bytes(1 << 24)), dtype=np.uint8)
+        text = f"{where}: its 'data' array holds more than its header declares, or is cut short"
+    elif case == "ops-not-bytes":
+        stored["ops"] = np.zeros(3, dtype=np.int64)
+        text = f"{where}: its 'ops' array is not the compressed bytes a version 4 trace holds"
+    elif case == "messages-not-a-list":
+        stored["messages"] = np.frombuffer(zlib.compress(b'{"a": 1}'), dtype=np.uint8)
+        text = f"{where}: its 'messages' array is not a list of texts"
+    else:
+        raise AssertionError(case)
+    np.savez(bad, **stored)
+    return bad, text
+
+
+@pytest.mark.parametrize(
+    "case", ["not-zlib", "runs-short", "empty-run", "bomb", "ops-not-bytes", "messages-not-a-list"]
+)
+def test_a_damaged_version_4_trace(case: str, tmp_path: Path, capsys: Any) -> None:
+    bad, text = _packed_damage(small_trace(tmp_path / "good.npz"), tmp_path, case)
+    with pytest.raises(T.TraceError) as info:
+        T.load(bad)
+    assert str(info.value) == text
+    assert run_main(bad, capsys) == (2, "", f"{PROG}: error: {text}\n")

@@ -737,6 +737,7 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
         "free_group_end",
         "backup_state",
         "restore_state",
+        "available_size",
     )
 
     def _trace_shape(self) -> dict[str, Any]:

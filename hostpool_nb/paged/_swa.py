@@ -150,16 +150,26 @@ class SWATokenToKVPoolAllocator(_BatchCalls, BaseTokenToKVPoolAllocator, _SWASta
 
     def full_available_size(self, dp_rank: Any = 0) -> int:
         """The full sub-allocator's ``available_size(dp_rank)``."""
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.full_available_size(dp_rank)  # type: ignore[no-any-return]
         return int(self.full_attn_allocator.available_size(dp_rank))
 
     def swa_available_size(self, dp_rank: Any = 0) -> int:
         """The SWA sub-allocator's ``available_size(dp_rank)``."""
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.swa_available_size(dp_rank)  # type: ignore[no-any-return]
         return int(self.swa_attn_allocator.available_size(dp_rank))
 
     def available_size(self, dp_rank: Any = 0) -> int:
-        """The smaller of the two sub-allocators' available sizes."""
+        """The smaller of the two sub-allocators' available sizes (read under the lock: both as of one moment)."""
+        rec = self._recording
+        if rec is not None and rec.owner != get_ident():
+            return rec.available_size(dp_rank)  # type: ignore[no-any-return]
         with self.lock:
-            return min(self.full_available_size(dp_rank), self.swa_available_size(dp_rank))
+            full = self.full_attn_allocator.available_size(dp_rank)
+            return min(full, self.swa_attn_allocator.available_size(dp_rank))  # type: ignore[no-any-return]
 
     @handed_off
     def merge_and_sort_free(self, dp_rank: Any = 0) -> None:

@@ -115,7 +115,15 @@ class _SWAStateKeeping(Recordable, ArrayStatePool):
 
     # -- recording (``pool.recording(path)``, from Recordable) -------------------------------
 
-    _recorded = (*_RankedAllocator._recorded, "alloc_extend", "alloc_decode", "merge_and_sort_free", "free_swa")
+    _recorded = (
+        *_RankedAllocator._recorded,
+        "alloc_extend",
+        "alloc_decode",
+        "merge_and_sort_free",
+        "free_swa",
+        "full_available_size",
+        "swa_available_size",
+    )
 
     def _trace_shape(self) -> dict[str, Any]:
         return {
