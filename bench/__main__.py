@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import hicache, host, kvtrace, memory, paged, pool, startup, tracking  # noqa: F401 - each registers its workloads
+from . import engine, hicache, host, kvtrace, memory, paged, pool, startup, tracking  # noqa: F401 - each registers its workloads
 from .core import TORCH, WORKLOADS, Context
 from .report import WIDE, WIDTH, machine_info, machine_line, summary, table, wrap, write_json, write_plot
 from .timing import Progress, is_terminal

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -454,34 +453,3 @@ def swa(ctx: Context) -> list[Row]:
         "its set-up (freeing the last call's slots, or allocating the request to free) untimed"
     )
     return rows
-
-
-#: A trace of sglang-jax 0.1.0rc0's engine: its device allocator's calls over 40 requests on a tiny model,
-#: recorded with HOSTPOOL_NB_RECORD (``python -m tests.engine.record``; docs/benchmarks.md).
-ENGINE_TRACE = Path(__file__).parent / "data" / "sgl-jax-engine-p16.trace"
-
-
-@workload("engine", seconds=2)
-def engine_trace(ctx: Context) -> list[Row]:
-    """The calls a real engine made, replayed on hostpool_nb and on the original algorithm, interleaved."""
-    from hostpool_nb.replay import time_trace
-    from hostpool_nb.trace import load
-
-    ctx.label("sglang-jax engine trace")
-    trace = load(ENGINE_TRACE)
-    timing = time_trace(trace, ctx.repeats(5), with_torch=False)
-    row = Row(
-        "sglang-jax engine trace",
-        f"p{trace.page_size} {fmt_count(len(trace))} calls",
-        "s",
-        timing.per_op,
-        samples=timing.samples,
-        columns=(HOSTPOOL, NUMPY),
-    ).at_least(NUMPY, 1.5)
-    ctx.tick(1.0)
-    ctx.notes.append(
-        f"sglang-jax engine trace: the {len(trace)} calls sglang-jax 0.1.0rc0's scheduler made on its device "
-        "allocator (page size 16, 256 slots) serving 40 requests of a tiny Qwen3 on a CPU, recorded with "
-        "HOSTPOOL_NB_RECORD; hostpool_nb.paged's against the original algorithm, time per call"
-    )
-    return [row]

@@ -170,9 +170,10 @@ def _word_problems(st: NDArray[np.int64], npend: int, loading: bool) -> list[str
     full = [f"{name}={value}" for name, value in grow.items() if value >= limit]
     if full:
         found.append(f"counters {beyond}: {', '.join(full)}")
-    avail, listed = int(st[_layout.H_AVAIL]), int(st[_layout.H_NFREE] + st[_layout.H_NREL])
+    listed = int(st[_layout.H_NFREE] + st[_layout.H_NREL]) * int(st[_layout.H_PAGE_SIZE])
+    avail = int(st[_layout.H_AVAIL])
     if avail != listed and not (loading and avail == 0):  # derived: a snapshot or pickle holds 0
-        found.append(f"available pages word is {avail}, but the free and release lists hold {listed} pages")
+        found.append(f"available slots word is {avail}, but the free and release lists hold {listed} slots")
     spare = st[_layout.H_AVAIL + 1 : _layout.HEADER]
     if spare.any():
         found.append(f"spare header word {_layout.H_AVAIL + 1 + int(np.argmax(spare != 0))} is not zero")

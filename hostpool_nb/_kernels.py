@@ -108,7 +108,7 @@ def reset(st: NDArray[np.int64]) -> int:
         put_run(ring, 0, 0, n)
     st[H_HEAD] = 0
     st[H_NFREE] = n
-    st[H_AVAIL] = n
+    st[H_AVAIL] = n * st[H_PAGE_SIZE]
     st[H_EFREE] = entries
     st[H_NREL] = 0
     st[H_EREL] = 0
@@ -580,7 +580,7 @@ def group_end(st: NDArray[np.int64]) -> int:
     pos: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL]
     set_runs(st, pos - n if pos >= n else pos, st[H_EPEND], OWNER_FREE)
     st[H_NREL] += pend
-    st[H_AVAIL] = st[H_NFREE] + st[H_NREL]
+    st[H_AVAIL] = (st[H_NFREE] + st[H_NREL]) * st[H_PAGE_SIZE]
     st[H_EREL] += st[H_EPEND]
     st[H_NPEND] = 0
     st[H_EPEND] = 0
@@ -636,7 +636,7 @@ def load_state(st: NDArray[np.int64], src: NDArray[np.int64], core: int) -> int:
     for i in range(words):  # not ``st[:] = src``, which may copy ``src`` first
         st[i] = src[i]
     if core != 0:
-        st[H_AVAIL] = st[H_NFREE] + st[H_NREL]
+        st[H_AVAIL] = (st[H_NFREE] + st[H_NREL]) * st[H_PAGE_SIZE]
     return words
 
 

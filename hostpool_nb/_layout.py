@@ -88,8 +88,8 @@ H_SEQ = 16  # the next allocation's number, in a tracking pool
 H_EFREE = 17  # ring entries of the free list
 H_EREL = 18  # ring entries of the release list
 H_EPEND = 19  # ring entries of the pending list
-# Pages on the free and release lists (H_NFREE + H_NREL), stored by each kernel that changes either: one aligned
-# word, so available_size reads it without the lock. Derived: 0 in a snapshot or pickle, recomputed on load.
+# Slots of the pages on the free and release lists ((H_NFREE + H_NREL) * page size), stored by each kernel that
+# changes either: one aligned word available_size reads without the lock. Derived: 0 in a snapshot or pickle.
 H_AVAIL = 20
 HEADER = 24  # the spare words keep room for later counters
 
@@ -204,7 +204,7 @@ def persisted(st: NDArray[np.int64]) -> NDArray[np.int64]:
 
 def derive(st: NDArray[np.int64]) -> None:
     """Set the derived word of a state taken from a pickle (which holds 0 there: :func:`persisted`)."""
-    st[H_AVAIL] = st[H_NFREE] + st[H_NREL]
+    st[H_AVAIL] = (st[H_NFREE] + st[H_NREL]) * st[H_PAGE_SIZE]
 
 
 def new_state(num_pages: int, page_size: int, sorted_order: bool = False, track: bool = False) -> NDArray[np.int64]:
@@ -218,7 +218,7 @@ def new_state(num_pages: int, page_size: int, sorted_order: bool = False, track:
     ring_ids(st, num_pages)[: first.shape[0]] = first
     st[H_EFREE] = first.shape[0]
     st[H_NFREE] = num_pages
-    st[H_AVAIL] = num_pages
+    st[H_AVAIL] = num_pages * page_size
     st[H_NPAGES] = num_pages
     st[H_PAGE_SIZE] = page_size
     st[H_PAGE_SHIFT] = page_shift(page_size)

@@ -48,6 +48,7 @@ from ._layout import (
     H_NPAGES,
     H_NREL,
     H_PAGE_SHIFT,
+    H_PAGE_SIZE,
     H_PEAK,
     H_SEQ,
     H_TRACK,
@@ -121,7 +122,7 @@ def reset_rank(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
         owner[0] = OWNER_ALLOCATED  # the padding page: never listed, never handed out
     st[H_HEAD] = 0
     st[H_NFREE] = cap - 1
-    st[H_AVAIL] = cap - 1
+    st[H_AVAIL] = (cap - 1) * st[H_PAGE_SIZE]
     st[H_EFREE] = entries
     st[H_NREL] = 0
     st[H_EREL] = 0
@@ -462,7 +463,7 @@ def free_slots(st: I64, gp: I64, slots: I64, page_size: int, mode: int, in_group
         return status
     st[H_NREL] += done
     st[H_EREL] += entries
-    st[H_AVAIL] = st[H_NFREE] + st[H_NREL]
+    st[H_AVAIL] = (st[H_NFREE] + st[H_NREL]) * st[H_PAGE_SIZE]
     if TRACKED:
         track_free(st, tail, site, done)
     return done
@@ -502,7 +503,7 @@ def end_group(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
     gp[GP_COUNT] = 0
     st[H_NREL] += released
     st[H_EREL] += entries
-    st[H_AVAIL] = st[H_NFREE] + st[H_NREL]
+    st[H_AVAIL] = (st[H_NFREE] + st[H_NREL]) * st[H_PAGE_SIZE]
     return released
 
 

@@ -275,7 +275,7 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
         rec = self._recording
         if rec is not None and rec.owner != get_ident():
             return rec.available_size()  # type: ignore[no-any-return]
-        return int(self._st[_layout.H_AVAIL]) * self.page_size
+        return int(self._st[_layout.H_AVAIL])
 
     def alloc(self, need_size: int, *, tag: Any = None) -> NDArray[np.int64] | None:
         """Allocate ``need_size`` slots: whole pages, in FIFO order.

@@ -256,7 +256,7 @@ def free_end(st: NDArray[np.int64], tail: int, done: int, entries: int, status: 
     else:
         st[H_NREL] += done
         st[H_EREL] += entries
-        st[H_AVAIL] = st[H_NFREE] + st[H_NREL]
+        st[H_AVAIL] = (st[H_NFREE] + st[H_NREL]) * st[H_PAGE_SIZE]
     if status >= 0 and done > 0:
         st[H_FREE_CALLS] += 1
     return status
@@ -434,7 +434,7 @@ def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArra
         st[H_HEAD] = pos
         st[H_NFREE] -= need
         st[H_EFREE] -= used
-        st[H_AVAIL] = st[H_NFREE] + st[H_NREL]
+        st[H_AVAIL] = (st[H_NFREE] + st[H_NREL]) * st[H_PAGE_SIZE]
     return status
 
 

@@ -712,6 +712,122 @@ def time_trace(
     return TraceTiming(per_op, samples, notes)
 
 
+@dataclass
+class MethodTiming:
+    """An allocator's trace timed call by call: per implementation, the seconds each method's calls took.
+
+    ``seconds[impl][method]`` is the median over the repeats of the total
+    time of that method's calls in one replay; ``calls[method]`` how many
+    calls of it the trace holds. ``backup`` and ``restore`` are
+    ``backup_state`` and ``restore_state``.
+    """
+
+    seconds: dict[str, dict[str, float]]
+    calls: dict[str, int]
+    notes: list[str] = field(default_factory=list)
+
+    def total(self, impl: str) -> float:
+        """The seconds of every call of the trace, on ``impl``."""
+        return sum(self.seconds[impl].values())
+
+
+#: The calls after which :func:`time_methods` evicts the caches, as the forward that follows them does (a batch: at
+#: page size 1 an engine allocates with ``alloc``).
+BATCH_CALLS = ("alloc", "alloc_extend", "alloc_decode")
+
+
+def time_methods(trace: Trace, repeats: int = 5, evict_bytes: int = 32 << 20) -> MethodTiming:
+    """Time each call of an allocator's ``trace`` alone, on hostpool_nb and on the original algorithm.
+
+    An engine calls its allocator between model forwards, which evict the
+    caches; most of its calls are tiny, so what a call costs there is what
+    it costs cold. Each replay therefore writes ``evict_bytes`` of memory
+    (at least the last-level cache) after each batch call (:data:`BATCH_CALLS`),
+    untimed, and times every call on its own (``time.perf_counter_ns``),
+    summing by method. The replays of the two implementations alternate,
+    each on a fresh allocator in the recorded start state (built untimed),
+    the first of each dropped; both must first give every recorded result
+    (:func:`replay`, and the original's allocations), or a
+    :class:`TraceError` says where not.
+
+    Parameters
+    ----------
+    trace : Trace
+        A trace of a ``hostpool_nb.paged`` allocator (paged or token).
+    repeats : int, optional
+        Timed replays of each implementation (5 by default).
+    evict_bytes : int, optional
+        The memory written after each batch call (32 MiB by default; 0:
+        none, a warm replay).
+    """
+    if not trace.ranked or trace.pool == SWA:
+        raise TraceError(f"time_methods times a paged or token allocator's trace, not a {trace.pool}'s")
+    check_buildable(trace, with_original=True)
+    done, skipped, divergence = replay(trace)
+    if divergence is not None:
+        raise TraceError(f"hostpool_nb diverges from the trace at {divergence}: was it recorded on this version?")
+    makers, plans = _implementations(trace, ["numpy"])
+    stop = _original_stops(trace, "numpy", makers["numpy"](), plans["numpy"])
+    if stop is not None:
+        raise TraceError(stop[1])
+    calls: dict[str, int] = {}
+    for name, _, _ in plans["hostpool_nb"]:
+        calls[name] = calls.get(name, 0) + 1
+    sweep = np.zeros(max(evict_bytes, 0) // 8, dtype=np.int64)
+    samples: dict[str, list[dict[str, int]]] = {name: [] for name in makers}
+    names = list(makers)
+    for r in range(repeats + 1):
+        for name in names[r % 2 :] + names[: r % 2]:
+            pool = makers[name]()
+            gc.disable()
+            try:
+                spent = _timed_calls(pool, plans[name], sweep)
+            finally:
+                gc.enable()
+            if r:
+                samples[name].append(spent)
+    seconds = {
+        name: {m: float(np.median([s.get(m, 0) for s in runs])) / 1e9 for m in calls} for name, runs in samples.items()
+    }
+    notes = [
+        f"{done} operations replayed, each timed alone" + (f", {skipped} not replayable skipped" if skipped else "")
+    ]
+    return MethodTiming(seconds, calls, notes)
+
+
+def _timed_calls(
+    pool: Any, plan: list[tuple[str, tuple[Any, ...], Operation]], sweep: NDArray[np.int64]
+) -> dict[str, int]:
+    """One replay of ``plan`` on ``pool``, each call timed alone: nanoseconds by method."""
+    clock = time.perf_counter_ns
+    spent: dict[str, int] = {}
+    backups: dict[int, Any] = {}
+    for name, args, op in plan:
+        if name == "backup":
+            t0 = clock()
+            state = pool.backup_state()
+            took = clock() - t0
+            backups[args[0]] = state
+        elif name == "restore":
+            state = backups[args[0]] if op.state is None else args[0]
+            t0 = clock()
+            pool.restore_state(state)
+            took = clock() - t0
+        else:
+            method = getattr(pool, name)
+            t0 = clock()
+            try:
+                method(*args)
+            except Exception:
+                if not op.error:
+                    raise
+            took = clock() - t0
+            if name in BATCH_CALLS and sweep.shape[0]:
+                sweep[::8] += 1  # a word of every cache line: what the caches held is gone, untimed
+        spent[name] = spent.get(name, 0) + took
+    return spent
+
+
 def _operations(n: int) -> str:
     return f"{n} operation" + ("" if n == 1 else "s")
 

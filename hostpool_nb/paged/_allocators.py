@@ -12,7 +12,7 @@ from .. import _layout, _paged_kernels
 from .._convert import _INT64_MAX, as_count, as_int_vectors
 from .._errors import AlignmentError, HostPoolError
 from .._protocol import handed_off
-from ._base import _CORE, _INT32_MAX, _NONE, _STATUS_SHORT, _BatchCalls, _RankedAllocator
+from ._base import _CHECK, _CORE, _INT32_MAX, _NONE, _STATUS_SHORT, _BatchCalls, _RankedAllocator, raise_unless_short
 
 
 class PagedTokenToKVPoolAllocator(_BatchCalls, _RankedAllocator):
@@ -127,6 +127,19 @@ class PagedTokenToKVPoolAllocator(_BatchCalls, _RankedAllocator):
             status = _CORE.merge(self._st[r])
         if status < 0:
             raise self._corrupt("merge", status)
+
+    def _alloc_plain(self, st: Any, need_size: int) -> Any:
+        ps = self.page_size
+        if need_size % ps or need_size < 0 or need_size > self._pages * ps:
+            return _CHECK
+        out = np.empty(need_size, dtype=np.int64)
+        lock = self.lock
+        lock.acquire()  # not ``with``: at page size 1 an engine allocates every decode step
+        try:
+            status: int = self._k.alloc_slots(st, out, ps, -1)
+        finally:
+            lock.release()
+        return out if status >= 0 else raise_unless_short(self, status)
 
     def _alloc(self, need_size: int, r: int, tag: Hashable) -> NDArray[np.int64] | None:
         """``alloc`` of whole pages, as int64 slots."""
@@ -308,6 +321,18 @@ class TokenToKVPoolAllocator(_RankedAllocator):
         """Each rank's free slots in allocation order (int32), as read-only copies."""
         with self.lock:
             return [self._window(r, 0, int(st[_layout.H_NFREE] + st[_layout.H_NREL])) for r, st in enumerate(self._st)]
+
+    def _alloc_plain(self, st: Any, need_size: int) -> Any:
+        if need_size < 0 or need_size > self.size_per_rank:
+            return _CHECK
+        out = np.empty(need_size, dtype=np.int32)
+        lock = self.lock
+        lock.acquire()  # not ``with``: an engine allocates every decode step
+        try:
+            status: int = self._k.alloc_tokens(st, out, -1)
+        finally:
+            lock.release()
+        return out if status >= 0 else raise_unless_short(self, status)
 
     def _alloc(self, need_size: int, r: int, tag: Hashable) -> NDArray[np.int32] | None:
         """``alloc`` of slots, as int32."""

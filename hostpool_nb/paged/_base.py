@@ -24,6 +24,8 @@ _CORE = Entries(_kernels.POOL)  # the core pool's merge and load: a rank keeps t
 _RANK_KERNELS = tuple(Entries(kernels) for kernels in _paged_kernels.KERNELS)
 _STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
 _AVAIL = _layout.H_AVAIL
+_CHECK = object()  # what a fast path returns for a call its checked path must answer (an error, a refusal)
+_RANK0 = 0  # the int 0 every 0 is in CPython (its small ints are cached): `dp_rank is _RANK0` takes no bool
 _NDARRAY = np.ndarray
 _I32 = np.dtype(np.int32)
 _Out = TypeVar("_Out", bound=NDArray[Any])  # an allocation's output: int64 slots, or a token allocator's int32
@@ -111,12 +113,24 @@ class BaseTokenToKVPoolAllocator:
         HostPoolError
             When ``need_size`` is negative or ``dp_rank`` is out of range.
         """
+        plain = self._plain.get(dp_rank) if dp_rank.__class__ is int else None
+        if plain is not None and need_size.__class__ is int:  # an engine's call: an int on a rank, untracked
+            out: NDArray[Any] | None = self._alloc_plain(plain[1], need_size)
+            if out is not _CHECK:
+                return out
         rec = self._recording
         if rec is not None and rec.owner != get_ident():
             return rec.alloc(need_size, dp_rank, tag=tag)  # type: ignore[no-any-return]
         if type(need_size) is not int:
             need_size = as_count(need_size, "need_size")
         return self._alloc(need_size, self._rank(dp_rank), tag)
+
+    # A rank's (rank, state, group buffer) by rank, for the calls that take no detour (_RankedAllocator._bind).
+    _plain: dict[int, tuple[int, Any, Any]] = {}  # noqa: RUF012 - empty: another kind's calls go the checked way
+
+    def _alloc_plain(self, st: Any, need_size: int) -> Any:
+        """``alloc`` of an allocator whose calls take no detour, or :data:`_CHECK`: the checked path says why not."""
+        return _CHECK
 
     def _alloc(self, need_size: int, r: int, tag: Hashable) -> NDArray[Any] | None:
         raise NotImplementedError
@@ -366,6 +380,7 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
         """
         recording = self._recording is not None
         self._heads: dict[int, memoryview] = {} if recording else {r: _words(st) for r, st in enumerate(self._st)}
+        self._head0: memoryview | None = self._heads.get(0)
         plain = not recording and self._trackers is None
         ranks = enumerate(zip(self._st, self._gp, strict=True))
         self._plain = {r: (r, st, gp) for r, (st, gp) in ranks} if plain else {}
@@ -439,13 +454,18 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
         lists stores last: read without the lock, it is the count as of one
         moment.
         """
+        if dp_rank is _RANK0:  # the default rank: an engine calls this thousands of times a run, 100 ns a call
+            try:
+                return self._head0[20]  # type: ignore[index]  # H_AVAIL, written out: a constant's name costs more
+            except TypeError:  # None: the allocator records, the call goes to the recording below
+                pass
         head = self._heads.get(dp_rank) if dp_rank.__class__ is int else None
         if head is not None:
-            return head[_AVAIL] * self.page_size  # a memoryview's item: an int
+            return head[_AVAIL]
         rec = self._recording
         if rec is not None and rec.owner != get_ident():
             return rec.available_size(dp_rank)  # type: ignore[no-any-return]
-        return int(self._st[self._rank(dp_rank)][_AVAIL]) * self.page_size
+        return int(self._st[self._rank(dp_rank)][_AVAIL])
 
     # -- who holds each page (track=True) ---------------------------------------
 
