@@ -622,3 +622,63 @@ def test_the_sglang_host_tier_cells_refuse_to_time_sides_that_disagree() -> None
     ours["HostKVCache"].alloc = hand_out
     samples = hicache.measure(cell, original, ours, repeats=2, loop_s=0.0)
     assert {k: len(v) for k, v in samples.items()} == {"torch": 2, "hostpool_nb": 2, "tracked": 2}
+
+
+# -- the engine timing script's figures (tests/engine/timing.py; the engine itself runs in CI's engine job) -----
+
+
+def _engine_run(requests: list[Any], first_ns: int = 2_000_000) -> dict[str, Any]:
+    """One run's record as the launcher and the scheduler's clock leave it."""
+    return {
+        "requests": requests,
+        "first_request_seconds": 1.5,
+        "batch_seconds": 10.0,
+        "tokens": 500,
+        "timing": {
+            "first": {"allocator.free": first_ns, "allocator.available_size": 1_000},
+            "steady": {"allocator.free": [3_000, 5_000], "allocator.available_size": [500] * 10},
+            "shapes": {},
+            "construction": [30_000_000],
+            "scheduler": {"busy_ns": 50_000_000, "forward_ns": 30_000_000, "steps": 4, "idle_ns": 0},
+            "first_request_ns": 250_000,
+        },
+    }
+
+
+def test_the_engine_timing_adds_up_a_runs_calls() -> None:
+    from tests.engine import timing
+
+    s = timing.summarise(_engine_run([]))
+    assert s["first_calls_ms"] == pytest.approx(2.001)
+    assert s["steady_ms"] == pytest.approx(0.013)
+    assert s["serving_ms"] == pytest.approx(2.014)
+    assert s["calls"] == 14  # each method's first call and its steady ones
+    assert s["allocator_ms_per_step"] == pytest.approx(2.014 / 4)
+    assert s["outside_forward_ms_per_step"] == pytest.approx(5.0)  # (50 - 30) ms over 4 steps
+    assert s["construction_ms"] == pytest.approx(30.0)
+    assert s["allocator_in_first_request_ms"] == pytest.approx(0.25)
+    assert s["tokens_per_s"] == pytest.approx(50.0)
+
+
+def test_the_engine_timing_says_when_the_outputs_differ() -> None:
+    from tests.engine import timing
+
+    same = {"plain": [_engine_run([[1, 2]])], "installed": [_engine_run([[1, 2]])]}
+    differ = {"plain": [_engine_run([[1, 2]])], "installed": [_engine_run([[1, 3]])]}
+    assert timing._identical(same)
+    assert not timing._identical(differ)
+    report = timing._report({"p16-64K": differ})
+    assert "outputs identical: False" in report
+    assert "allocator while serving" in report
+
+
+def test_the_engine_timing_workload_is_the_same_every_time() -> None:
+    from tests.engine import timing
+
+    prompts = timing.workload(200)
+    assert prompts == timing.workload(200)
+    lengths = [len(p.split()) for p in prompts]
+    assert min(lengths) >= 100
+    assert max(lengths) + 16 < 512  # the tiny model's context, new tokens included
+    shared = {" ".join(p.split()[:60]) for i, p in enumerate(prompts) if i % 4}
+    assert len(shared) == 6  # three prompts in four begin with one of six prefixes

@@ -39,6 +39,8 @@ from typing import Any
 
 CONFIG: dict[str, Any] = json.loads(os.environ["HOSTPOOL_NB_ENGINE_RUN"])
 OUT = Path(CONFIG["out"])
+if "prompts_file" in CONFIG:  # a workload too long for an environment variable
+    CONFIG["prompts"] = json.loads(Path(CONFIG["prompts_file"]).read_text())
 ALLOCATOR_METHODS = (
     "alloc",
     "alloc_extend",
@@ -242,9 +244,31 @@ if CONFIG.get("host_tier"):
     import jax.experimental.pallas.tpu as pltpu
 
     pltpu.set_tpu_interpret_mode()
-_count_calls()
+if CONFIG.get("timing"):
+    from tests.engine import timing
+
+    timing.instrument(OUT)  # times the calls instead of logging them: a log per call would be timed too
+else:
+    _count_calls()
 if CONFIG.get("fault"):
     _plant_fault()
+
+
+_TIMED: dict[str, float] = {}
+
+
+def _rounds(engine: Any, results: list[dict[str, Any]]) -> None:
+    """One request alone (its latency timed), then ``rounds`` rounds of every prompt, each round one batch."""
+    sampling = {"temperature": 0, "max_new_tokens": CONFIG["max_new_tokens"], "ignore_eos": True}
+    start = time.perf_counter()
+    engine.generate(prompt=CONFIG["prompts"][0], sampling_params=sampling)
+    _TIMED["first_request_seconds"] = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(CONFIG["rounds"]):
+        outs = engine.generate(prompt=CONFIG["prompts"], sampling_params=sampling)
+        results.extend({"output_ids": o["output_ids"], "cached_tokens": o["meta_info"]["cached_tokens"]} for o in outs)
+    _TIMED["batch_seconds"] = time.perf_counter() - start
+    _TIMED["tokens"] = sum(len(r["output_ids"]) for r in results)
 
 
 def main() -> None:
@@ -256,7 +280,11 @@ def main() -> None:
     ready = time.monotonic()
     results = []
     try:
-        for prompt in CONFIG["prompts"]:  # one call per request: the plain engine is reproducible so
+        if CONFIG.get("rounds"):
+            _rounds(engine, results)
+        for prompt in (
+            [] if CONFIG.get("rounds") else CONFIG["prompts"]
+        ):  # one call per request: the plain engine is reproducible so
             out = engine.generate(
                 prompt=prompt,
                 sampling_params={"temperature": 0, "max_new_tokens": CONFIG["max_new_tokens"], "ignore_eos": True},
@@ -271,6 +299,7 @@ def main() -> None:
     (OUT / "result.json").write_text(
         json.dumps(
             {
+                **_TIMED,
                 "pid": os.getpid(),
                 "requests": results,
                 "start_seconds": ready - started,
