@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -176,6 +177,53 @@ def test_uninstall_puts_the_methods_back_and_hands_each_pool_its_lists(engine: S
     with pytest.raises(AssertionError, match="Double-free detected"):  # the original's check, on its flags
         mha.free(mha.held)
     assert sglang.uninstall() == {}
+
+
+def _churn(pool: Any, held: list[Any], errors: list[BaseException], calls: Any, stop: Any) -> None:
+    """Allocate a page and free the oldest of nine, until told to stop: a scheduler's thread."""
+    try:
+        while not stop.is_set():
+            got = pool.alloc(16)
+            if got is not None:
+                held.append(got)
+            if len(held) > 8:
+                pool.free(held.pop(0))
+            calls.set()
+    except BaseException as exc:  # noqa: BLE001 - the test reports it
+        errors.append(exc)
+
+
+def test_uninstall_while_another_thread_allocates_hands_no_slot_out_twice(engine: StandIn) -> None:
+    """A call in flight when uninstall() hands the books back runs on the lists handed back, never on stale books.
+
+    Before: the methods read the books, then waited on the pool's lock that uninstall() held; an alloc then
+    returned slots the handed-back free list still held, a free leaked pages into books nobody read.
+    """
+    for attempt in range(5):
+        sglang.install()
+        pool = engine.build("MHATokenToKVPoolHost", page_size=16, host_token_capacity=1 << 16)
+        held: list[Any] = []
+        errors: list[BaseException] = []
+        calls, stop = threading.Event(), threading.Event()
+        worker = threading.Thread(target=_churn, args=(pool, held, errors, calls, stop))
+        worker.start()
+        calls.wait(10)
+        sglang.uninstall()  # while the worker allocates and frees
+        time.sleep(0.05)  # and goes on, under the original methods
+        stop.set()
+        worker.join(10)
+        assert not worker.is_alive()
+        assert errors == [], f"attempt {attempt}: {errors!r}"  # a spurious double free, say
+        assert not hasattr(pool, KEY)
+        # Free: the free list and the slots released since, not merged yet (the original's two lists).
+        listed = pool.free_slots.tolist() + [int(s) for got in pool.release_slots for s in got.tolist()]
+        in_use = [int(s) for got in held for s in got.tolist()]
+        assert len(set(listed)) == len(listed)  # no slot listed twice
+        assert not set(listed) & set(in_use), f"attempt {attempt}: slots held and free at once"
+        assert sorted(listed + in_use) == list(range(1 << 16))  # none lost either
+        for got in held:  # and each held slot frees once, under the original's own checks
+            pool.free(got)
+        assert pool.available_size() == 1 << 16
 
 
 def test_a_changed_method_is_refused_naming_it_and_nothing_is_replaced(engine: StandIn) -> None:

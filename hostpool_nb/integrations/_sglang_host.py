@@ -22,7 +22,7 @@ and the rest.
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import logging
 import os
 import threading
@@ -205,9 +205,11 @@ class HostKVBooks(_TorchPool):
         The free list in the order allocation takes it (the release list
         already merged into it: the same order), and which slots are in use.
         """
-        with self.lock:
-            twin = copy.deepcopy(self)
-        order = twin.alloc(twin.available_size())
+        with self.lock:  # read, not copied: a copy would be a new pool (HOSTPOOL_NB_RECORD would record it)
+            free, released, _ = _layout.lists_of(self._st)
+        ps = self.page_size
+        pages = torch.from_numpy(np.concatenate([free, released]))
+        order = (pages[:, None] * ps + torch.arange(ps)).reshape(-1)
         used = torch.ones(self.size, dtype=torch.bool)
         used[order] = False
         return {"free_slots": order, "slot_used": used}
@@ -215,6 +217,14 @@ class HostKVBooks(_TorchPool):
 
 _live: weakref.WeakSet[Any] = weakref.WeakSet()  # the engine's pools that have books
 _live_lock = threading.Lock()
+_taking = False  # installed: a pool built now gets books (methods() sets it, hand_back_all() clears it)
+_UNLOCKED = contextlib.nullcontext()
+
+
+def _held(pool: Any) -> Any:
+    """The pool's lock to hold while its books are read: a pool with books has an RLock; another needs none."""
+    lock = pool.__dict__.get("lock")
+    return lock if type(lock) is _RLOCK else _UNLOCKED
 
 
 def books(pool: Any) -> HostKVBooks:
@@ -239,12 +249,16 @@ def books(pool: Any) -> HostKVBooks:
     return found
 
 
-def _rlock_type() -> type:
-    return type(threading.RLock())
+_RLOCK = type(threading.RLock())
 
 
-def _keep_books(pool: Any, bookkeeping: Bookkeeping, announce: Callable[[Any, HostKVBooks], None]) -> HostKVBooks:
-    """Give the engine's ``pool`` its books (its constructor's first ``clear()``), sharing the pool's lock."""
+def _keep_books(
+    pool: Any, bookkeeping: Bookkeeping, announce: Callable[[Any, HostKVBooks], None]
+) -> HostKVBooks | None:
+    """Give the engine's ``pool`` its books (its constructor's first ``clear()``), sharing the pool's lock.
+
+    ``None`` if ``uninstall()`` began meanwhile: the pool keeps its own lists (the caller clears them).
+    """
     size, page_size = bookkeeping.geometry(pool)
     kept = HostKVBooks(
         size,
@@ -253,13 +267,15 @@ def _keep_books(pool: Any, bookkeeping: Bookkeeping, announce: Callable[[Any, Ho
         accept_double_frees=not bookkeeping.checks_frees and accepts_double_frees_by_default(),
     )
     lock = getattr(pool, "lock", None)
-    if isinstance(lock, _rlock_type()):
+    if type(lock) is _RLOCK:
         kept.lock = lock  # the engine's own lock: a caller holding it holds the books too
     else:
         pool.lock = kept.lock
-    _fork.follow(pool, "lock", kept)  # a fork that leaves the books' lock unusable in a child, leaves this one
-    setattr(pool, KEY, kept)
-    with _live_lock:
+    with _live_lock:  # in one hold with uninstall()'s hand-back: the pool is handed back, or never gets books
+        if not _taking:
+            return None
+        _fork.follow(pool, "lock", kept)  # a fork that leaves the books' lock unusable in a child, leaves this one
+        setattr(pool, KEY, kept)
         _live.add(pool)
     announce(pool, kept)
     return kept
@@ -275,62 +291,61 @@ def methods(
     """
     original_clear = originals["clear"]
     rounds_up = bookkeeping.rounds_up
+    global _taking  # noqa: PLW0603 - installed: the pools built from now on get books
+    _taking = True
+
+    # Each method reads the pool's books holding the pool's lock, which the books share: uninstall() hands them
+    # back under it, so a call either finds them, or runs the original method on the lists handed back.
 
     def clear(self: Any) -> None:
-        try:
-            kept = self._hostpool_nb
-        except AttributeError:
-            if "free_slots" in vars(self):  # built before install(): its own books
-                original_clear(self)
-            else:  # the constructor's clear(): the pool's books start here
-                _keep_books(self, bookkeeping, announce)
-            return
-        kept.clear()
+        with _held(self):
+            kept = self.__dict__.get(KEY)
+            if kept is None:
+                # The constructor's clear() while installed: the pool's books start here. Else its own lists:
+                # built before install(), or after uninstall() began.
+                if "free_slots" in vars(self) or _keep_books(self, bookkeeping, announce) is None:
+                    original_clear(self)
+                return
+            kept.clear()
 
     def available_size(self: Any) -> Any:
-        try:
-            kept = self._hostpool_nb
-        except AttributeError:
-            return originals["available_size"](self)
-        return kept.available_size()
+        with _held(self):
+            kept = self.__dict__.get(KEY)
+            return originals["available_size"](self) if kept is None else kept.available_size()
 
     def _merge_release_slots(self: Any) -> None:
-        try:
-            kept = self._hostpool_nb
-        except AttributeError:
-            originals["_merge_release_slots"](self)
-            return
-        kept.merge()
+        with _held(self):
+            kept = self.__dict__.get(KEY)
+            if kept is None:
+                originals["_merge_release_slots"](self)
+            else:
+                kept.merge()
 
     if rounds_up:
 
         def alloc(self: Any, need_size: Any) -> Any:
-            try:
-                kept = self._hostpool_nb
-            except AttributeError:
-                return originals["alloc"](self, need_size)
-            if type(need_size) is not int:  # a 0-d tensor or a numpy integer: checked first
-                need_size = (
-                    _tensor_count(need_size) if isinstance(need_size, _Tensor) else as_count(need_size, "need_size")
-                )
-            ps = kept.page_size
-            return kept.alloc((need_size + ps - 1) // ps * ps)  # up, as the original rounds (a negative size: refused)
+            with _held(self):
+                kept = self.__dict__.get(KEY)
+                if kept is None:
+                    return originals["alloc"](self, need_size)
+                if type(need_size) is not int:  # a 0-d tensor or a numpy integer: checked first
+                    need_size = (
+                        _tensor_count(need_size) if isinstance(need_size, _Tensor) else as_count(need_size, "need_size")
+                    )
+                ps = kept.page_size
+                return kept.alloc((need_size + ps - 1) // ps * ps)  # up, as the original rounds (negative: refused)
 
     else:
 
         def alloc(self: Any, need_size: Any) -> Any:
-            try:
-                kept = self._hostpool_nb
-            except AttributeError:
-                return originals["alloc"](self, need_size)
-            return kept.alloc(need_size)
+            with _held(self):
+                kept = self.__dict__.get(KEY)
+                return originals["alloc"](self, need_size) if kept is None else kept.alloc(need_size)
 
     def free(self: Any, indices: Any) -> Any:
-        try:
-            kept = self._hostpool_nb
-        except AttributeError:
-            return originals["free"](self, indices)
-        return kept.free(indices)
+        with _held(self):
+            kept = self.__dict__.get(KEY)
+            return originals["free"](self, indices) if kept is None else kept.free(indices)
 
     mine: dict[str, Callable[..., Any]] = {
         "clear": clear,
@@ -359,8 +374,14 @@ def take_over(classes: dict[str, type], announce: Callable[[Any, HostKVBooks], N
 
 
 def hand_back_all() -> int:
-    """Give every engine pool with books its original lists back (``uninstall()``); how many pools."""
+    """Give every engine pool with books its original lists back (``uninstall()``); how many pools.
+
+    From here on no pool gets books (a pool built before the methods are put back keeps its own), and each
+    pool is handed back under its lock, which the replaced methods hold while they read the books.
+    """
+    global _taking  # noqa: PLW0603 - uninstalling: no more books
     with _live_lock:
+        _taking = False
         pools = list(_live)
         _live.clear()
     for pool in pools:
