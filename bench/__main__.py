@@ -124,6 +124,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if os.environ.pop("HOSTPOOL_NB_RECORD", None):  # a server's shell: the bench's own pools are never recorded
+        _say("HOSTPOOL_NB_RECORD is set; the bench's own pools are not recorded")
     with_torch = None if not args.no_torch else False
     impls = pool.implementations(with_torch)
     if TORCH in impls and args.torch_threads:

@@ -75,14 +75,28 @@ def as_count(value: Any, name: str) -> int:
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
 
 
+def shown(value: int) -> str:
+    """An integer as an error message gives it: whole, or its size where it is too long to print (Python refuses
+    to make a ``str`` of more than 4,300 digits; a message must not fail)."""
+    if value.bit_length() <= _PRINTED_BITS:
+        return str(value)
+    return f"{'-' if value < 0 else ''}a {value.bit_length():,}-bit integer"
+
+
+_PRINTED_BITS = 256  # some 77 digits: beyond, the size says as much as the digits
+
+
 def pool_shape(size: Any, page_size: Any) -> tuple[int, int]:
     """A pool's ``size`` and ``page_size`` as ints, checked as every pool's constructor checks them."""
     size = as_count(size, "size")
     page_size = as_count(page_size, "page_size")
     if page_size < 1:
-        raise HostPoolError(f"page_size must be at least 1, got page_size={page_size}")
+        raise HostPoolError(f"page_size must be at least 1, got page_size={shown(page_size)}")
     if size < 0:
-        raise HostPoolError(f"size must be non-negative, got size={size}")
+        raise HostPoolError(f"size must be non-negative, got size={shown(size)}")
+    for name, value in (("size", size), ("page_size", page_size)):
+        if value > _INT64_MAX:  # the kernels compute slot ids in int64
+            raise HostPoolError(f"{name} must fit in int64, got {name}={shown(value)}")
     return size, page_size
 
 
@@ -110,7 +124,20 @@ def holds_bool(values: list[Any] | tuple[Any, ...], name: str = "values") -> boo
     types = set(map(type, values))
     if bool in types or np.bool_ in types:
         return True
-    return any(holds_bool(v, name) for v in values if type(v) is list or type(v) is tuple)
+    if types <= _INT_TYPES:
+        return False
+    return any(holds_bool(v, name) if type(v) is list or type(v) is tuple else _bool_typed(v) for v in values)
+
+
+_INT_TYPES = {int, np.int64, np.int32}
+
+
+def _bool_typed(value: Any) -> bool:
+    """Whether ``value`` is an array or tensor of bools (a 0-d one too: numpy reads it as 1 inside a list)."""
+    dtype = getattr(value, "dtype", None)
+    if isinstance(dtype, np.dtype):
+        return dtype.kind == "b"
+    return dtype is not None and str(dtype) == "torch.bool"
 
 
 def own_slots(indices: Any, name: str = "indices") -> NDArray[np.int64]:
@@ -169,7 +196,9 @@ def as_slots(indices: Any, name: str = "indices") -> NDArray[np.int64]:
     flat = arr.reshape(-1)
     if arr.dtype.kind == "u" and flat.size and int(flat.max()) > _INT64_MAX:
         pos = int(np.argmax(flat > _INT64_MAX))
-        raise SlotRangeError(f"free got slot {int(flat[pos])} at {name}[{pos}] (flattened), outside the int64 range")
+        raise SlotRangeError(
+            f"free got slot {shown(int(flat[pos]))} at {name}[{pos}] (flattened), outside the int64 range"
+        )
     return np.ascontiguousarray(flat, dtype=np.int64)
 
 
@@ -200,7 +229,7 @@ def _raise_if_big_ints(arr: NDArray[np.object_], name: str) -> None:
         return
     for pos, v in enumerate(values):
         if not -_INT64_MAX - 1 <= int(v) <= _INT64_MAX:
-            raise SlotRangeError(f"free got slot {v} at {name}[{pos}] (flattened), outside the int64 range")
+            raise SlotRangeError(f"free got slot {shown(int(v))} at {name}[{pos}] (flattened), outside the int64 range")
 
 
 def as_sizes(sizes: Any) -> NDArray[np.int64] | list[int]:

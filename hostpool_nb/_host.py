@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _host_kernels, _kernels, _layout
-from ._convert import INT64, STRIDES_1D, as_count, as_page_ids, is_array_like
+from ._convert import INT64, STRIDES_1D, as_count, as_page_ids, is_array_like, shown
 from ._errors import (
     HostPoolError,
     LockRefUnderflowError,
@@ -108,9 +108,9 @@ class HostPagePool(ArrayStatePool):
     def __init__(self, pool_size: int) -> None:
         pool_size = as_count(pool_size, "pool_size")
         if pool_size <= 0:
-            raise HostPoolError(f"pool_size must be positive, got {pool_size}")
+            raise HostPoolError(f"pool_size must be positive, got {shown(pool_size)}")
         if pool_size > _layout.MAX_PAGES:
-            raise HostPoolError(f"pool_size must be at most {_layout.MAX_PAGES} (2**31 - 1), got {pool_size}")
+            raise HostPoolError(f"pool_size must be at most {_layout.MAX_PAGES} (2**31 - 1), got {shown(pool_size)}")
         st = np.zeros(_layout.host_state_length(pool_size), dtype=np.int64)
         st[_layout.HP_NPAGES] = pool_size
         self._setup(st)
@@ -482,7 +482,7 @@ class HostPagePool(ArrayStatePool):
         code, pos = _layout.decode_status(status)
         page, given = self._fault(beyond, pos)
         if code == _layout.E_RANGE:
-            return SlotRangeError(f"{what}={page} outside pool range [0, {self.pool_size})")
+            return SlotRangeError(f"{what}={shown(page)} outside pool range [0, {self.pool_size})")
         if code == _layout.E_NOT_ALLOCATED and op == "lock_ref":
             return PageNotAllocatedError(f"{what}={page} is not allocated (in free-list)")
         if code == _layout.E_NOT_ALLOCATED:

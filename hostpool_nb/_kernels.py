@@ -438,12 +438,12 @@ def track_alloc(st: NDArray[np.int64], out: NDArray[np.int64] | NDArray[np.int32
 
 
 @_callee()
-def track_free(st: NDArray[np.int64], tail: int, site: int, status: int) -> int:
+def track_free(st: NDArray[np.int64], tail: int, staged: int, site: int, status: int) -> int:
     """After a successful free (``status > 0``), each page freed records ``site`` as the site that freed it.
 
-    The pages are read back from the runs the free staged on the ring
-    (from position ``tail`` to the new end of the window, not from the
-    caller's slots again). O(pages).
+    The pages are read back from the ``staged`` ring entries the free
+    wrote from position ``tail`` (not from the caller's slots again): a
+    count, as a free that fills the whole ring ends where it began. O(pages).
     """
     if status <= 0:
         return status
@@ -451,9 +451,7 @@ def track_free(st: NDArray[np.int64], tail: int, site: int, status: int) -> int:
     t: int = st[H_TRACK]
     pos = tail
     ring = ring_view(st)
-    left = ring_tail(st) - tail
-    if left < 0:
-        left += n
+    left = staged
     while left > 0:
         length = run_at(ring, pos, left)
         first: int = ring[pos]
@@ -463,6 +461,13 @@ def track_free(st: NDArray[np.int64], tail: int, site: int, status: int) -> int:
         pos = pos + w if pos + w < n else pos + w - n
         left -= w
     return status
+
+
+@_callee()
+def ring_entries(st: NDArray[np.int64]) -> int:
+    """The ring's live entries: the free, released and pending lists' runs."""
+    entries: int = st[H_EFREE] + st[H_EREL] + st[H_EPEND]
+    return entries
 
 
 _TRACKED = "i8(i8[::1], i8[::1], i8)"
@@ -477,15 +482,17 @@ def alloc_tracked(st: NDArray[np.int64], out: NDArray[np.int64], site: int) -> i
 @_jit(_TRACKED)
 def free_pn_tracked(st: NDArray[np.int64], slots: NDArray[np.int64], site: int) -> int:
     """:func:`free_pn`, then each page freed records ``site`` (:func:`track_free`)."""
-    tail = ring_tail(st)
-    return track_free(st, tail, site, _free_pn(st, slots))
+    tail, before = ring_tail(st), ring_entries(st)
+    status = _free_pn(st, slots)
+    return track_free(st, tail, ring_entries(st) - before, site, status)
 
 
 @_jit(_TRACKED)
 def free_p1_tracked(st: NDArray[np.int64], slots: NDArray[np.int64], site: int) -> int:
     """:func:`free_p1`, then each page freed records ``site`` (:func:`track_free`)."""
-    tail = ring_tail(st)
-    return track_free(st, tail, site, _free_p1(st, slots))
+    tail, before = ring_tail(st), ring_entries(st)
+    status = _free_p1(st, slots)
+    return track_free(st, tail, ring_entries(st) - before, site, status)
 
 
 @_jit(_TRACKED, nogil=False)
@@ -497,8 +504,9 @@ def alloc_tracked_short(st: NDArray[np.int64], out: NDArray[np.int64], site: int
 @_jit(_TRACKED, nogil=False)
 def free_tracked_short(st: NDArray[np.int64], slots: NDArray[np.int64], site: int) -> int:
     """:func:`free_short`, then each page freed records ``site`` (:func:`track_free`)."""
-    tail = ring_tail(st)
-    return track_free(st, tail, site, _free_short(st, slots))
+    tail, before = ring_tail(st), ring_entries(st)
+    status = _free_short(st, slots)
+    return track_free(st, tail, ring_entries(st) - before, site, status)
 
 
 class PageSizeKernels(NamedTuple):

@@ -12,20 +12,27 @@ traces of their own.
 
 The trace is written as the pool goes, so that a process that is killed
 (engines end their workers with ``SIGKILL``) leaves a readable trace of all
-but its last second or so: a thread rewrites each trace that has new calls
-every second (more seldom when a write takes long: at most a tenth of the
-time goes to writing), and again when the process exits. Each write is
-atomic (a new file, then a rename). A trace stops growing at
-``HOSTPOOL_NB_RECORD_MB`` megabytes (256 by default): the pool goes on
-unrecorded, a WARNING line says so, and the trace holds every call up to
-then, so a long-running server cannot fill a disk. In a child process
-made by ``fork`` the inherited pools stop recording (the parent's traces
-are the parent's).
+but its last second or so: its start state when the pool is built, then a
+thread rewrites each trace that has new calls every second (more seldom
+when a write takes long: at most a tenth of the time goes to writing), and
+again when the process exits, a ``multiprocessing`` worker's too (it ends
+with ``os._exit``, past the exit handlers, but runs multiprocessing's
+finalizers). Each write packs the calls since the last one into the
+trace's compressed streams and drops them, so a recording holds about what
+its file does, plus a second of calls; each is atomic (a new file, then a
+rename). A trace stops growing at ``HOSTPOOL_NB_RECORD_MB`` megabytes (256
+by default): the pool goes on unrecorded, a WARNING line says so, and the
+trace holds every call up to then, so a long-running server cannot fill a
+disk; a pool whose start state alone passes it is not recorded (a WARNING
+says so). The folder is resolved once (``~`` expanded), so a later
+``chdir`` moves no trace. In a child process made by ``fork`` the
+inherited pools stop recording (the parent's traces are the parent's).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import logging
 import os
@@ -64,24 +71,37 @@ def limit_bytes() -> int:
         mb = float(value)
     except ValueError:
         mb = -1.0
-    if not mb > 0:
-        raise HostPoolError(f"{LIMIT_ENV} must be a positive number of megabytes, got {LIMIT_ENV}={value!r}")
+    if not 0 < mb <= _MOST_MB:  # nan, inf and 1e400 (inf) too
+        raise HostPoolError(
+            f"{LIMIT_ENV} must be a positive number of megabytes, at most {_MOST_MB:g}, got {LIMIT_ENV}={value!r}"
+        )
     return int(mb * (1 << 20))
+
+
+_MOST_MB = 1e9  # a petabyte: a larger bound is a typo (an exponent, inf)
 
 
 def megabytes(limit: int) -> str:
     """A bound in bytes as the megabytes it was set in: ``256``, ``0.05``."""
-    return f"{limit / (1 << 20):.4g}"  # four figures: the bytes were rounded down from what was set
+    return f"{round(limit / (1 << 20), 4):g}"  # rounded: the bytes were rounded down from what was set
 
 
 def record(pool: Any, folder: str) -> None:
-    """Record ``pool`` from now on into a new trace in ``folder`` (``Recordable._record_if_asked``)."""
+    """Record ``pool`` from now on into a new trace in ``folder`` (``Recordable._record_if_asked``).
+
+    Its first write, the state the recording begins from, comes now: a process that ends at once leaves a
+    trace, and a start state that alone passes the bound records nothing (a WARNING says why).
+    """
     limit = limit_bytes()
-    path = _claim(Path(folder), pool)
+    where = resolved(folder)
+    path = _claim(where, folder, pool)
     recording = LiveRecording(pool, path, limit)
+    if not recording.begin():
+        return
     with _lock:
         _recordings.append(recording)
         _Flusher.ensure()
+        _flush_when_a_worker_ends()
     _log.warning(
         "hostpool_nb: recording every call of this %s into %s (%s=%s; up to %s MB)",
         type(pool).__name__,
@@ -92,12 +112,28 @@ def record(pool: Any, folder: str) -> None:
     )
 
 
-def _claim(folder: Path, pool: Any) -> Path:
-    """A new trace file in ``folder`` (made if missing) for ``pool``: created here, so no other pool takes it."""
+_folders: dict[str, Path] = {}  # HOSTPOOL_NB_RECORD's value -> the folder it named the first time
+
+
+def resolved(folder: str) -> Path:
+    """The folder ``folder`` names, ``~`` expanded, as it named it the first time: a later chdir moves no trace."""
+    found = _folders.get(folder)
+    if found is None:
+        found = _folders[folder] = Path(folder).expanduser().absolute()
+    return found
+
+
+def _claim(folder: Path, said: str, pool: Any) -> Path:
+    """A new trace file in ``folder`` (made if missing) for ``pool``: created here, so no other pool takes it.
+
+    ``said`` is the folder as the variable gave it, for the errors.
+    """
+    if folder.exists() and not folder.is_dir():
+        raise HostPoolError(f"{ENV}={said!r}: {folder} is a file, not a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise HostPoolError(f"{ENV}={str(folder)!r}: cannot make the folder ({exc.strerror or exc})") from None
+        raise HostPoolError(f"{ENV}={said!r}: cannot make the folder {folder} ({exc.strerror or exc})") from None
     kind = pool._trace_shape()["pool"]
     while True:
         path = folder / f"{kind}-{_started}-pid{os.getpid()}-{next(_numbers)}.trace"
@@ -106,9 +142,24 @@ def _claim(folder: Path, pool: Any) -> Path:
         except FileExistsError:
             continue
         except OSError as exc:
-            raise HostPoolError(f"{ENV}={str(folder)!r}: cannot write there ({exc.strerror or exc})") from None
+            raise HostPoolError(f"{ENV}={said!r}: cannot write in {folder} ({exc.strerror or exc})") from None
         os.close(fd)
         return path
+
+
+_finalized: set[int] = set()  # the processes whose multiprocessing exit writes every trace
+
+
+def _flush_when_a_worker_ends() -> None:
+    """Under ``_lock``: a multiprocessing worker (fork, forkserver) ends with ``os._exit``, which runs no exit
+    handler but multiprocessing's own finalizers: one of those writes every trace of the process."""
+    pid = os.getpid()
+    if pid in _finalized:
+        return
+    _finalized.add(pid)
+    from multiprocessing import util  # noqa: PLC0415 - only in a process that records
+
+    util.Finalize(None, flush_all, exitpriority=100)
 
 
 class _BoundedRecorder(Recorder):
@@ -118,45 +169,42 @@ class _BoundedRecorder(Recorder):
         super().__init__(pool)
         self.limit = 0
         self.full = False
-        self._chars = 0  # the messages' characters (at most six bytes each, as JSON, before compression)
         self.on_full: Any = None
-        # The file's bytes at its last write, and what the record held then: (calls, runs, messages, characters).
+        # The file's bytes at its last write, and what the record held when that write's calls were taken.
         self.written = 0
-        self.written_holds = (0, 0, 0, 0)
+        self.written_holds = self.holds()
 
     def holds(self) -> tuple[int, int, int, int]:
-        """What the record holds now, as :attr:`written_holds` counts it (under the pool's lock)."""
-        return len(self.ops), self.runs, len(self.messages), self._chars
+        """What the record holds now: (calls, runs, messages, characters). Under the pool's lock."""
+        return self.calls, self.runs, self.texts, self.chars
 
     def size(self) -> int:
         """A bound on the trace file's bytes, were it written now: the last write's, and what came since.
 
         What came since is counted as it is before compression (the records,
-        16 bytes a run of numbers, the messages as JSON), with what zlib adds
-        to what it cannot shrink, a few bytes a thousand; before the first
-        write, the start state too, and 4 KB for the archive's own headers.
+        16 bytes a run of numbers, the messages as JSON: 6 bytes a character
+        at most), with what zlib adds to what it cannot shrink, a few bytes
+        a thousand; before the first write, the start state and 4 KB for
+        the archive's headers.
         """
-        calls, runs, messages, chars = self.written_holds
+        calls, runs, texts, chars = self.written_holds
+        body = (self.calls - calls) * OP_DTYPE.itemsize + (self.runs - runs) * 16
+        body += (self.chars - chars) * 6 + (self.texts - texts) * 4
         if not self.written:
-            runs -= self.start.shape[0] // 2
-        body = (len(self.ops) - calls) * OP_DTYPE.itemsize + (self.runs - runs) * 16
-        body += (self._chars - chars) * 6 + (len(self.messages) - messages) * 4
+            body += self.start.shape[0] * 8
         return int(self.written or 4096) + body + body // 500 + 256
 
     def add(self, *args: Any, **kwargs: Any) -> None:
         if self.full:
             return
-        ops, data, messages = self.mark()  # the record holds what it held: the call that passes the bound goes
-        data_len, runs = self.data_len, self.runs
+        pending = len(self.ops), len(self.data), len(self.messages)
+        counts = self.calls, self.numbers, self.runs, self.texts, self.chars
         super().add(*args, **kwargs)
-        self._chars += sum(len(m) for m in self.messages[messages:])
         if self.size() <= self.limit:
             return
         # The call that would pass the bound is not recorded: the trace ends with the one before.
-        del self.ops[ops:], self.data[data:]
-        self._chars -= sum(len(m) for m in self.messages[messages:])
-        del self.messages[messages:]
-        self.data_len, self.runs = data_len, runs
+        del self.ops[pending[0] :], self.data[pending[1] :], self.messages[pending[2] :]
+        self.calls, self.numbers, self.runs, self.texts, self.chars = counts
         self.full = True
         if self.on_full is not None:
             self.on_full()
@@ -170,12 +218,34 @@ class LiveRecording:
         self.pid = os.getpid()
         self._pool = weakref.ref(pool)
         self._lock = pool.lock  # guards the record's lists while the pool lives
-        self._written = (-1, -1, -1)
+        self._flushing = threading.Lock()  # one write at a time: each packs the calls after the last one's
+        self._written = -1  # the calls the file holds (-1: not written yet)
         self.write_seconds = 0.0
         rec = cast(_BoundedRecorder, start(pool, _BoundedRecorder))
         rec.limit = limit
         rec.on_full = self._full
         self.rec = rec
+
+    def begin(self) -> bool:
+        """Write the trace of no call; ``False`` (nothing recorded, the file gone) if that alone passes the bound.
+
+        A first write that fails (a full disk) is said and tried again later, as every write.
+        """
+        if not self.flush(force=True) or self.rec.written <= self.rec.limit:
+            return True
+        pool = self._pool()
+        if pool is not None:
+            _stop(pool)
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        _log.warning(
+            "hostpool_nb: not recording this %s: the state it begins from alone takes %.3g MB, over %s=%s MB",
+            self.rec.shape["pool"],
+            self.rec.written / (1 << 20),
+            LIMIT_ENV,
+            megabytes(self.rec.limit),
+        )
+        return False
 
     def _full(self) -> None:
         """Called under the pool's lock by the call that would pass the bound: stop recording the pool."""
@@ -185,35 +255,37 @@ class LiveRecording:
         _log.warning(
             "hostpool_nb: stopped recording into %s at %d calls: the trace reached %s=%s MB",
             self.path,
-            len(self.rec.ops),
+            self.rec.calls,
             LIMIT_ENV,
             megabytes(self.rec.limit),
         )
 
-    def flush(self) -> bool:
+    def flush(self, force: bool = False) -> bool:
         """Write the trace if it has new calls (in this process only); whether it wrote."""
         if os.getpid() != self.pid:
             return False
-        with self._lock:
-            upto, holds = self.rec.mark(), self.rec.holds()
-        if upto == self._written:
-            return False
-        began = time.monotonic()
-        try:
-            self.rec.write(self.path, upto=upto)
-            written = self.path.stat().st_size
-        except OSError as exc:  # a full disk, a folder removed: say so, keep serving, try again later
-            _log.warning("hostpool_nb: could not write the trace %s: %s", self.path, exc)
-            return False
-        with self._lock:  # the bound counts from this write on
-            self.rec.written, self.rec.written_holds = written, holds
-        self.write_seconds = time.monotonic() - began
-        self._written = upto
+        with self._flushing:
+            with self._lock:
+                if self.rec.calls == self._written and not force:
+                    return False
+                holds = self.rec.holds()
+                batch = self.rec.take()
+            began = time.monotonic()
+            try:
+                self.rec.pack(batch)  # the lock let go: the pool goes on serving while this compresses
+                size = self.rec.write(self.path)
+            except OSError as exc:  # a full disk, a folder removed: say so, keep serving, try again later
+                _log.warning("hostpool_nb: could not write the trace %s: %s", self.path, exc)
+                return False
+            with self._lock:  # the bound counts from this write on
+                self.rec.written, self.rec.written_holds = size, holds
+            self.write_seconds = time.monotonic() - began
+            self._written = holds[0]
         return True
 
     def done(self) -> bool:
         """Whether nothing more will come: its pool is gone or full, and what it holds is written."""
-        return (self._pool() is None or self.rec.full) and self.rec.mark() == self._written
+        return (self._pool() is None or self.rec.full) and self.rec.calls == self._written
 
 
 class _Flusher:

@@ -465,7 +465,7 @@ def free_slots(st: I64, gp: I64, slots: I64, page_size: int, mode: int, in_group
     st[H_EREL] += entries
     st[H_AVAIL] = (st[H_NFREE] + st[H_NREL]) * st[H_PAGE_SIZE]
     if TRACKED:
-        track_free(st, tail, site, done)
+        track_free(st, tail, entries, site, done)
     return done
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _kernels, _layout, _short_kernels
-from ._convert import _INT64_MAX, INT64, STRIDES_1D, as_count, as_sizes, as_slots, pool_shape
+from ._convert import INT64, STRIDES_1D, as_count, as_sizes, as_slots, pool_shape
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
 from ._hooks import DataPlaneHooks
 from ._jit import Entries
@@ -183,9 +183,6 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
         track: bool | None = None,
     ) -> None:
         size, page_size = pool_shape(size, page_size)
-        for name, value in (("size", size), ("page_size", page_size)):
-            if value > _INT64_MAX:  # the kernels compute slot ids in int64
-                raise HostPoolError(f"{name} must fit in int64, got {name}={value}")
         if size % page_size != 0:
             raise AlignmentError(f"LogicalHostPool size must be page-aligned, got size={size}, page_size={page_size}")
         if merge not in MERGE_ORDERS:

@@ -14,7 +14,7 @@ from ._convert import as_count
 from ._errors import HostPoolError
 from ._invariants import pool_problems
 from ._jit import Entries
-from ._protocol import ArrayStatePool, Recordable, start_words
+from ._protocol import ArrayStatePool, Recordable, recorded_kind, start_words
 from ._snapshot import PoolState, checked_words, upgraded_words
 from ._stats import PoolStats
 from ._tracking import Outstanding, Tracker, excluded, leak_report
@@ -134,7 +134,7 @@ class _PoolStateKeeping(Recordable, ArrayStatePool):
 
     def _trace_shape(self) -> dict[str, Any]:
         return {
-            "pool": type(self).__name__,
+            "pool": recorded_kind(self),
             "size": self.size,
             "page_size": self.page_size,
             "merge": self.merge_order,

@@ -40,6 +40,23 @@ from ._errors import HostPoolError
 from ._fork import register as register_fork_lock
 from ._snapshot import FORMATS, check_format
 
+#: The classes a trace names its pool by: a subclass records (and replays) as the one of these it derives from.
+RECORDED_KINDS = (
+    "LogicalHostPool",
+    "PagedTokenToKVPoolAllocator",
+    "TokenToKVPoolAllocator",
+    "SWATokenToKVPoolAllocator",
+)
+
+
+def recorded_kind(pool: Any) -> str:
+    """The kind a trace of ``pool`` names: its class, or the nearest base among :data:`RECORDED_KINDS`."""
+    for cls in type(pool).__mro__:
+        if cls.__name__ in RECORDED_KINDS:
+            return cls.__name__
+    return type(pool).__name__
+
+
 _M = TypeVar("_M", bound=Callable[..., Any])
 
 
@@ -154,7 +171,7 @@ class ArrayStatePool:
             raise HostPoolError(f"{what} holds a {type(saved).__name__}, not a pool's state")
         if check_format(saved.get("format"), self._format, type(self).__name__):
             saved = self._upgraded(saved)
-        with parts():  # a constructor called on the way records nothing: the state is not loaded yet
+        with unrecorded():  # a constructor called on the way records nothing: the state is not loaded yet
             self._unpickled(saved, what)
         if isinstance(self, Recordable):
             self._record_if_asked()
@@ -174,12 +191,18 @@ class ArrayStatePool:
 
 #: The environment variable that makes every recordable pool record its calls into a folder (``_live.py``).
 RECORD_ENV = "HOSTPOOL_NB_RECORD"
-_parts = threading.local()  # depth > 0 while a pool builds pools that are parts of it (the SWA allocator's sides)
+_parts = threading.local()  # depth > 0 while pools are built that HOSTPOOL_NB_RECORD does not record
 
 
 @contextlib.contextmanager
-def parts() -> Iterator[None]:
-    """Pools built inside the block are parts of another: ``HOSTPOOL_NB_RECORD`` records the whole, not them."""
+def unrecorded() -> Iterator[None]:
+    """``HOSTPOOL_NB_RECORD`` records no pool built inside the block (in this thread).
+
+    The pools that are parts of another (a sliding-window allocator's
+    sides: the whole is recorded), a constructor called on the way to
+    loading a state, and the tools' own pools (replay's, the bench's), which
+    would time the recording otherwise.
+    """
     _parts.depth = getattr(_parts, "depth", 0) + 1
     try:
         yield

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import operator
 import os
 import threading
+import weakref
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,32 +31,43 @@ from numpy.typing import NDArray
 
 from ._convert import as_slots
 from ._errors import HostPoolError
-from .trace import ERRORS, HEADER_DTYPE, KINDS, OP_DTYPE, OPS, VERSION, _pack_records, _pack_runs, _pack_text, _runs_of
+from .trace import _LEVEL, ERRORS, HEADER_DTYPE, KINDS, OP_DTYPE, OPS, VERSION, _pack_runs, _runs_of
 
 _names = itertools.count()
 
 
 class Recorder:
-    """Collects a pool's calls while a ``recording()`` block runs, then writes the file."""
+    """Collects a pool's calls while it records, packing them as it goes, and writes the file.
+
+    The calls since the last :meth:`pack` are kept as they came (records,
+    runs of numbers, messages); packing compresses them into the trace's
+    streams (``_Streams``) and drops them, so a recording holds about what
+    its file holds and the calls since its last write. Snapshots taken
+    while recording are numbered and held weakly: one the caller dropped
+    is never restored, and no later object can take its number.
+    """
 
     def __init__(self, pool: Any) -> None:
         """Start recording ``pool``: under its lock, so the state it starts from is one call's."""
         self.shape = pool._trace_shape()
         self.start = _runs_of(pool._trace_start())  # a 1M-slot pool's free list: one run
-        self.ops: list[tuple[int, int, bool, int, int, int, int, int, int]] = []
-        self.data: list[NDArray[np.int64]] = []  # each call's numbers as runs (trace._runs_of)
-        self.data_len = 0  # the numbers they hold
-        self.runs = 0  # the runs they are
-        self.messages: list[str] = []
-        self.backups: list[Any] = []  # snapshots taken while recording: their number is their place
+        self.ops: list[tuple[int, int, bool, int, int, int, int, int, int]] = []  # since the last pack
+        self.data: list[NDArray[np.int64]] = []  # each call's numbers as runs (trace._runs_of), since the last pack
+        self.messages: list[str] = []  # since the last pack
+        self.calls = self.numbers = self.runs = self.texts = 0  # everything recorded, packed or not
+        self.chars = 0  # the messages' characters
+        self.backups: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # snapshot -> number
+        self.n_backups = 0
+        self._streams = _Streams(self.start)
+        self._packing = threading.Lock()  # one packer at a time (a live recording's writer, the block's end)
 
     def _numbers(self, *arrays: Any) -> int:
-        offset = self.data_len
+        offset = self.numbers
         for a in arrays:
             arr = np.asarray(a, dtype=np.int64).reshape(-1)
             runs = _runs_of(arr)
             self.data.append(runs)
-            self.data_len += arr.shape[0]
+            self.numbers += arr.shape[0]
             self.runs += runs.shape[0] // 2
         return offset
 
@@ -78,42 +92,103 @@ class Recorder:
         if exc is not None:
             name = type(exc).__name__
             error = ERRORS.index(name) if name in ERRORS else ERRORS.index("HostPoolError")
-            message = len(self.messages)
-            self.messages.append(str(exc))
+            message = self.texts
+            text = str(exc)
+            self.messages.append(text)
+            self.texts += 1
+            self.chars += len(text)
             unreadable = unreadable or isinstance(exc, TypeError)  # the record holds only numbers
         arg = -1 if arg is None else arg
         self.ops.append((OPS.index(op), error, unreadable, arg, result, offset, message, rank or 0, kind))
+        self.calls += 1
 
-    def mark(self) -> tuple[int, int, int]:
-        """How many calls, number arrays and messages the record holds now: a prefix :meth:`write` can write."""
-        return len(self.ops), len(self.data), len(self.messages)
+    def backup(self, state: Any) -> int:
+        """Number a snapshot taken while recording (its place among them), held weakly."""
+        number = self.n_backups
+        self.backups[state] = number
+        self.n_backups += 1
+        return number
 
-    def write(
-        self, path: str | os.PathLike[str], tmp: str | None = None, upto: tuple[int, int, int] | None = None
-    ) -> None:
-        """Write the trace atomically: into ``tmp`` (a new file in the same folder), then a rename.
+    def take(self) -> tuple[list[Any], list[Any], list[str]]:
+        """The calls since the last pack, to :meth:`pack`; the record starts a new batch. Under the pool's lock."""
+        batch = (self.ops, self.data, self.messages)
+        self.ops, self.data, self.messages = [], [], []
+        return batch
 
-        ``upto`` (from :meth:`mark`): only the calls recorded by then, so
-        that another thread may write while the pool goes on recording.
+    def pack(self, batch: tuple[list[Any], list[Any], list[str]]) -> None:
+        """Compress a batch from :meth:`take` into the streams: outside the pool's lock (zlib lets go of the GIL)."""
+        with self._packing:
+            self._streams.add(*batch)
+
+    def write(self, path: str | os.PathLike[str], tmp: str | None = None) -> int:
+        """Write every call packed so far, atomically: into ``tmp`` (a new file beside ``path``), then a rename.
+
+        Returns the file's size. A recording that has ended packs what it
+        holds first (``finish``).
         """
-        n_ops, n_data, n_messages = upto or self.mark()
-        runs = np.concatenate(self.data[:n_data]) if n_data else np.empty(0, dtype=np.int64)
-        count = int(runs[1::2].sum())
-        fields = {**self.shape, "version": VERSION, "ops": n_ops, "data": count}
-        header = np.array([tuple(fields[name] for name in HEADER_DTYPE.names or ())], dtype=HEADER_DTYPE)
-        ops = _pack_records(np.array(self.ops[:n_ops], dtype=OP_DTYPE))
-        data, messages, start = _pack_runs(runs), _pack_text(self.messages[:n_messages]), _pack_runs(self.start)
+        with self._packing:
+            arrays = self._streams.arrays(self.shape)
         target = Path(path)
         if tmp is None:
             tmp = temporary_beside(target)
         try:
             with open(tmp, "wb") as f:
-                np.savez(f, header=header, ops=ops, data=data, messages=messages, start=start)
+                np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stubs type the keywords as savez's own
+                size = f.tell()
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+        return size
+
+    def finish(self, path: str | os.PathLike[str], tmp: str | None = None) -> int:
+        """Pack what is left and write the file: the recording has ended, nothing is added any more."""
+        self.pack(self.take())
+        return self.write(path, tmp)
+
+
+class _Streams:
+    """A trace's compressed arrays as they grow: the records, the numbers' runs and the messages, each a zlib
+    stream that :meth:`arrays` closes on a copy, so that the next batch goes on where this one ended."""
+
+    def __init__(self, start: NDArray[np.int64]) -> None:
+        self.start = _pack_runs(start)
+        self.streams = {name: zlib.compressobj(_LEVEL) for name in ("ops", "data", "messages")}
+        self.chunks: dict[str, list[bytes]] = {name: [] for name in self.streams}
+        self.calls = self.numbers = 0
+        self.end = 0  # where the last run ended: the next run's first number is stored less it
+
+    def add(self, ops: list[Any], data: list[NDArray[np.int64]], messages: list[str]) -> None:
+        if ops:
+            self._feed("ops", np.array(ops, dtype=OP_DTYPE).tobytes())
+            self.calls += len(ops)
+        if data:
+            pairs = np.concatenate(data).reshape(-1, 2)
+            if pairs.shape[0]:
+                gaps = pairs.copy()
+                gaps[0, 0] -= self.end
+                gaps[1:, 0] -= pairs[:-1, 0] + pairs[:-1, 1]
+                self.end = int(pairs[-1, 0] + pairs[-1, 1])
+                self.numbers += int(pairs[:, 1].sum())
+                self._feed("data", gaps.astype("<i8").tobytes())
+        if messages:
+            self._feed("messages", "".join(json.dumps(m) + "\n" for m in messages).encode())
+
+    def _feed(self, name: str, raw: bytes) -> None:
+        chunk = self.streams[name].compress(raw)
+        if chunk:
+            self.chunks[name].append(chunk)
+
+    def arrays(self, shape: dict[str, Any]) -> dict[str, NDArray[Any]]:
+        """The file's arrays now: the header, and each stream closed on a copy of its compressor."""
+        fields = {**shape, "version": VERSION, "ops": self.calls, "data": self.numbers}
+        header = np.array([tuple(fields[name] for name in HEADER_DTYPE.names or ())], dtype=HEADER_DTYPE)
+        packed = {
+            name: np.frombuffer(b"".join(self.chunks[name]) + stream.copy().flush(), dtype=np.uint8)
+            for name, stream in self.streams.items()
+        }
+        return {"header": header, **packed, "start": self.start}
 
 
 def _slots_of(value: Any) -> NDArray[np.int64] | None:
@@ -158,14 +233,14 @@ def recording(pool: Any, path: str | os.PathLike[str]) -> Iterator[None]:
         _stop(pool)
         if os.getpid() == writer:
             try:
-                rec.write(target, tmp)
+                rec.finish(target, tmp)
             except Exception as lost:  # noqa: BLE001 - the block's own exception is the one to raise
                 if hasattr(exc, "add_note"):  # Python 3.11+
                     exc.add_note(f"hostpool_nb: the trace {path} could not be written: {lost!r}")
         raise
     _stop(pool)
     if os.getpid() == writer:
-        rec.write(target, tmp)
+        rec.finish(target, tmp)
 
 
 def temporary_beside(target: Path) -> str:
@@ -310,19 +385,25 @@ class _Calls:
     def backup_state(self) -> Any:
         with self.lock:
             state = self._call("backup_state")
-            self.rec.backups.append(state)  # kept alive, so no later object can take its identity
-            self.rec.add("backup", len(self.rec.backups) - 1, 0)
+            self.rec.add("backup", self.rec.backup(state), 0)
             return state
 
     def restore_state(self, state: Any) -> Any:
         with self.lock:
-            number = next((i for i, s in enumerate(self.rec.backups) if s is state), None)  # None: taken before
+            number = self._number_of(state)  # None: taken before the recording began
             try:
                 self._call("restore_state", state)
             except Exception as exc:
                 self.rec.add("restore", number, 0, (), exc)
                 raise
             self.rec.add("restore", number, 0)
+
+    def _number_of(self, state: Any) -> int | None:
+        """The number of a snapshot taken while recording (and still alive), or ``None``."""
+        try:
+            return self.rec.backups.get(state)
+        except TypeError:  # not a snapshot (unhashable, or not weakly referable): the pool says what it is
+            return None
 
     def _simple(self, op: str) -> Any:
         """clear, merge, free_group_begin, free_group_end: no argument, an int or nothing back."""
@@ -425,7 +506,7 @@ class _RankedCalls(_Calls):
     def restore_state(self, state: Any) -> None:
         """A snapshot taken while recording is named by its number; an earlier one is recorded whole."""
         with self.lock:
-            number = next((i for i, s in enumerate(self.rec.backups) if s is state), None)
+            number = self._number_of(state)
             words = self.pool._trace_state(state) if number is None else None
             numbers = () if number is not None else None if words is None else (words,)
             arg = -1 if number is None else number
@@ -485,14 +566,23 @@ def _int_or_none(value: Any) -> int | None:
 
 
 def _sizes_or_none(sizes: Any) -> NDArray[np.int64] | None:
+    """A call's per-request numbers as int64, as the pool read them (``__index__`` too), or ``None``: unreadable."""
+    if type(sizes) is list or type(sizes) is tuple:  # the pool packs each element through __index__: so does this
+        values = [_int_or_none(v) for v in sizes]
+        return None if any(v is None for v in values) else np.array(values, dtype=np.int64)
     try:
         arr = np.asarray(sizes.numpy() if hasattr(sizes, "numpy") and not isinstance(sizes, np.ndarray) else sizes)
     except Exception:  # noqa: BLE001 - unreadable: recorded as such
         return None
+    return _int64_or_none(arr)
+
+
+def _int64_or_none(arr: NDArray[Any]) -> NDArray[np.int64] | None:
+    """A vector of integers as int64, or ``None``: not a vector of integers, or beyond int64 (astype would wrap)."""
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
         return None
     if arr.size and arr.dtype.kind == "u" and int(arr.max()) >= 2**63:
-        return None  # beyond int64: astype would wrap it
+        return None
     try:
         return np.array(arr, dtype=np.int64)
     except (OverflowError, ValueError):

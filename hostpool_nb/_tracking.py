@@ -38,8 +38,8 @@ _SUBMODULE = _PACKAGE + "."
 _getframe = sys._getframe
 _LOW32 = (1 << 32) - 1
 ENV = "HOSTPOOL_NB_TRACK"  # tracking for every pool and allocator built without track=
-_ENV_ON = ("1", "true", "yes", "on")
-_ENV_OFF = ("", "0", "false", "no", "off")
+ENV_ON = ("1", "true", "yes", "on")
+ENV_OFF = ("", "0", "false", "no", "off")
 
 
 def wanted(track: Any) -> bool:
@@ -51,9 +51,9 @@ def wanted(track: Any) -> bool:
     """
     if track is None:
         value = os.environ.get(ENV, "")
-        if value.strip().lower() in _ENV_ON:
+        if value.strip().lower() in ENV_ON:
             return True
-        if value.strip().lower() in _ENV_OFF:
+        if value.strip().lower() in ENV_OFF:
             return False
         raise HostPoolError(f"{ENV} must be 1 or 0 (or true/false, yes/no, on/off), got {ENV}={value!r}")
     if type(track) is not bool:

@@ -19,6 +19,7 @@ import functools
 import gc
 import importlib.util
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -31,15 +32,22 @@ from numpy.typing import NDArray
 from . import _layout
 from ._errors import HostPoolError
 from ._pool import LogicalHostPool
+from ._protocol import RECORD_ENV, unrecorded
 from ._snapshot import FORMATS, PagedState, PoolState, SWAState
 from ._tracking import HISTORY_MARK, Tracker
 from .originals import paged as original_paged
 from .originals.sglang import LogicalHostPool as Original
 from .paged import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
-from .trace import SWA, Operation, StartState, Trace, TraceError, describe_slots, load
+from .trace import HOST_KV_BOOKS, SWA, Operation, StartState, Trace, TraceError, describe_slots, load
 
 #: The pool kinds replay builds, by the name a trace's header gives.
-REPLAYS = ("LogicalHostPool", "PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator", "SWATokenToKVPoolAllocator")
+REPLAYS = (
+    "LogicalHostPool",
+    "PagedTokenToKVPoolAllocator",
+    "TokenToKVPoolAllocator",
+    "SWATokenToKVPoolAllocator",
+    *HOST_KV_BOOKS,  # with torch installed
+)
 #: The most memory a replay builds its pools with, unless ``--max-pool-bytes`` says otherwise (a trace's
 #: header names the pool, and a file of a few bytes may name one of terabytes).
 MAX_POOL_BYTES = 1 << 30
@@ -124,10 +132,18 @@ def check_buildable(trace: Trace, max_pool_bytes: int = MAX_POOL_BYTES, with_ori
 
 
 def fresh_pool(trace: Trace, track: bool = False) -> Any:
-    """A pool (or allocator) of the recorded shape, in the state the recording began from."""
+    """A pool (or allocator) of the recorded shape, in the state the recording began from.
+
+    ``HOSTPOOL_NB_RECORD`` does not record it: a replay would time the recording.
+    """
+    with unrecorded():
+        return _fresh_pool(trace, track)
+
+
+def _fresh_pool(trace: Trace, track: bool) -> Any:
     if trace.ranked:
         return _fresh_allocator(trace, track)
-    pool = LogicalHostPool(trace.size, trace.page_size, merge=trace.merge, track=track)
+    pool = _host_pool(trace, track)
     start = trace.start
     if start is not None and not start.fresh:
         shape = (trace.size // trace.page_size, trace.page_size, trace.merge == "sorted", track)
@@ -138,6 +154,17 @@ def fresh_pool(trace: Trace, track: bool = False) -> Any:
         except HostPoolError as exc:
             raise TraceError(f"the trace's start state is not one the recorded pool can be in: {exc}") from None
     return pool
+
+
+def _host_pool(trace: Trace, track: bool) -> Any:
+    """A host pool of the recorded kind: hostpool_nb's, or the books it keeps for one of sglang's host pools."""
+    if trace.pool not in HOST_KV_BOOKS:
+        return LogicalHostPool(trace.size, trace.page_size, merge=trace.merge, track=track)
+    if importlib.util.find_spec("torch") is None:
+        raise TraceError(f"it records a {trace.pool} (sglang's host pool's books): replaying it needs torch")
+    from .integrations._sglang_host import replayed  # noqa: PLC0415 - torch, only for these traces
+
+    return replayed(trace.pool, trace.size, trace.page_size, trace.strict)  # tracked as HOSTPOOL_NB_TRACK says
 
 
 def _fresh_allocator(trace: Trace, track: bool) -> Any:
@@ -881,6 +908,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"refuse to build pools taking more memory than this (default {MAX_POOL_BYTES:,}: 1 GiB)",
     )
     args = ap.parse_args(argv)
+    os.environ.pop(RECORD_ENV, None)  # a server's shell: the tool's own pools are never recorded (fresh_pool's aren't)
     if args.repeats < 1:
         ap.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.max_pool_bytes < 1:

@@ -16,8 +16,8 @@ header is stored as it is; the other four are uint8 arrays holding a zlib
 stream each, of the arrays below: the ``ops`` records; the ``data`` and
 ``start`` numbers as runs of consecutive integers, each run two
 little-endian int64, its first number less where the run before it ended
-(0 when it continues it) and its length; the ``messages`` as a UTF-8 JSON
-list. :func:`arrays` gives them unpacked, :func:`write_arrays` packs them.
+(0 when it continues it) and its length; the ``messages`` one JSON string
+a line, UTF-8. :func:`arrays` gives them unpacked, :func:`write_arrays` packs them.
 No stream is inflated past what the header bounds it to. A call on a
 KV-cache workload costs some 10-70 bytes (version 3 stored every number
 as it is: 10-13 KB a call; docs/diagnostics.md).
@@ -159,6 +159,9 @@ ERRORS = (
     "SlotRangeError",
     "DoubleFreeError",
     "PagedOnlyError",  # appended: a number, once written, keeps its meaning
+    "HostKVAlignmentError",  # sglang's host pools' books (hostpool_nb.integrations.sglang)
+    "HostKVDoubleFreeError",
+    "HostKVSlotRangeError",
 )
 _GROUPS_AND_SNAPSHOTS = ("clear", "free_group_begin", "free_group_end", "backup", "restore", "available_size")
 #: The calls a trace of each pool kind may hold (a call its kind lacks makes the trace damaged).
@@ -185,6 +188,10 @@ CALLS = {
         *_GROUPS_AND_SNAPSHOTS,
     ),
 }
+#: The books sglang's host pools keep under ``hostpool_nb.integrations.sglang``, by their bookkeeping: a host
+#: pool with sglang's errors, whose ``strict`` says whether it refuses double frees (replayed with torch).
+HOST_KV_BOOKS = ("HostKVBooks/HostKVCache", "HostKVBooks/Mamba", "HostKVBooks/DeepSeekV4Paged")
+CALLS.update(dict.fromkeys(HOST_KV_BOOKS, CALLS["LogicalHostPool"]))
 SWA = "SWATokenToKVPoolAllocator"
 #: The pool kinds whose calls name a ``dp_rank`` (sglang-jax's allocators).
 RANKED = ("PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator", SWA)
@@ -602,8 +609,8 @@ def _pack_runs(runs: NDArray[np.int64]) -> NDArray[np.uint8]:
 
 
 def _pack_text(messages: list[str]) -> NDArray[np.uint8]:
-    """Error messages as a version-4 trace stores them: a JSON list, UTF-8, compressed with zlib."""
-    return _deflated(json.dumps(messages).encode())
+    """Error messages as a version-4 trace stores them: one JSON string a line, UTF-8, compressed with zlib."""
+    return _deflated("".join(json.dumps(m) + "\n" for m in messages).encode())
 
 
 def _pack_records(ops: NDArray[Any]) -> NDArray[np.uint8]:
@@ -670,11 +677,11 @@ def _unpacked(path: Any, arrays: dict[str, NDArray[Any]]) -> dict[str, NDArray[A
         raise TraceError(f"{where}: the header says {n_operations(n_ops)}, the file holds {ops.shape[0]}")
     text = _inflated(where, "messages", arrays["messages"], 1 << 40)
     try:
-        messages = json.loads(text.decode())
+        messages = [json.loads(line) for line in text.decode().splitlines()]
     except (UnicodeDecodeError, ValueError):
         messages = None
-    if not isinstance(messages, list) or not all(isinstance(m, str) for m in messages):
-        raise TraceError(f"{where}: its 'messages' array is not a list of texts")
+    if messages is None or not all(isinstance(m, str) for m in messages):
+        raise TraceError(f"{where}: its 'messages' array is not a text a line")
     unpacked = {**arrays, "ops": ops.copy(), "data": _expanded(where, "data", arrays["data"], n_data)}
     unpacked["messages"] = np.array(messages or [""], dtype=np.str_)
     if "start" in arrays:  # its length is not in the header: bounded by what the pool's start can hold
@@ -954,6 +961,7 @@ __all__ = [
     "CALLS",
     "ERRORS",
     "HEADER_DTYPE",
+    "HOST_KV_BOOKS",
     "KINDS",
     "OPS",
     "OP_DTYPE",

@@ -580,6 +580,14 @@ def test_compare_refuses_an_unknown_cell(capsys: pytest.CaptureFixture[str]) -> 
     assert "--only-cells: unknown cell(s) 2:trace" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "1e400"])
+def test_compare_refuses_a_loop_length_that_times_nothing(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        compare.main(["HEAD", "--min-loop", value, "--only-cells", compare.CELLS[0]])
+    assert info.value.code == 2
+    assert "--min-loop: " in capsys.readouterr().err
+
+
 def test_the_startup_ranges_refuse_no_runs(capsys: pytest.CaptureFixture[str]) -> None:
     from bench import startup
 

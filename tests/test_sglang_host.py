@@ -338,6 +338,128 @@ def test_the_environment_makes_the_unchecked_pools_accept_double_frees(
         mha.free(torch.arange(0, 4))
 
 
+@pytest.mark.parametrize("name", ["DeepSeekV4PagedHostPool", "QSAIndexerPoolHost"])  # Mamba's pages are 1 slot
+def test_only_double_frees_are_accepted_a_partial_page_beside_one_is_refused(
+    engine: StandIn, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """A misaligned run after a double-freed page was dropped silently; alone it is a PartialPageError."""
+    monkeypatch.setenv(sglang.DOUBLE_FREES, "accept")
+    sglang.install()
+    pool = build(engine, name)
+    u = unit(pool)
+    held = pool.alloc(3 * u)
+    pool.free(held[:u])  # the first page free: freeing it again is accepted
+    before = _words(pool)
+    misaligned = held[1 : u + 1]  # a page's worth, straddling the free first page and the second
+    with pytest.raises(PartialPageError):
+        pool.free(misaligned)
+    with pytest.raises(PartialPageError):
+        pool.free(torch.cat([held[:u], misaligned]))
+    assert np.array_equal(_words(pool), before)  # refused before anything changed
+    assert pool.free(torch.cat([held[:u], held[u:]])) == 3 * u  # the double free alone: accepted
+
+
+def test_a_uint64_slot_past_int64_is_sglangs_index_error(engine: StandIn) -> None:
+    sglang.install()
+    pool = build(engine, "MHATokenToKVPoolHost")
+    held = pool.alloc(4)
+    for slots in (np.array([2**63, 1, 2, 3], dtype=np.uint64), np.array([2**64 - 1, 1, 2, 3], dtype=np.uint64)):
+        with pytest.raises(HostKVSlotRangeError) as raised:
+            pool.free(slots)
+        assert isinstance(raised.value, IndexError)
+        assert str(2**63) in str(raised.value) or str(2**64 - 1) in str(raised.value)
+    assert pool.free(held) == 4  # nothing changed
+
+
+@pytest.mark.parametrize(
+    ("value", "accepts"),
+    [
+        ("accept", True),
+        ("1", True),
+        ("TRUE", True),
+        (" on ", True),
+        ("refuse", False),
+        ("0", False),
+        ("no", False),
+        ("", False),
+    ],
+)
+def test_the_double_free_setting_reads_the_words_tracking_reads(
+    engine: StandIn, monkeypatch: pytest.MonkeyPatch, value: str, accepts: bool
+) -> None:
+    monkeypatch.setenv(sglang.DOUBLE_FREES, value)
+    sglang.install()
+    assert sglang.books(build(engine, "MambaPoolHost")).accept_double_frees is accepts
+    assert not sglang.books(build(engine, "MHATokenToKVPoolHost")).accept_double_frees
+
+
+@pytest.mark.parametrize("value", ["accpet", "2", "maybe"])
+def test_a_double_free_setting_it_cannot_mean_is_refused_for_every_pool(
+    engine: StandIn, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv(sglang.DOUBLE_FREES, value)
+    sglang.install()
+    for name in ("MambaPoolHost", "MHATokenToKVPoolHost"):
+        with pytest.raises(HostPoolError, match=f"{sglang.DOUBLE_FREES}={value!r}"):
+            build(engine, name)
+
+
+@pytest.mark.parametrize(("name", "accept"), [("DeepSeekV4PagedHostPool", True), ("MHATokenToKVPoolHost", False)])
+def test_the_books_trace_replays_as_the_pool_they_are(
+    engine: StandIn, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, name: str, accept: bool
+) -> None:
+    """A trace of sglang's books named them HostKVBooks, which replay and bench --trace refused (exit 2)."""
+    from hostpool_nb import replay
+    from hostpool_nb import trace as T
+
+    monkeypatch.setenv(sglang.DOUBLE_FREES, "accept" if accept else "refuse")
+    sglang.install()
+    pool = build(engine, name)
+    u = unit(pool)
+    path = tmp_path / "books.trace"
+    with sglang.books(pool).recording(path):
+        for _ in range(40):
+            held = pool.alloc(2 * u)
+            pool.free(held)
+            if accept:
+                assert pool.free(held) == 2 * u  # accepted: recorded as served
+            else:
+                with pytest.raises(HostKVDoubleFreeError):
+                    pool.free(held)
+        with pytest.raises(HostKVSlotRangeError):
+            pool.free(torch.arange(-u, 0))
+    recorded = T.load(path)
+    assert recorded.pool in T.HOST_KV_BOOKS
+    assert recorded.strict is not accept
+    errors = {op.error for op in recorded.operations} - {None}
+    assert errors == ({"HostKVSlotRangeError"} if accept else {"HostKVSlotRangeError", "HostKVDoubleFreeError"})
+    assert replay.replay(recorded) == (len(recorded.operations), 0, None)
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    done = subprocess.run(
+        [sys.executable, "-m", "hostpool_nb.replay", str(path)], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"all {len(recorded.operations)} operations match" in done.stdout
+
+
+def test_a_subclass_of_the_pool_records_as_the_pool_it_derives_from(tmp_path: Any) -> None:
+    from hostpool_nb import replay
+    from hostpool_nb import trace as T
+    from hostpool_nb.torch import LogicalHostPool as TorchPool
+
+    class Mine(TorchPool):
+        pass
+
+    pool = Mine(64, 4)
+    with pool.recording(tmp_path / "mine.trace"):
+        pool.free(pool.alloc(8))
+    recorded = T.load(tmp_path / "mine.trace")
+    assert recorded.pool == "LogicalHostPool"
+    assert replay.replay(recorded) == (2, 0, None)
+
+
 def test_accepting_double_frees_is_refused_where_the_original_refuses_them(engine: StandIn) -> None:
     sglang.install()
     kept = sglang.books(build(engine, "MHATokenToKVPoolHost"))

@@ -298,12 +298,12 @@ def test_the_file_is_an_npz_numpy_reads_without_pickle(tmp_path: Path) -> None:
         assert sorted(archive.files) == ["data", "header", "messages", "ops", "start"]
         stored = {k: archive[k] for k in archive.files}
     # Version 4: each array but the header compressed with zlib; the numbers as runs (first less the last run's
-    # end, length), int64; the messages as a JSON list.
+    # end, length), int64; the messages one JSON string a line.
     assert {k for k, v in stored.items() if v.dtype == np.uint8} == {"ops", "data", "messages", "start"}
     runs = np.frombuffer(zlib.decompress(stored["data"].tobytes()), dtype="<i8").reshape(-1, 2)
     # 0..31, then 16 and 16, 32..63, and 0..31 twice
     assert runs.tolist() == [[0, 32], [-16, 1], [-1, 1], [15, 32], [-64, 32], [-32, 32]]
-    assert json.loads(zlib.decompress(stored["messages"].tobytes())) == [str(info.value)]
+    assert zlib.decompress(stored["messages"].tobytes()).decode() == json.dumps(str(info.value)) + "\n"
     assert np.frombuffer(zlib.decompress(stored["start"].tobytes()), dtype="<i8").reshape(-1, 2)[:, 1].sum() == 8
     assert np.frombuffer(zlib.decompress(stored["ops"].tobytes()), dtype=OP_DTYPE).shape == (4,)
     # trace.arrays unpacks them.
@@ -1571,8 +1571,8 @@ def _packed_damage(good: Path, tmp_path: Path, case: str) -> tuple[Path, str]:
         stored["ops"] = np.zeros(3, dtype=np.int64)
         text = f"{where}: its 'ops' array is not the compressed bytes a version 4 trace holds"
     elif case == "messages-not-a-list":
-        stored["messages"] = np.frombuffer(zlib.compress(b'{"a": 1}'), dtype=np.uint8)
-        text = f"{where}: its 'messages' array is not a list of texts"
+        stored["messages"] = np.frombuffer(zlib.compress(b'{"a": 1}\n'), dtype=np.uint8)
+        text = f"{where}: its 'messages' array is not a text a line"
     else:
         raise AssertionError(case)
     np.savez(bad, **stored)

@@ -416,6 +416,26 @@ def test_a_failed_free_records_no_free_site() -> None:
     )
 
 
+@pytest.mark.parametrize("ps", [1, 4])
+@pytest.mark.parametrize("held", [16, 15, 8])
+def test_a_free_that_stages_an_entry_for_every_page_records_its_site(ps: int, held: int) -> None:
+    """Every page freed on its own ring entry (descending order): the ring full when all 16 are; its site kept."""
+    name = "test_a_free_that_stages_an_entry_for_every_page_records_its_site"
+    pool = LogicalHostPool(16 * ps, ps, track=True)
+    slots, ln_a = pool.alloc(held * ps), line()
+    assert slots is not None
+    descending = np.concatenate([page(p, ps) for p in range(held - 1, -1, -1)])
+    assert pool.free(descending) == held * ps
+    ln_free = line() - 1
+    for p in (0, held - 1):
+        with pytest.raises(DoubleFreeError) as info:
+            pool.free(page(p, ps))
+        assert str(info.value).endswith(
+            f"; it was allocated at {at(ln_a, name)} (allocation #1), then freed at {at(ln_free, name)}"
+        )
+    pool.check_invariants()
+
+
 def test_double_free_after_clear_says_freed_by_clear() -> None:
     pool = LogicalHostPool(4 * PS, PS, track=True)
     name = "test_double_free_after_clear_says_freed_by_clear"

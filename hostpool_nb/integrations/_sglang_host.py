@@ -35,6 +35,7 @@ import torch
 
 from .. import _errors, _fork, _layout
 from .._convert import as_count, as_slots
+from .._tracking import ENV_OFF, ENV_ON
 from ..torch import LogicalHostPool as _TorchPool
 from ..torch import _tensor_as_numpy, _tensor_count
 from .sglang import BOOKKEEPINGS, DEEPSEEK_V4_PAGED, DOUBLE_FREES, HOST_KV_CACHE, Bookkeeping
@@ -47,8 +48,33 @@ KEY = "_hostpool_nb"
 
 
 def accepts_double_frees_by_default() -> bool:
-    """Whether :data:`DOUBLE_FREES` asks pools whose original checks no free to accept double frees."""
-    return os.environ.get(DOUBLE_FREES, "").strip().lower() in ("accept", "1")
+    """Whether :data:`DOUBLE_FREES` asks pools whose original checks no free to accept double frees.
+
+    Read as ``HOSTPOOL_NB_TRACK`` is (the same words mean the same), plus
+    ``accept`` and ``refuse``; anything else is refused, not read as off.
+    """
+    value = os.environ.get(DOUBLE_FREES, "")
+    word = value.strip().lower()
+    if word in ("accept", *ENV_ON):
+        return True
+    if word in ("refuse", *ENV_OFF):
+        return False
+    raise _errors.HostPoolError(
+        f"{DOUBLE_FREES} must be accept or refuse (or 1/0, true/false, yes/no, on/off), got {DOUBLE_FREES}={value!r}"
+    )
+
+
+def trace_kind(bookkeeping: Bookkeeping) -> str:
+    """The pool kind a trace of these books names (one of ``hostpool_nb.trace.HOST_KV_BOOKS``)."""
+    return "HostKVBooks/" + bookkeeping.defined_by.removesuffix("PoolHost").removesuffix("HostPool")
+
+
+def replayed(kind: str, size: int, page_size: int, strict: bool) -> HostKVBooks:
+    """Books of a trace's pool ``kind``, for replay: its bookkeeping, double frees refused where ``strict``."""
+    for bookkeeping in BOOKKEEPINGS:
+        if trace_kind(bookkeeping) == kind:
+            return HostKVBooks(size, page_size, bookkeeping=bookkeeping, accept_double_frees=not strict)
+    raise _errors.HostPoolError(f"no bookkeeping of sglang's is recorded as {kind!r}")
 
 
 class HostKVBooks(_TorchPool):
@@ -97,6 +123,9 @@ class HostKVBooks(_TorchPool):
 
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "bookkeeping": self.bookkeeping, "accept_double_frees": self._accepts}
+
+    def _trace_shape(self) -> dict[str, Any]:
+        return {**super()._trace_shape(), "pool": trace_kind(self.bookkeeping), "strict": not self._accepts}
 
     def __setstate__(self, saved: Any) -> None:
         fields = dict(saved) if isinstance(saved, dict) else {}
@@ -147,6 +176,10 @@ class HostKVBooks(_TorchPool):
         except _errors.HostKVDoubleFreeError:
             if not self._accepts:
                 raise
+        except _errors.SlotRangeError as exc:  # one the reading of the slots raised (uint64 past int64): sglang's type
+            if isinstance(exc, _errors.HostKVSlotRangeError):
+                raise
+            raise _errors.HostKVSlotRangeError(str(exc)) from None
         except TypeError:
             if isinstance(indices, _Tensor) and indices.numel() == 0:
                 return 0  # an empty tensor of any dtype frees nothing, as sglang's free returns
@@ -177,16 +210,20 @@ class HostKVBooks(_TorchPool):
         slots = np.array(as_slots(_tensor_as_numpy(indices) if isinstance(indices, _Tensor) else indices))
         ps = self.page_size
         with self.lock:
-            pages = slots[::ps] // ps
+            if slots.shape[0] % ps:  # not whole pages: the free says so
+                return super().free(slots)
+            chunks = slots.reshape(-1, ps)
+            pages = chunks[:, 0] // ps
             listed = (pages >= 0) & (pages < self.size // ps)
             held = np.zeros(pages.shape[0], dtype=bool)
             held[listed] = self._owner[pages[listed]] == _layout.OWNER_ALLOCATED
             first = np.zeros(pages.shape[0], dtype=bool)
             first[np.unique(pages, return_index=True)[1]] = True
-            keep = (held & first) | ~listed  # a page out of range stays, so that the free says so
+            whole = (chunks == chunks[:, :1] - chunks[:, :1] % ps + np.arange(ps)).all(axis=1)
+            keep = (held & first) | ~listed | ~whole  # only double frees are left out: the free refuses the rest
             self._caller = (slots, np.flatnonzero(keep))  # an error names the caller's entry (_free_error)
             try:
-                super().free(slots.reshape(-1, ps)[keep].reshape(-1))
+                super().free(chunks[keep].reshape(-1))
             finally:
                 self._caller = None
             if not self._warned:
@@ -260,11 +297,9 @@ def _keep_books(
     ``None`` if ``uninstall()`` began meanwhile: the pool keeps its own lists (the caller clears them).
     """
     size, page_size = bookkeeping.geometry(pool)
+    accepts = accepts_double_frees_by_default()  # read for every pool: a value it cannot mean is refused everywhere
     kept = HostKVBooks(
-        size,
-        page_size,
-        bookkeeping=bookkeeping,
-        accept_double_frees=not bookkeeping.checks_frees and accepts_double_frees_by_default(),
+        size, page_size, bookkeeping=bookkeeping, accept_double_frees=accepts and not bookkeeping.checks_frees
     )
     lock = getattr(pool, "lock", None)
     if type(lock) is _RLOCK:

@@ -15,7 +15,7 @@ from .._convert import INT64, STRIDES_1D, as_count, as_slots, pool_shape
 from .._errors import DoubleFreeError, HostPoolError, PagedOnlyError, SlotRangeError
 from .._invariants import group_problems, rank_problems
 from .._jit import Entries
-from .._protocol import ArrayStatePool, Recordable, handed_off, start_words
+from .._protocol import ArrayStatePool, Recordable, handed_off, recorded_kind, start_words
 from .._snapshot import PagedState, checked_ranks, checked_sites, upgraded_words
 from .._tracking import HISTORY_MARK, Outstanding, Tracker, excluded, leak_report, site_id_problems, wanted
 
@@ -679,7 +679,7 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
         for r, (st, gp, kept) in enumerate(zip(ranks, groups, frees, strict=True)):  # each gp's words: fits
             found = group_problems(gp, st, self._pages)
             if not found and not _same_pending(gp, kept, self.page_size):
-                found = ["the frees it keeps for free_group are not the pages pending"]
+                found = ["the frees it keeps for free_group do not name every page pending"]
             if found:
                 raise HostPoolError(f"{what}: the free group of rank {r} fails the invariants: " + "; ".join(found))
         for st in ranks:
@@ -762,7 +762,7 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
 
     def _trace_shape(self) -> dict[str, Any]:
         return {
-            "pool": type(self).__name__,
+            "pool": recorded_kind(self),
             "size": self.size,
             "page_size": self.page_size,
             "merge": "sorted" if self._sorted else "fifo",
@@ -939,12 +939,15 @@ def _is_words(value: Any) -> bool:
 
 
 def _same_pending(gp: NDArray[np.int64], kept: Any, page_size: int) -> bool:
-    """Whether the slot arrays ``kept`` (a rank's ``free_group``) name exactly the pages pending in ``gp``."""
+    """Whether the slot arrays ``kept`` (a rank's ``free_group``) name every page pending in ``gp``.
+
+    They may name more: a free of the paged allocator ignores a page already free, and keeps the slots as given.
+    """
     if not isinstance(kept, list) or not all(_is_words(f) for f in kept):
         return False
     pending = set(gp[_layout.GP_HEADER : _layout.GP_HEADER + int(gp[_layout.GP_COUNT])].tolist())
     named = {int(slot) // page_size for f in kept for slot in f.tolist()}
-    return named == pending
+    return pending <= named
 
 
 def _read_only_copy(slots: NDArray[np.int64]) -> NDArray[np.int64]:

@@ -14,7 +14,7 @@ from .._convert import _INT64_MAX, as_count, as_int_vectors, as_slots, own_slots
 from .._errors import AlignmentError, HostPoolError, SlotRangeError
 from .._fork import register as _register_fork_lock
 from .._jit import Entries
-from .._protocol import handed_off, parts
+from .._protocol import handed_off, unrecorded
 from .._snapshot import SWAState
 from .._tracking import wanted
 from ._allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
@@ -114,7 +114,7 @@ class SWATokenToKVPoolAllocator(_BatchCalls, BaseTokenToKVPoolAllocator, _SWASta
         track = wanted(track)
         full_pool, swa_pool = kvcache.full_kv_pool, kvcache.swa_kv_pool
         sub: Any
-        with parts():  # the sides are this allocator's: HOSTPOOL_NB_RECORD records it, not them
+        with unrecorded():  # the sides are this allocator's: HOSTPOOL_NB_RECORD records it, not them
             if page_size == 1:
                 self.full_attn_allocator: Any = TokenToKVPoolAllocator(size, full_pool, dp_size=dp_size, track=track)
                 sub = TokenToKVPoolAllocator(size_swa, swa_pool, dp_size=dp_size, track=track)

@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 from .. import _layout
 from .._convert import own_slots
 from .._errors import HostPoolError
-from .._protocol import ArrayStatePool, Recordable, start_words
+from .._protocol import ArrayStatePool, Recordable, recorded_kind, start_words
 from .._snapshot import SWAState
 from .._tracking import Outstanding
 from ._base import _lists_of, _RankedAllocator
@@ -128,7 +128,7 @@ class _SWAStateKeeping(Recordable, ArrayStatePool):
     def _trace_shape(self) -> dict[str, Any]:
         return {
             **self.full_attn_allocator._trace_shape(),
-            "pool": type(self).__name__,
+            "pool": recorded_kind(self),
             "size_swa": self.size_swa,
         }
 
