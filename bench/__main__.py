@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     print(wrap(f"hostpool_nb benchmark, scale {args.scale:g} ({elapsed:.0f} s); {machine_line(info)}", width=width))
     print(
         wrap(
-            "x numpy, x torch = baseline time / hostpool_nb time (above 1x: hostpool_nb is faster or smaller)",
+            f"{'x numpy, x torch' if TORCH in impls else 'x numpy'} = baseline time / hostpool_nb time "
+            "(above 1x: hostpool_nb is faster or smaller)",
             width=width,
         )
     )

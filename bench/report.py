@@ -146,6 +146,8 @@ def summary(rows: list[Row]) -> str:
     """How many targets were met; each one missed, and whether docs/benchmarks.md knows why (a line each)."""
     met = [r for r in rows if r.met is True]
     missed = [r for r in rows if r.met is False]
+    if not met and not missed:
+        return "no targets judged here (a trace's rows have none)"
     lines = [f"targets: {len(met)} of {len(met) + len(missed)} met"]
     known = [(r, known_miss(r)) for r in missed]
     if any(why is not None for _, why in known):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import statistics
 import sys
 import time
@@ -75,7 +76,12 @@ class Progress:
         stream = sys.stderr if stream is None else stream
         self._bar: Any = None
         self._done = 0.0
+        self._lines: TextIO | None = None  # a terminal too narrow for a bar: a line per label instead
+        self._said = ""
         if not (enabled and is_terminal(stream)):
+            return
+        if _columns(stream) < _BAR_COLUMNS:  # a bar of no width draws nothing (a pseudo-terminal of 0 columns)
+            self._lines = stream
             return
         try:
             from tqdm import tqdm
@@ -100,10 +106,13 @@ class Progress:
     def label(self, text: str) -> None:
         if self._bar is not None:
             self._bar.set_description_str(text, refresh=True)
+        elif self._lines is not None and text != self._said:
+            self._said = text
+            print(text, file=self._lines, flush=True)
 
-    def _left(self) -> str:
+    def _left(self) -> str:  # tqdm puts ", " before a postfix
         left = max(0.0, self._total - self._done)
-        return f", about {int(left) // 60}:{int(left) % 60:02d} left by the estimates"
+        return f"about {int(left) // 60}:{int(left) % 60:02d} left by the estimates"
 
     def advance(self, seconds: float) -> None:
         if self._bar is None:
@@ -123,6 +132,17 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+_BAR_COLUMNS = 40  # the label, a bar and the times: fewer columns show none of it
+
+
+def _columns(stream: Any) -> int:
+    """The width of the terminal ``stream`` is (0 if it cannot say)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return 0
 
 
 def is_terminal(stream: Any) -> bool:

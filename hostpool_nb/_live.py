@@ -134,7 +134,7 @@ def _claim(folder: Path, said: str, pool: Any) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise HostPoolError(f"{ENV}={said!r}: cannot make the folder {folder} ({exc.strerror or exc})") from None
-    kind = pool._trace_shape()["pool"]
+    kind = pool._trace_shape()["pool"].replace("/", "-")  # HostKVBooks/<bookkeeping>: one file name
     while True:
         path = folder / f"{kind}-{_started}-pid{os.getpid()}-{next(_numbers)}.trace"
         try:

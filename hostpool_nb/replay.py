@@ -939,23 +939,59 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.path}: {pool}: DIVERGES at {divergence} (after {done} matching operations)")
         return 1
     note = f"; {skipped} not replayable (what they were given is not in the record), skipped" if skipped else ""
-    print(f"{args.path}: {pool}: all {done} operations match{note}")
+    matched = "the one operation matches" if done == 1 else f"all {done} operations match"
+    print(f"{args.path}: {pool}: {matched}{note}")
     if args.time:
         try:
             timing = time_trace(trace, args.repeats, max_pool_bytes=args.max_pool_bytes)
         except TraceError as exc:
             print(f"python -m hostpool_nb.replay: error: {exc}", file=sys.stderr)
             return 2
-        ours = timing.per_op.get("hostpool_nb", 0.0)
-        for name, seconds in timing.per_op.items():
-            ratio = "" if name == "hostpool_nb" else f": {_ratio(seconds / ours)} {name}"
-            label = name if name == "hostpool_nb" else f"original on {name}"
-            print(f"  {label:>17}: {_duration(seconds):>9} per operation (median of {args.repeats}){ratio}")
-        if len(timing.per_op) > 1:
-            print("  x numpy, x torch = the original's time / hostpool_nb's (above 1x: hostpool_nb is faster)")
-        for line in timing.notes[1:]:
+        for line in _timing_lines(timing, args.repeats):
             print(f"  {line}")
     return 0
+
+
+#: Repeats whose ratios spread wider than this (highest over lowest) are said to be too wide to give a figure.
+TOO_WIDE = 1.3
+
+
+def _timing_lines(timing: TraceTiming, repeats: int) -> list[str]:
+    """What ``replay --time`` prints: each side's median and range, each ratio's range, and what they allow."""
+    ours = timing.per_op.get("hostpool_nb", 0.0)
+    mine = timing.samples.get("hostpool_nb", [])
+    lines, wide = [], []
+    for name, seconds in timing.per_op.items():
+        spread = timing.samples.get(name, [])
+        of = (
+            f"median of {repeats}, {_duration(min(spread))}-{_duration(max(spread))}"
+            if spread
+            else f"median of {repeats}"
+        )
+        label = name if name == "hostpool_nb" else f"original on {name}"
+        ratio = ""
+        if name != "hostpool_nb" and ours > 0:
+            ratios = [a / b for a, b in zip(spread, mine, strict=False) if b > 0]  # repeat by repeat: interleaved
+            ratio = f": {_ratio(seconds / ours)} {name}"
+            if len(ratios) > 1:
+                low, high = min(ratios), max(ratios)
+                ratio += f" (repeats {_ratio(low)}-{_ratio(high)})"
+                if low < 1 < high:
+                    wide.append(f"against {name} the repeats fall either side of 1x: they cannot say which is faster")
+                elif high / low > TOO_WIDE:
+                    wide.append(
+                        f"against {name} the repeats spread {high / low:.2f}-fold: the ratio is only known "
+                        f"to lie between {_ratio(low)} and {_ratio(high)}"
+                    )
+        lines.append(f"{label:>17}: {_duration(seconds):>9} per operation ({of}){ratio}")
+    others = [name for name in timing.per_op if name != "hostpool_nb"]
+    if others:
+        said = ", ".join(f"x {name}" for name in others)
+        lines.append(f"{said} = the original's time / hostpool_nb's (above 1x: hostpool_nb is faster)")
+    if wide:  # a busy machine, or a short trace
+        lines += [*wide, "(a quiet machine and more --repeats narrow it)"]
+    lines += timing.notes[1:]
+    return lines
 
 
 def _duration(seconds: float) -> str:

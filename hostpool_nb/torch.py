@@ -34,8 +34,9 @@ try:
 except ImportError as exc:
     raise ImportError(
         f"hostpool_nb.torch needs torch, which could not be imported ({exc}). "
-        "Install the torch build you need, e.g. pip install torch==2.13.0 for the CPU one "
-        "(an unpinned torch may pull a multi-GB CUDA build); from a clone of hostpool_nb, "
+        "Install torch first: on Linux the package index's torch is a CUDA build of several GB, and the "
+        "CPU-only build comes from PyTorch's own index: pip install torch --index-url "
+        "https://download.pytorch.org/whl/cpu (README, 'Install'); from a clone of hostpool_nb, "
         'pip install ".[torch]" then adds the extra. '
         "The torch-free pool is hostpool_nb.LogicalHostPool."
     ) from exc

@@ -188,8 +188,9 @@ CALLS = {
         *_GROUPS_AND_SNAPSHOTS,
     ),
 }
-#: The books sglang's host pools keep under ``hostpool_nb.integrations.sglang``, by their bookkeeping: a host
-#: pool with sglang's errors, whose ``strict`` says whether it refuses double frees (replayed with torch).
+#: The kinds of the books sglang's host pools keep under ``hostpool_nb.integrations.sglang``, one per
+#: bookkeeping (host pools with sglang's errors); a trace's ``strict`` says whether they refused double
+#: frees. Replayed with torch.
 HOST_KV_BOOKS = ("HostKVBooks/HostKVCache", "HostKVBooks/Mamba", "HostKVBooks/DeepSeekV4Paged")
 CALLS.update(dict.fromkeys(HOST_KV_BOOKS, CALLS["LogicalHostPool"]))
 SWA = "SWATokenToKVPoolAllocator"

@@ -179,7 +179,7 @@ def run_child(source: str, args: dict[str, Any], timeout: float) -> dict[str, An
 
 def loaded(line: str) -> int:
     """How many kernels an integration's INFO line says its pool loaded when it was built (ms, a whole number)."""
-    found = re.fullmatch(r".*; (\d+) kernels loaded in \d+ ms", line)
+    found = re.fullmatch(r".*; (\d+) kernels loaded in \d+ ms \(hostpool_nb [0-9][^ ]* from .+\)", line)
     assert found, line
     return int(found[1])
 

@@ -331,13 +331,16 @@ def test_progress_counts_estimated_seconds_and_stays_quiet_off_a_terminal() -> N
     bar.close()
 
 
-def test_the_bar_never_passes_its_end_and_its_eta_is_the_estimates_left() -> None:
+def test_the_bar_never_passes_its_end_and_its_eta_is_the_estimates_left(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a terminal: a workload that reports more than its estimate does not overshoot (tqdm would warn), and
     the time left is what the estimates say, not a rate taken while the first workload compiles."""
     import io
     import warnings
 
+    from bench import timing
+
     pytest.importorskip("tqdm")
+    monkeypatch.setattr(timing, "_columns", lambda stream: 100)
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:
@@ -354,7 +357,32 @@ def test_the_bar_never_passes_its_end_and_its_eta_is_the_estimates_left() -> Non
         bar.reach(200.0)
         assert bar._done == 100.0
         assert "about 0:00 left by the estimates" in stream.getvalue()
+        assert "elapsed, about" in stream.getvalue()
+        assert ", ," not in stream.getvalue()  # tqdm's own comma before the postfix, once
         bar.close()
+
+
+def test_a_terminal_of_no_width_gets_a_line_per_workload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bar on a pseudo-terminal of zero columns printed nothing for the whole run."""
+    import io
+
+    from bench import timing
+
+    pytest.importorskip("tqdm")
+    monkeypatch.setattr(timing, "_columns", lambda stream: 0)
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Tty()
+    bar = Progress(100.0, stream=stream)
+    assert not bar.shown
+    for text in ("host: page size 64", "host: page size 64", "paged: free"):
+        bar.label(text)
+        bar.advance(10.0)
+    bar.close()
+    assert stream.getvalue() == "host: page size 64\npaged: free\n"
 
 
 def test_startup_says_each_process_as_it_ends(
@@ -580,7 +608,7 @@ def test_compare_refuses_an_unknown_cell(capsys: pytest.CaptureFixture[str]) -> 
     assert "--only-cells: unknown cell(s) 2:trace" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "1e400"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "-0.01", "61", "1e400"])
 def test_compare_refuses_a_loop_length_that_times_nothing(value: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         compare.main(["HEAD", "--min-loop", value, "--only-cells", compare.CELLS[0]])

@@ -159,6 +159,23 @@ def test_a_module_imported_after_install_gets_hostpool_nbs_class(engine: StandIn
     assert late.PagedTokenToKVPoolAllocator is sgl_jax.PagedTokenToKVPoolAllocator
 
 
+def test_install_rebinds_names_only_in_the_engines_own_package(
+    engine: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A package whose name only starts as the engine's (sgl_jax_extra) keeps what it imported, on every install."""
+    original = sys.modules[sgl_jax.ALLOCATORS].PagedTokenToKVPoolAllocator
+    inside, outside = types.ModuleType("sgl_jax.srt.by_name"), types.ModuleType("sgl_jax_extra")
+    for module in (inside, outside):
+        module.PagedTokenToKVPoolAllocator = original  # type: ignore[attr-defined]  # as `from ... import` leaves it
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    for _ in range(2):  # and again on a re-install
+        sgl_jax.install()
+        assert inside.PagedTokenToKVPoolAllocator is sgl_jax.PagedTokenToKVPoolAllocator  # type: ignore[attr-defined]
+        assert outside.PagedTokenToKVPoolAllocator is original  # type: ignore[attr-defined]
+        sgl_jax.uninstall()
+        assert inside.PagedTokenToKVPoolAllocator is original  # type: ignore[attr-defined]
+
+
 def test_an_allocator_built_through_the_integration_pickles(engine: StandIn) -> None:
     sgl_jax.install()
     made = engine.build("PagedTokenToKVPoolAllocator", 1 << 10, 16, None)
@@ -646,3 +663,69 @@ class Pool(Base):
     found = attributes_set_in_init(source, "Pool")
     assert {"size", "flag", "count", "nested"} <= found
     assert not {"not_in_init", "nor_here"} & found
+
+
+# -- python -m hostpool_nb.serve ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["uvicorn.main"], "'uvicorn.main' is not a module of an engine hostpool_nb installs into (sgl_jax, sglang)"),
+        (["sglang_router.launch_router"], "'sglang_router.launch_router' is not a module of an engine"),
+        (["sglang.no_such_server", "--port", "1"], "no module named 'sglang.no_such_server' here"),
+        ([".relative"], "'.relative' is not a module of an engine"),
+    ],
+)
+def test_the_launcher_refuses_what_it_cannot_start_in_one_line(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hostpool_nb import serve
+
+    assert serve.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"python -m hostpool_nb.serve: error: {said}")
+    assert err.count("\n") == 1
+
+
+def test_the_launcher_says_its_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    from hostpool_nb import serve
+
+    assert serve.main([]) == 2
+    assert capsys.readouterr().err.startswith("usage: python -m hostpool_nb.serve MODULE")
+    assert serve.main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: python -m hostpool_nb.serve MODULE")
+
+
+def test_the_launcher_installs_then_runs_the_module_as_main_with_its_arguments(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The server module runs as __main__, with its own arguments, after install(); the children are told how."""
+    from hostpool_nb import serve
+
+    package = tmp_path / "sglang"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "launch_server.py").write_text(
+        "import sys\nimport sglang\nif __name__ == '__main__':\n    sglang.ran = (sys.argv[1:], sglang.installed)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "sglang", raising=False)
+    monkeypatch.delenv(serve.ENGINE_ENV, raising=False)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    calls: list[str] = []
+
+    def install(engine: str) -> None:
+        import sglang
+
+        sglang.installed = engine  # type: ignore[attr-defined]
+        calls.append(engine)
+
+    monkeypatch.setattr(serve, "_install", install)
+    assert serve.main(["sglang.launch_server", "--model-path", "m", "--port", "30000"]) == 0
+    import sglang
+
+    assert sglang.ran == (["--model-path", "m", "--port", "30000"], "sglang")  # type: ignore[attr-defined]
+    assert calls == ["sglang"]
+    assert os.environ[serve.ENGINE_ENV] == "sglang"
+    monkeypatch.delitem(sys.modules, "sglang")

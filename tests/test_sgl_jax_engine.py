@@ -339,3 +339,85 @@ def test_the_docs_laptop_recipe_runs_as_written(models: dict[str, Path], tmp_pat
     printed = [line for line in done.stdout.splitlines() if "cached tokens:" in line]
     assert len(printed) == 2
     assert all(len(json.loads(line.split(" cached tokens:")[0])) == 8 for line in printed)
+
+
+def test_the_server_started_through_the_launcher_serves_with_hostpool_nb(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    """``python -m hostpool_nb.serve sgl_jax.launch_server <its arguments>``: the HTTP server, as users start it.
+
+    The scheduler is a spawned process: it says it uses hostpool_nb, so the launcher installed it there too.
+    """
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    model = str(models["qwen3"])
+    server_args = ["--model-path", model, "--tokenizer-path", model, "--device", "cpu", "--page-size", "16"]
+    server_args += ["--max-total-tokens", "4096", "--max-running-requests", "8", "--grammar-backend", "none"]
+    server_args += ["--disable-precompile", "--skip-server-warmup", "--host", "127.0.0.1", "--port", str(port)]
+    env = {k: v for k, v in os.environ.items() if k not in (TRACK_ENV, RECORD_ENV)}
+    env |= {"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "hostpool_nb.serve", "sgl_jax.launch_server", *server_args, "--log-level", "info"],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"the server exited ({server.returncode}):\n{log.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"the server did not start in {RUN_TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
+            time.sleep(1)
+        outputs = []
+        for prompt in ("the quick brown fox", "the quick brown fox jumps over the lazy dog"):
+            body = {"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
+            request = urllib.request.Request(
+                f"{url}/generate", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(request, timeout=RUN_TIMEOUT_S) as answer:
+                outputs.append(json.loads(answer.read()))
+    finally:
+        os.killpg(server.pid, 15)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, 9)
+            server.wait()
+    said = log.read_text()
+    assert all(o["meta_info"]["completion_tokens"] == 8 for o in outputs), outputs
+    in_use = [
+        line for line in said.splitlines() if "hostpool_nb in use: sgl_jax builds PagedTokenToKVPoolAllocator" in line
+    ]
+    assert in_use, said[-4000:]
+    assert "size=4096, page_size=16" in in_use[0]
+
+
+def test_the_launcher_refuses_a_module_of_no_engine_in_one_line() -> None:
+    for module, said in (
+        ("uvicorn.main", "'uvicorn.main' is not a module of an engine hostpool_nb installs into (sgl_jax, sglang)"),
+        ("sgl_jax.no_such_server", "no module named 'sgl_jax.no_such_server' here"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "hostpool_nb.serve", module], capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 2
+        assert done.stderr.startswith(f"python -m hostpool_nb.serve: error: {said}"), done.stderr
+        assert done.stderr.count("\n") == 1

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hostpool_nb import HostPoolError, LogicalHostPool
+from hostpool_nb import DoubleFreeError, HostPoolError, LogicalHostPool
 from hostpool_nb import _kernels as K
 from hostpool_nb import _layout as L
 from hostpool_nb import _paged_kernels as P
@@ -229,3 +229,43 @@ def test_short_kernels_and_twins_do_what_the_run_kernels_do(
         _assert_same_pool(st_a, st_b)
         if status >= 0:
             np.testing.assert_array_equal(arg_a, arg_b)  # an alloc's slots
+
+
+@pytest.mark.parametrize("length", [8, 9, 15, 16, 17, 24])
+@pytest.mark.parametrize("start", range(17))
+def test_a_page_size_1_run_whose_last_page_is_free_is_refused(start: int, length: int) -> None:
+    """A short free's run at page size 1: the run's last flag word is tested (masked to the run), every start."""
+    pool = LogicalHostPool(64, 1)
+    assert pool.alloc(64) is not None
+    last = start + length - 1
+    pool.free(np.array([last]))
+    before = _lists_and_flags(pool)
+    with pytest.raises(
+        DoubleFreeError, match=rf"page {last} \(slots {last}..{last}\), freed at indices\[{length - 1}\]"
+    ):
+        pool.free(np.arange(start, start + length))
+    assert _lists_and_flags(pool) == before
+    assert pool.free(np.arange(start, last)) == length - 1  # the run without it: all allocated
+
+
+@pytest.mark.parametrize("length", [8, 9, 16, 17])
+@pytest.mark.parametrize("again", ["first", "last"])
+def test_a_page_size_1_page_named_again_after_its_run_is_a_duplicate(length: int, again: str) -> None:
+    """The duplicate search reads the last staged run's length: a page of that run named again is found in it."""
+    pool = LogicalHostPool(64, 1)
+    assert pool.alloc(64) is not None
+    start = 5
+    page = start if again == "first" else start + length - 1
+    before = _lists_and_flags(pool)
+    with pytest.raises(
+        DoubleFreeError, match=rf"page {page} .* is freed twice in one call \(again at indices\[{length}\]"
+    ):
+        pool.free(np.array([*range(start, start + length), page]))
+    assert _lists_and_flags(pool) == before
+
+
+def _lists_and_flags(pool: LogicalHostPool) -> tuple[list[list[int]], list[int]]:
+    """The pool's lists and every page's owner flag: what a refused free leaves as it was (the ring's spare
+    part is scratch)."""
+    n = pool.size // pool.page_size
+    return [x.tolist() for x in L.lists_of(pool._st)], L.owner_flags(pool._st, n).tolist()

@@ -75,7 +75,7 @@ def test_import_without_torch_says_how_to_install() -> None:
     assert result["raised"] == "ImportError"
     # Commands that work from a clone: the package is not on an index, so
     # ``pip install "hostpool_nb[torch]"`` would fail.
-    assert "pip install torch==2.13.0" in result["message"]
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in result["message"]  # as README
     assert 'pip install ".[torch]"' in result["message"]
     assert "hostpool_nb[torch]" not in result["message"]
     assert result["cause"] == "ModuleNotFoundError"

@@ -874,3 +874,18 @@ def test_a_sweep_keeps_the_site_that_freed_a_page() -> None:
     assert str(info.value).endswith(
         f"it was allocated at {at(ln_a, name)} with tag 'first' (allocation #1), then freed at {at(ln_free, name)}"
     ), str(info.value)
+
+
+def test_a_snapshot_restored_into_another_pool_brings_its_own_sites() -> None:
+    """A site table of the same length as the pool's, with other entries, is loaded, not taken for the same."""
+    name = "test_a_snapshot_restored_into_another_pool_brings_its_own_sites"
+    a = LogicalHostPool(4 * PS, PS, track=True)
+    b = LogicalHostPool(4 * PS, PS, track=True)
+    _, ln_a = a.alloc(PS, tag="from a"), line()
+    _, ln_b = b.alloc(PS, tag="from b"), line()
+    assert site_table_len(a) == site_table_len(b)  # one site each, at the same id
+    b.restore_state(a.backup_state())
+    assert [(r.line, r.tag) for r in b.outstanding()] == [(ln_a, "from a")]
+    assert rows(b) == rows(a)
+    assert ln_b != ln_a
+    assert at(ln_a, name) in b.leak_report()

@@ -21,15 +21,18 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import __version__
 from ._surface import Parameters, parameters_of, surface_of, surface_problems
 
 _log = logging.getLogger("hostpool_nb")
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the hostpool_nb folder in use
 
 
 class IntegrationError(ImportError):
@@ -363,7 +366,15 @@ def log_in_use(engine: str, what: str, pool: Any) -> None:
 
     took = load(pool)
     count = len(pool._kernel_calls())
-    _log.info("hostpool_nb in use: %s builds %s; %d kernels loaded in %.0f ms", engine, what, count, took * 1e3)
+    _log.info(
+        "hostpool_nb in use: %s builds %s; %d kernels loaded in %.0f ms (hostpool_nb %s from %s)",
+        engine,
+        what,
+        count,
+        took * 1e3,
+        __version__,
+        _PACKAGE,  # which copy: a clone's source can shadow the installed package
+    )
 
 
 def announcing(base: type, engine: str, describe: Callable[[Any], str], module: str, name: str | None = None) -> type:
