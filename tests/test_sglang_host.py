@@ -193,6 +193,26 @@ def _churn(pool: Any, held: list[Any], errors: list[BaseException], calls: Any, 
         errors.append(exc)
 
 
+def test_uninstall_under_a_live_recording_makes_no_trace_of_its_own(
+    engine: StandIn, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """uninstall() handed each pool back through a copy whose unpickling was recorded: a trace per pool, unasked."""
+    from hostpool_nb._live import flush_all
+
+    monkeypatch.setenv("HOSTPOOL_NB_RECORD", str(tmp_path))
+    caplog.set_level(logging.WARNING, logger="hostpool_nb")
+    sglang.install()
+    pool = build(engine, "MHATokenToKVPoolHost")
+    pool.free(pool.alloc(8))
+    assert len(list(tmp_path.iterdir())) == 1  # the pool's own trace
+    said = len([r for r in caplog.records if "recording every call" in r.getMessage()])
+    sglang.uninstall()
+    flush_all()
+    assert len(list(tmp_path.iterdir())) == 1
+    assert len([r for r in caplog.records if "recording every call" in r.getMessage()]) == said
+    assert pool.alloc(8) is not None  # the pool goes on under sglang's own methods
+
+
 def test_uninstall_while_another_thread_allocates_hands_no_slot_out_twice(engine: StandIn) -> None:
     """A call in flight when uninstall() hands the books back runs on the lists handed back, never on stale books.
 
