@@ -538,3 +538,28 @@ def test_the_repr_says_each_sides_available_slots() -> None:
         "SWATokenToKVPoolAllocator(size=128, size_swa=64, page_size=4, dp_size=2: available_full=[56, 64], "
         "available_swa=[24, 32])"
     )
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_full_slot_mapped_into_the_padding_page_is_unmapped_by_its_free(grouped: bool) -> None:
+    """A request decoding after its SWA slots went is mapped from slot 0 (the padding page); its free unmaps it."""
+    a = SWATokenToKVPoolAllocator(256, 128, hybrid(), page_size=4)
+    swa_free = a.swa_available_size()
+    full = a.alloc_extend([0], [3], [-1], 3)
+    assert full is not None
+    assert a.free_swa(full) == 3  # the window moved past all three
+    assert a.full_to_swa_index_mapping[full].tolist() == [0, 0, 0]
+    decoded = a.alloc_decode([4], [int(full[-1])])
+    assert decoded is not None
+    padding = int(a.full_to_swa_index_mapping[decoded[0]])
+    assert 0 < padding < 4  # mapped from slot 0: into the padding page, which is never allocated
+    everything = np.concatenate([full, decoded])
+    if grouped:
+        a.free_group_begin()
+    a.free(everything)
+    if grouped:
+        a.free_group_end()
+    assert a.full_to_swa_index_mapping[everything].tolist() == [0, 0, 0, 0]
+    assert a.count_swa_mapped(everything) == 0
+    assert a.swa_available_size() == swa_free  # the padding slot was never the SWA side's to free
+    a.check_invariants()
