@@ -901,3 +901,32 @@ def test_replay_compares_free_swas_count_with_the_record(tmp_path: Path) -> None
     assert (divergence.index, divergence.name) == (i, "free_swa")
     assert "3" in divergence.expected
     assert "4" in divergence.got
+
+
+@pytest.mark.parametrize("kind", ["paged", "token", "swa"])
+def test_a_version_3_allocator_trace_is_read_and_replays(kind: str, tmp_path: Path) -> None:
+    """Version 3 (the first to record allocators) stored every array as it is, its ops without a kind."""
+    from tests.test_trace import as_version
+
+    kv = SimpleNamespace(full_kv_pool=None, swa_kv_pool=None)
+    a: Any = {
+        "paged": lambda: PagedTokenToKVPoolAllocator(256, 4, None, dp_size=2),
+        "token": lambda: TokenToKVPoolAllocator(64, None),
+        "swa": lambda: SWATokenToKVPoolAllocator(256, 128, kv, page_size=4),
+    }[kind]()
+    held = a.alloc(8)
+    a.free(held[:4])  # a start state with something released
+    path = tmp_path / "t.npz"
+    with a.recording(path):
+        x = a.alloc_extend([0, 0], [5, 3], [-1, -1], 8) if kind != "token" else a.alloc(8)
+        a.free_group_begin()
+        a.free(x)
+        a.free_group_end()
+        with pytest.raises(HostPoolError):
+            a.free(np.array([1 << 20]))  # out of range: refused, recorded with its error
+    new = T.load(path)
+    old = T.load(as_version(path, tmp_path / "v3.npz", 3))
+    assert [op.name for op in old.operations] == [op.name for op in new.operations]
+    assert [op.error for op in old.operations] == [op.error for op in new.operations]
+    assert {op.kind for op in old.operations} == {"int64 array"}  # version 3 did not say: replayed as int64
+    assert R.replay(old) == (len(new.operations), 0, None)
