@@ -639,6 +639,14 @@ def test_bench_trace_times_an_allocators_recording(tmp_path: Path) -> None:
     assert [(r["workload"], r["params"]) for r in rows] == [("recorded trace", f"{tmp_path / 't.npz'} 120 ops")]
 
 
+def test_a_run_that_judged_no_target_says_so_not_0_of_0() -> None:
+    """bench --trace ended "targets: 0 of 0 met"."""
+    row = Row("recorded trace", "t.npz 120 ops", "s", {HOSTPOOL: 1e-6, NUMPY: 2e-6})
+    assert row.met is None
+    assert summary([row]) == "no targets judged here (a trace's rows have none)"
+    assert summary([row.at_least(NUMPY, 1.0)]).startswith("targets: 1 of 1 met")
+
+
 def test_the_sglang_host_tier_cells_refuse_to_time_sides_that_disagree() -> None:
     pytest.importorskip("torch")
     from bench import hicache
