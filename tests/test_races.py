@@ -232,7 +232,9 @@ _COUNTS = textwrap.dedent(
         full = a.alloc(4096)  # every entry of the mapping set, the last ones too
         a.free_swa(full[:1])  # but slot 1's
         x = np.full(1 << 16, 1, dtype=np.int64)  # slot 1, many times: none of them mapped
-        stop, t = start([lambda: x.__setitem__(-1, -7), lambda: x.__setitem__(-1, 1)])
+        # -255 shares its low byte with 1 and wraps to a mapped entry: a copy that tears
+        # the two apart (numpy copies without the GIL) gives 1, -255 or an id out of range.
+        stop, t = start([lambda: x.__setitem__(-1, -255), lambda: x.__setitem__(-1, 1)])
         for _ in range(rounds):
             try:
                 wrong += a.count_swa_mapped(x) != 0
@@ -242,11 +244,14 @@ _COUNTS = textwrap.dedent(
         a = PagedTokenToKVPoolAllocator(1 << 16, 16, None, track=True)
         held = a.alloc(1 << 16)
         x = np.array(held[: 1 << 15], dtype=np.int64)  # half the pages held legitimately
-        stop, t = start([lambda: x.__setitem__(-1, -7), lambda: x.__setitem__(-1, int(held[(1 << 15) - 1]))])
+        v = int(x[-1])
+        # v - 2**16 shares v's low two bytes (a torn copy gives v, it, or an id out of range)
+        # and wraps to page v // 16 + 1, which the exclusion does not cover.
+        stop, t = start([lambda: x.__setitem__(-1, v - (1 << 16)), lambda: x.__setitem__(-1, v)])
         for _ in range(rounds):
             try:
                 left = sum(o.pages for o in a.outstanding(exclude=x))
-                wrong += left != (1 << 11)  # the other half: a wrapped -7 would drop the last page of it
+                wrong += left != (1 << 11)  # the other half: a wrapped id would drop one page of it
             except SlotRangeError:
                 pass
     stop.set(); t.join()
