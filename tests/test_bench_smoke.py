@@ -707,13 +707,22 @@ def test_the_engine_timing_adds_up_a_runs_calls() -> None:
 def test_the_engine_timing_says_when_the_outputs_differ() -> None:
     from tests.engine import timing
 
-    same = {"plain": [_engine_run([[1, 2]])], "installed": [_engine_run([[1, 2]])]}
-    differ = {"plain": [_engine_run([[1, 2]])], "installed": [_engine_run([[1, 3]])]}
+    def run(*requests: tuple[list[int], int]) -> dict[str, Any]:
+        return _engine_run([{"output_ids": ids, "cached_tokens": hit} for ids, hit in requests])
+
+    same = {"plain": [run(([1, 2], 0), ([4], 60))], "installed": [run(([1, 2], 0), ([4], 60))]}
+    differ = {"plain": [run(([1, 2], 0), ([4], 60))], "installed": [run(([1, 3], 0), ([4], 60))]}
+    # A cache hit that moved with timing is reported, not an error: the tokens are what must not change.
+    moved = {"plain": [run(([1, 2], 0), ([4], 60))], "installed": [run(([1, 2], 0), ([4], 0))]}
     assert timing._identical(same)
     assert not timing._identical(differ)
+    assert timing._identical(moved)
     report = timing._report({"p16-64K": differ})
     assert "outputs identical: False" in report
     assert "allocator while serving" in report
+    assert "outputs identical: True" in timing._report({"p16-64K": moved})
+    assert "cache hits moved with timing in at most 1 requests" in timing._report({"p16-64K": moved})
+    assert "at most 0 requests" in timing._report({"p16-64K": same})
 
 
 def test_the_engine_timing_workload_is_the_same_every_time() -> None:

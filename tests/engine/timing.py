@@ -425,10 +425,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _outputs(run: dict[str, Any]) -> list[Any]:
+    return [r["output_ids"] for r in run["requests"]]
+
+
 def _identical(sides: dict[str, list[dict[str, Any]]]) -> bool:
-    """Whether every installed run generated what the first plain run did: each request's tokens and cache hits."""
-    first = sides["plain"][0]["requests"]
-    return all(r["requests"] == first for r in sides["installed"])
+    """Whether every installed run generated the tokens the first plain run did, request by request.
+
+    Cache hits are not compared: whether a request finds another's prefix in the radix cache depends on the
+    step that admitted it, which moves with timing in the plain engine too (seen: 7 of 80 requests).
+    """
+    first = _outputs(sides["plain"][0])
+    return all(_outputs(r) == first for r in sides["installed"])
+
+
+def _hits_moved(sides: dict[str, list[dict[str, Any]]]) -> int:
+    """The most requests of any run whose cache hits differ from the first plain run's."""
+    first = [r["cached_tokens"] for r in sides["plain"][0]["requests"]]
+    runs = sides["plain"][1:] + sides["installed"]
+    return max(
+        (sum(r["cached_tokens"] != c for r, c in zip(run["requests"], first, strict=True)) for run in runs), default=0
+    )
 
 
 def _median_range(values: list[float], fmt: str) -> str:
@@ -458,9 +475,10 @@ def _report(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
         plain = [summarise(r) for r in sides["plain"]]
         mine = [summarise(r) for r in sides["installed"]]
         same = _identical(sides)
-        plain_same = all(r["requests"] == sides["plain"][0]["requests"] for r in sides["plain"])
+        plain_same = all(_outputs(r) == _outputs(sides["plain"][0]) for r in sides["plain"])
         lines.append(
-            f"\n{config} ({len(plain)} runs each; outputs identical: {same}; plain repeats itself: {plain_same})"
+            f"\n{config} ({len(plain)} runs each; outputs identical: {same}; plain repeats itself: {plain_same}; "
+            f"cache hits moved with timing in at most {_hits_moved(sides)} requests of a run)"
         )
         lines.append(f"  {'':48} {'plain':>22} {'installed':>22} {'ratio':>7}")
         for label, key, fmt in rows:
