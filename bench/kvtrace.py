@@ -119,7 +119,7 @@ def replay(pool: Any, trace: Trace, record: list[Any] | None = None) -> None:
 @functools.cache
 def _touch_kernels() -> tuple[Callable[[Any], int], Callable[[Any], int]]:
     """Two compiled calls, as the pool calls its kernels: write every slot of an array, read every one."""
-    from hostpool_nb._jit import _njit, entry_point
+    from hostpool_nb._kernels.jit import _njit, entry_point
 
     def write_every(out: Any) -> int:
         for i in range(out.shape[0]):

@@ -87,7 +87,7 @@ def measure_tracking(page_size: int, k: int, size: int, ctx: Context) -> dict[st
 def state_bytes_per_page(size: int, page_size: int) -> dict[str, float]:
     """Bytes per page of real pools' state arrays, checked against the layout's ``state_length``."""
     from hostpool_nb import LogicalHostPool
-    from hostpool_nb import _layout as L
+    from hostpool_nb._kernels import layout as L
 
     pages = size // page_size
     out = {}

@@ -23,6 +23,15 @@ allocators into sglang or sglang-jax with one call before the engine starts.
 ``import hostpool_nb`` never imports torch or jax.
 """
 
+import sys as _sys
+
+from ._core import host as _host
+from ._core import pool as _pool
+from ._core.host import HostPagePool
+from ._core.pool import LogicalHostPool
+from ._core.stats import HostPageStats, PoolStats
+from ._diagnostics import snapshot as _snapshot
+from ._diagnostics.snapshot import HostPageState, PoolState
 from ._errors import (
     AlignmentError,
     DoubleFreeError,
@@ -42,12 +51,13 @@ from ._errors import (
     SlotRangeError,
     StaleFreeError,
 )
-from ._host import HostPagePool
-from ._pool import LogicalHostPool
-from ._snapshot import HostPageState, PoolState
-from ._stats import HostPageStats, PoolStats
 
 __version__ = "0.1.0"
+
+# Pickles written before these modules moved into packages name them by their old paths.
+_sys.modules.setdefault(f"{__name__}._host", _host)
+_sys.modules.setdefault(f"{__name__}._pool", _pool)
+_sys.modules.setdefault(f"{__name__}._snapshot", _snapshot)
 
 # help(), reprs and tracebacks name the public path, where each is imported from (pickles find it there too).
 for _cls in (HostPagePool, HostPageState, HostPageStats, LogicalHostPool, PoolState, PoolStats):

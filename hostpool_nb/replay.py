@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _layout
+from ._core.pool import LogicalHostPool
+from ._core.protocol import RECORD_ENV, unrecorded
+from ._diagnostics.snapshot import FORMATS, PagedState, PoolState, SWAState
+from ._diagnostics.tracking import HISTORY_MARK, Tracker
 from ._errors import HostPoolError
-from ._pool import LogicalHostPool
-from ._protocol import RECORD_ENV, unrecorded
-from ._snapshot import FORMATS, PagedState, PoolState, SWAState
-from ._tracking import HISTORY_MARK, Tracker
+from ._kernels import layout as _layout
 from .originals import paged as original_paged
 from .originals.sglang import LogicalHostPool as Original
 from .paged import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator

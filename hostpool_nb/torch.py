@@ -44,10 +44,10 @@ except ImportError as exc:
 import numpy as np
 from numpy.typing import NDArray
 
+from ._core.pool import LogicalHostPool as _CorePool
+from ._core.stats import PoolStats
+from ._diagnostics.snapshot import PoolState
 from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
-from ._pool import LogicalHostPool as _CorePool
-from ._snapshot import PoolState
-from ._stats import PoolStats
 
 _Tensor = torch.Tensor
 _INT64 = np.dtype(np.int64)

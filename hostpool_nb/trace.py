@@ -1,6 +1,6 @@
 """Recorded traces of a pool's calls: the file format and its loader.
 
-``with pool.recording(path): ...`` (``_recording.py``) writes every call made
+``with pool.recording(path): ...`` (``_diagnostics/recording.py``) writes every call made
 on the pool inside the block to ``path``; :func:`load` reads it back as
 :class:`Operation` records; ``python -m hostpool_nb.replay PATH`` replays it
 on a fresh pool, checking every result and error, and ``--time`` also times

@@ -30,10 +30,11 @@ def compile_all(quiet: bool = False) -> float:
     nothing to compile and it returns at once.
     """
     started = time.perf_counter()
-    from ._jit import _COMPILER, KERNEL_MODULES, KERNELS  # noqa: PLC0415
+    from ._kernels import MODULES  # noqa: PLC0415
+    from ._kernels.jit import _COMPILER, KERNELS  # noqa: PLC0415
 
-    for module in KERNEL_MODULES:  # every module that defines kernels, so that every kernel is listed
-        importlib.import_module(f".{module.removesuffix('.py')}", __package__)
+    for module in MODULES:  # every module that defines kernels, so that every kernel is listed
+        importlib.import_module(f"._kernels.{module}", __package__)
 
     _COMPILER.announced = True  # this says what it does itself: no first-use notice
     if not quiet:

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
-from hostpool_nb import _layout as L
+from hostpool_nb._kernels import layout as L
 
 JIT_DISABLED = os.environ.get("NUMBA_DISABLE_JIT") == "1"
 # The package's modules that import torch: not imported (nor their examples run) where torch is absent.

@@ -30,7 +30,7 @@ from hostpool_nb import (
     SlotRangeError,
     StaleFreeError,
 )
-from hostpool_nb import _layout as L
+from hostpool_nb._kernels import layout as L
 from hostpool_nb.originals.host_tier import LRUHostKVPool
 
 

@@ -6,7 +6,7 @@ rank: its lists (through the public read-only copies and the raw words of a
 A failed call must leave every part of it unchanged. The scratch parts of
 the arrays are left out on purpose: ``free`` stages the page ids it has
 validated behind the ring's live window and behind the group's pending ids
-(``_paged_kernels.py``), and a failed call may leave them there.
+(``_kernels/paged.py``), and a failed call may leave them there.
 
 ``compare`` checks an allocator against the oracle of ``hostpool_nb.originals.paged``
 after a step: the free list in order (it is what the next allocation takes),
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from hostpool_nb import _layout as L
-from hostpool_nb._layout import owner_flags
+from hostpool_nb._kernels import layout as L
+from hostpool_nb._kernels.layout import owner_flags
 
 RankState = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 

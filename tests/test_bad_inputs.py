@@ -22,9 +22,9 @@ from hostpool_nb import (
     LogicalHostPool,
     PartialPageError,
     SlotRangeError,
-    _pool,
 )
-from hostpool_nb import _layout as L
+from hostpool_nb._core import pool as _pool
+from hostpool_nb._kernels import layout as L
 
 PS = 16
 SIZE = 64
@@ -882,7 +882,9 @@ def test_an_unusable_tag_is_a_type_error_before_anything_changes(
 
 
 def _kernel_boundaries() -> list[int]:
-    from hostpool_nb import _kernels, _pool, _short_kernels
+    from hostpool_nb._core import pool as _pool
+    from hostpool_nb._kernels import pool as _kernels
+    from hostpool_nb._kernels import short as _short_kernels
 
     edges = (_short_kernels.SHORT_SLOTS, _kernels.GIL_SLOTS, _pool._PRECHECK_SLOTS)
     return sorted({n + d for n in edges for d in (0, 1)})

@@ -51,8 +51,8 @@ while not os.path.exists(gate):
 
 import numpy as np
 import hostpool_nb
-from hostpool_nb import _kernels as K
-from hostpool_nb._jit import Kernel
+from hostpool_nb._kernels import pool as K
+from hostpool_nb._kernels.jit import Kernel
 
 p = hostpool_nb.LogicalHostPool(1024, 16)
 a = p.alloc(64)

@@ -1,6 +1,6 @@
 """No problem with numba's on-disk cache stops ``import hostpool_nb``.
 
-The kernels compile with ``cache=True`` (``hostpool_nb/_jit.py``). Here:
+The kernels compile with ``cache=True`` (``hostpool_nb/_kernels/jit.py``). Here:
 
 * a read-only install, imported by a process that can write neither the
   package nor HOME and has no NUMBA_CACHE_DIR, compiles in memory and warns
@@ -50,9 +50,9 @@ import json, warnings
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import hostpool_nb
-    from hostpool_nb import _kernels as K
-    from hostpool_nb import _short_kernels as S
-    from hostpool_nb._jit import is_callee
+    from hostpool_nb._kernels import pool as K
+    from hostpool_nb._kernels import short as S
+    from hostpool_nb._kernels.jit import is_callee
     p = hostpool_nb.LogicalHostPool(1024, 16)
     a = p.alloc(64)
     b = p.alloc(32)
@@ -67,7 +67,7 @@ with warnings.catch_warnings(record=True) as caught:
     except hostpool_nb.DoubleFreeError:
         double = "DoubleFreeError"
     p.check_invariants()
-from hostpool_nb._jit import Kernel
+from hostpool_nb._kernels.jit import Kernel
 # The kernels this process used: compiled, or loaded from the cache, on first use.
 used = {n: v.dispatcher for n, v in vars(K).items() if isinstance(v, Kernel) and v.compiled}
 callees = {n: v for n, v in vars(K).items() if is_callee(v)}
@@ -260,7 +260,7 @@ def filled_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert len(res["kernels"]) > 10, res
     # Each kernel used wrote its cache index; the callees, compiled into
     # their callers, wrote none.
-    indexed = {path.name.split(".", 1)[1].split("-")[0] for path in cache.rglob("_*kernels.*.nbi")}
+    indexed = {path.name.split(".", 1)[1].split("-")[0] for path in cache.rglob("*.nbi")}
     assert indexed == set(res["used"]), sorted(indexed ^ set(res["used"]))
     assert res["callees"], res
     return cache
@@ -317,7 +317,7 @@ def test_damaged_cache_is_rebuilt(
 HELPER_CHILD = r"""
 import json, warnings
 import numba
-from hostpool_nb._jit import kernel
+from hostpool_nb._kernels.jit import kernel
 
 def square(x):
     return x * x
@@ -496,7 +496,7 @@ def test_disabled_jit_returns_the_python_function(tmp_path: Path) -> None:
         "import json, warnings\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
-        "    from hostpool_nb._jit import kernel\n"
+        "    from hostpool_nb._kernels.jit import kernel\n"
         "    def f(x):\n"
         "        return x + 1\n"
         "    k = kernel('i8(i8)')(f)\n"
@@ -510,7 +510,7 @@ def test_disabled_jit_returns_the_python_function(tmp_path: Path) -> None:
 
 PAGED_CHILD = r"""
 import json
-from hostpool_nb import _kernels as K, _paged_kernels as P
+from hostpool_nb._kernels import paged as P, pool as K
 from hostpool_nb.paged import PagedTokenToKVPoolAllocator
 alloc = PagedTokenToKVPoolAllocator(64 * 16, 16, None)
 out = alloc.alloc(32)
@@ -522,7 +522,7 @@ try:
     broken = None
 except RuntimeError as exc:
     broken = str(exc)
-from hostpool_nb._jit import Kernel
+from hostpool_nb._kernels.jit import Kernel
 kernels = {n: v.dispatcher for n, v in vars(P).items() if isinstance(v, Kernel) and v.compiled}
 print(json.dumps({
     "first_free": first_free,
@@ -535,10 +535,10 @@ print(json.dumps({
 
 @needs_jit
 def test_a_changed_constant_recompiles_the_kernels_that_read_it(tmp_path: Path) -> None:
-    """numba keys a kernel's cache to its own file, but _paged_kernels.py compiles in _layout.py's constants.
+    """numba keys a kernel's cache to its own file, but _kernels/paged.py compiles in _kernels/layout.py's constants.
 
     With only numba's own stamp, changing OWNER_ALLOCATED in the layout
-    left most of _paged_kernels.py's kernels loading their cached code,
+    left most of _kernels/paged.py's kernels loading their cached code,
     which still flagged the padding page with the old value: the allocator
     failed its invariants. Every kernel's index is stamped with every
     kernel module of the package.
@@ -549,7 +549,7 @@ def test_a_changed_constant_recompiles_the_kernels_that_read_it(tmp_path: Path) 
     first = _run([sys.executable, "-c", PAGED_CHILD], env, tmp_path)
     assert (first["first_free"], first["broken"]) == ([3, 4, 5], None)  # pages 1, 2 were just allocated
     assert first["compiled"]
-    kernels_py = site / "hostpool_nb" / "_layout.py"
+    kernels_py = site / "hostpool_nb" / "_kernels" / "layout.py"
     text = kernels_py.read_text()
     assert "OWNER_ALLOCATED = 1\n" in text
     kernels_py.write_text(text.replace("OWNER_ALLOCATED = 1\n", "OWNER_ALLOCATED = 5\n"))

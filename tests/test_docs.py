@@ -116,7 +116,7 @@ def test_the_sglang_page_names_the_release_the_integration_pins() -> None:
 
 
 def test_every_module_is_checked() -> None:
-    assert "hostpool_nb._pool" in MODULES
+    assert "hostpool_nb._core.pool" in MODULES
     assert "hostpool_nb" in MODULES
     assert "hostpool_nb.originals" in MODULES
     assert set(EXAMPLES) <= set(MODULES)

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hostpool_nb import HostPoolError, LogicalHostPool
-from hostpool_nb import _layout as L
-from hostpool_nb._snapshot import CONVERTS, FORMATS, READS
+from hostpool_nb import HostPagePool, HostPoolError, LogicalHostPool
+from hostpool_nb._diagnostics.snapshot import CONVERTS, FORMATS, READS
+from hostpool_nb._kernels import layout as L
 from hostpool_nb.paged import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 
 if not hasattr(np, "_core"):  # numpy 1 reads numpy 2's pickles (which name numpy._core) through numpy.core
@@ -140,3 +140,28 @@ def test_a_paged_pickle_of_a_newer_format_says_so() -> None:
         "hostpool_nb reads format 3 and 2 and converts format 1 (pickle it again with the same hostpool_nb version "
         "that loads it)"
     )
+
+
+@pytest.mark.parametrize(
+    ("make", "today", "before"),
+    [
+        (lambda: HostPagePool(8), b"chostpool_nb\nHostPagePool\n", b"chostpool_nb._host\nHostPagePool\n"),
+        (lambda: LogicalHostPool(16, 4), b"chostpool_nb\nLogicalHostPool\n", b"chostpool_nb._pool\nLogicalHostPool\n"),
+        (
+            lambda: LogicalHostPool(16, 4).backup_state(),
+            b"chostpool_nb._diagnostics.snapshot\n",
+            b"chostpool_nb._snapshot\n",
+        ),
+    ],
+    ids=["HostPagePool", "LogicalHostPool", "PoolState"],
+)
+def test_a_pickle_naming_a_module_path_from_before_the_packages_loads(make: Any, today: bytes, before: bytes) -> None:
+    """Pickles written before the modules moved into packages name hostpool_nb._host, ._pool and ._snapshot."""
+    made = make()
+    if hasattr(made, "alloc"):
+        made.alloc(4)
+    written = pickle.dumps(made, protocol=0)
+    assert today in written  # what this version writes: the path a user's old file has in its place
+    loaded = pickle.loads(written.replace(today, before))
+    assert type(loaded) is type(made)
+    assert pickle.dumps(loaded, protocol=0) == written

@@ -27,7 +27,7 @@ from hostpool_nb import (
     SlotRangeError,
     StaleFreeError,
 )
-from hostpool_nb import _layout as L
+from hostpool_nb._kernels import layout as L
 from tests.conftest import RaisingEq
 from tests.host_model import state_of, words_of
 
@@ -470,7 +470,7 @@ def test_the_views_are_read_only_and_follow_the_state(pool: HostPagePool) -> Non
     ids=["digit-strings", "objects", "floats", "none"],
 )
 def test_a_damaged_snapshot_pickle_with_words_that_are_not_integers_is_a_host_pool_error(words: Any, kind: str) -> None:
-    from hostpool_nb._snapshot import FORMATS, _load_host
+    from hostpool_nb._diagnostics.snapshot import FORMATS, _load_host
 
     with pytest.raises(HostPoolError) as info:
         _load_host(FORMATS["HostPageState"], N, words)  # what pickle.loads calls for a HostPageState

@@ -478,7 +478,7 @@ def test_a_host_pools_own_exhaustion_line_says_how_many_pages_were_asked_for(cap
 
 
 def test_a_corrupted_host_pool_says_so_as_a_runtime_error() -> None:
-    from hostpool_nb import _layout
+    from hostpool_nb._kernels import layout as _layout
 
     pool = HostPagePool(4)
     pool._st[_layout.HP_NFREE] = 3  # four pages free, the header says three

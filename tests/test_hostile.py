@@ -24,13 +24,13 @@ import numpy as np
 import pytest
 
 from hostpool_nb import DoubleFreeError, HostPoolError, LogicalHostPool, PoolState
-from hostpool_nb import _kernels as K
-from hostpool_nb import _layout as L
-from hostpool_nb import _recording as REC
 from hostpool_nb import replay as R
 from hostpool_nb import trace as T
-from hostpool_nb._jit import callable_from_python
-from hostpool_nb._tracking import Site
+from hostpool_nb._diagnostics import recording as REC
+from hostpool_nb._diagnostics.tracking import Site
+from hostpool_nb._kernels import layout as L
+from hostpool_nb._kernels import pool as K
+from hostpool_nb._kernels.jit import callable_from_python
 from hostpool_nb.originals import paged as original_paged
 from hostpool_nb.paged import PagedState, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from tests.conftest import JIT_DISABLED, run_child
@@ -972,7 +972,7 @@ _RING_END = textwrap.dedent(
     import json, sys
     import numpy as np
     from hostpool_nb import LogicalHostPool
-    from hostpool_nb import _layout as L
+    from hostpool_nb._kernels import layout as L
     args = json.loads(sys.argv[1])
     ps, n, h = args["page_size"], args["pages"], args["head"]
     pool = LogicalHostPool(n * ps, ps)

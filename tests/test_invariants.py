@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hostpool_nb import LogicalHostPool
-from hostpool_nb import _layout as L
+from hostpool_nb._kernels import layout as L
 from tests.conftest import one_entry_per_page
 
 PAGE_SIZES = [1, 3, 16]

@@ -7,11 +7,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hostpool_nb import DoubleFreeError, LogicalHostPool, PartialPageError, SlotRangeError, _pool
-from hostpool_nb import _kernels as K
-from hostpool_nb import _layout as L
-from hostpool_nb import _run_kernels as R
-from hostpool_nb import _short_kernels as S
+from hostpool_nb import DoubleFreeError, LogicalHostPool, PartialPageError, SlotRangeError
+from hostpool_nb._core import pool as _pool
+from hostpool_nb._kernels import layout as L
+from hostpool_nb._kernels import pool as K
+from hostpool_nb._kernels import runs as R
+from hostpool_nb._kernels import short as S
 from tests.conftest import JIT_DISABLED, one_entry_per_page
 
 
@@ -266,7 +267,7 @@ def test_failed_free_rolls_back_across_the_rings_end(ps: int, snapshot: Any, unc
 
 def test_the_paged_status_codes_do_not_reuse_the_cores() -> None:
     """hostpool_nb.paged decodes its kernels' statuses with both modules' codes: one value, one meaning."""
-    from hostpool_nb import _paged_kernels as P
+    from hostpool_nb._kernels import paged as P
 
     core = {name: value for name, value in vars(K).items() if name.startswith("E_")}
     paged = {name: value for name, value in vars(P).items() if name.startswith("E_") and name not in core}
@@ -277,11 +278,12 @@ def test_the_paged_status_codes_do_not_reuse_the_cores() -> None:
 
 
 def test_kernels_call_only_callees() -> None:
-    """A kernel is compiled on first use (a ``_jit.Kernel``), which numba cannot call from another kernel."""
+    """A kernel is compiled on first use (a ``_kernels.jit.Kernel``), which numba cannot call from another kernel."""
     import ast
     import inspect
 
-    from hostpool_nb import _host_kernels, _paged_kernels
+    from hostpool_nb._kernels import host as _host_kernels
+    from hostpool_nb._kernels import paged as _paged_kernels
 
     for module in (K, _paged_kernels, _host_kernels):
         tree = ast.parse(inspect.getsource(module))

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 import hostpool_nb
-from hostpool_nb import _jit
-from hostpool_nb import _kernels as K
-from hostpool_nb import _layout as L
+from hostpool_nb._kernels import jit as _jit
+from hostpool_nb._kernels import layout as L
+from hostpool_nb._kernels import pool as K
 from tests.conftest import JIT_DISABLED, TORCH_MODULES
 
 needs_jit = pytest.mark.skipif(JIT_DISABLED, reason="nothing compiles with the JIT off")
@@ -36,7 +36,7 @@ CHILD = r"""
 import json, sys
 import hostpool_nb
 from pathlib import Path
-from hostpool_nb._jit import KERNELS
+from hostpool_nb._kernels.jit import KERNELS
 
 def used():  # each compiled kernel, named as its cache files are: source file, then name
     return sorted(f"{Path(k.py_func.__code__.co_filename).stem}.{k.__name__}" for k in KERNELS if k.compiled)
@@ -59,39 +59,39 @@ def _child(code: str, cache: Path, *args: str) -> dict[str, Any]:
     return result
 
 
-_SHORT = {"_kernels.alloc_short", "_short_kernels.free_pn_short"}  # the flat pair a page size above 1 starts with
-_SHORT_1 = {"_kernels.alloc_short", "_short_kernels.free_p1_short"}  # and page size 1
+_SHORT = {"pool.alloc_short", "short.free_pn_short"}  # the flat pair a page size above 1 starts with
+_SHORT_1 = {"pool.alloc_short", "short.free_p1_short"}  # and page size 1
 FIRST_CALLS = {
     "page size 64": ("p = hostpool_nb.LogicalHostPool(1 << 14, 64); p.free(p.alloc(64))", _SHORT),
     "page size 1": ("p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(64))", _SHORT_1),
     "a call that keeps the GIL": (
         "p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(2048))",
-        _SHORT_1 | {"_kernels.alloc_pages_gil", "_kernels.free_p1_gil"},
+        _SHORT_1 | {"pool.alloc_pages_gil", "pool.free_p1_gil"},
     ),
     "long calls": (
         "p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(8192))",
-        _SHORT_1 | {"_kernels.alloc_pages", "_kernels.free_p1"},
+        _SHORT_1 | {"pool.alloc_pages", "pool.free_p1"},
     ),
     "tracked": (
         "p = hostpool_nb.LogicalHostPool(1 << 14, 16, track=True); p.free(p.alloc(64))",
-        {"_kernels.alloc_tracked_short", "_kernels.free_tracked_short"},
+        {"pool.alloc_tracked_short", "pool.free_tracked_short"},
     ),
     "alloc_many": (
         "p = hostpool_nb.LogicalHostPool(1 << 14, 16); s, o = p.alloc_many([16, 32]); p.free(s)",
-        _SHORT | {"_kernels.plan_batch"},
+        _SHORT | {"pool.plan_batch"},
     ),
     "free group": (
         "p = hostpool_nb.LogicalHostPool(1 << 14, 16); a = p.alloc(64)\nwith p.free_group():\n    p.free(a)",
-        _SHORT | {"_kernels.group_begin", "_kernels.group_end"},
+        _SHORT | {"pool.group_begin", "pool.group_end"},
     ),
     "paged alloc_extend": (
         "from hostpool_nb.paged import PagedTokenToKVPoolAllocator\n"
         "a = PagedTokenToKVPoolAllocator(1 << 14, 16, None); a.alloc_extend([0], [20], [-1], 20)",
-        {"_paged_kernels.reset_rank", "_paged_kernels.alloc_extend"},
+        {"paged.reset_rank", "paged.alloc_extend"},
     ),
     "host pool": (
         "h = hostpool_nb.HostPagePool(1024); h.free(h.alloc(32))",
-        {"_host_kernels.host_reset", "_host_kernels.host_alloc", "_host_kernels.host_free"},
+        {"host.host_reset", "host.host_alloc", "host.host_free"},
     ),
 }
 
@@ -265,7 +265,7 @@ def test_a_module_stand_in_rebinds_itself_on_its_first_call() -> None:
 
     made = _jit.Kernel(plus, "i8(i8)", nogil=True)
     module: dict[str, Any] = {"made": made}
-    exec("from hostpool_nb._jit import entry_point\nstand_in = entry_point(made)\nalias = stand_in", module)
+    exec("from hostpool_nb._kernels.jit import entry_point\nstand_in = entry_point(made)\nalias = stand_in", module)
     kept = [module["stand_in"]]  # a reference outside the module's globals
     assert not made.compiled  # binding compiles nothing
     assert module["stand_in"](4) == 7
@@ -324,7 +324,7 @@ def test_a_fork_waits_for_a_compile_in_flight(tmp_path: Path) -> None:
         pytest.skip("no fork on this platform")
     code = r"""
 import os, threading, time
-from hostpool_nb import _jit
+from hostpool_nb._kernels import jit as _jit
 
 def a(x):
     return x + 1
@@ -369,9 +369,9 @@ def test_warmup_compiles_every_kernel_then_loads_them(tmp_path: Path) -> None:
     # compile variants of a kernel (test_runs.py) have registered more.
     listing = (
         "import importlib\n"
-        "from hostpool_nb import _jit\n"
-        "for module in _jit.KERNEL_MODULES:\n"
-        "    importlib.import_module('hostpool_nb.' + module.removesuffix('.py'))\n"
+        "from hostpool_nb._kernels import MODULES, jit as _jit\n"
+        "for module in MODULES:\n"
+        "    importlib.import_module('hostpool_nb._kernels.' + module)\n"
         "print(len(_jit.KERNELS))\n"
     )
     listed = subprocess.run([sys.executable, "-c", listing], env=env, capture_output=True, text=True, check=True)
@@ -426,12 +426,13 @@ def test_a_kernel_takes_one_signature() -> None:
 
 
 @needs_jit
-def test_the_kernel_modules_are_every_module_that_defines_a_kernel_callee_or_window() -> None:
-    """The cache stamp and warmup read _jit.KERNEL_MODULES: a module of kernels left out would load stale code."""
+def test_every_kernel_callee_and_window_is_defined_in_a_module_the_cache_stamp_reads() -> None:
+    """The cache stamp and warmup read _kernels.MODULES: a module of kernels left out would load stale code."""
     import importlib
     import pkgutil
 
     import hostpool_nb
+    from hostpool_nb._kernels import MODULES
 
     for info in pkgutil.walk_packages(hostpool_nb.__path__, "hostpool_nb."):
         if info.name not in TORCH_MODULES:  # torch's adapters define no kernels, and torch may be absent
@@ -439,14 +440,14 @@ def test_the_kernel_modules_are_every_module_that_defines_a_kernel_callee_or_win
     defining = set()
     for module in list(sys.modules.values()):
         name = getattr(module, "__name__", "")
-        if not name.startswith("hostpool_nb.") or name.count(".") != 1:
+        if not name.startswith("hostpool_nb."):
             continue
         for value in vars(module).values():
-            made_here = getattr(value, "__module__", None) == name or getattr(value, "py_func", None) is not None
-            if (isinstance(value, _jit.Kernel) or _jit.is_callee(value)) and made_here:
-                defining.add(getattr(value, "py_func", value).__module__.rpartition(".")[2] + ".py")
+            if isinstance(value, _jit.Kernel) or _jit.is_callee(value):
+                defining.add(getattr(value, "py_func", value).__module__)
     assert defining, "no kernel found"
-    assert defining <= set(_jit.KERNEL_MODULES), defining - set(_jit.KERNEL_MODULES)
-    assert {"_kernels.py", "_paged_kernels.py", "_host_kernels.py", "_layout.py"} <= set(_jit.KERNEL_MODULES)
-    kernels = {f"{k.__module__.rpartition('.')[2]}.py" for k in _jit.KERNELS}
-    assert kernels <= set(_jit.KERNEL_MODULES)
+    stamped = {f"hostpool_nb._kernels.{m}" for m in MODULES}
+    assert defining <= stamped, defining - stamped
+    assert {"hostpool_nb._kernels.pool", "hostpool_nb._kernels.paged", "hostpool_nb._kernels.host"} <= defining
+    assert {k.__module__ for k in _jit.KERNELS} <= stamped
+    assert tuple(f"{m}.py" for m in MODULES) == _jit.KERNEL_MODULES

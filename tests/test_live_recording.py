@@ -22,8 +22,8 @@ import hostpool_nb
 from hostpool_nb import HostPoolError
 from hostpool_nb import replay as R
 from hostpool_nb import trace as T
-from hostpool_nb._live import DEFAULT_MB, LIMIT_ENV, limit_bytes
-from hostpool_nb._protocol import RECORD_ENV
+from hostpool_nb._core.protocol import RECORD_ENV
+from hostpool_nb._diagnostics.live import DEFAULT_MB, LIMIT_ENV, limit_bytes
 from hostpool_nb.paged import PagedTokenToKVPoolAllocator
 
 ROOT = str(Path(hostpool_nb.__file__).resolve().parent.parent)
@@ -227,7 +227,8 @@ from hostpool_nb import LogicalHostPool
 from hostpool_nb.paged import SWATokenToKVPoolAllocator
 LogicalHostPool(64, 16).alloc(16)
 SWATokenToKVPoolAllocator(64, 32, SimpleNamespace(full_kv_pool=None, swa_kv_pool=None)).alloc(4)
-print(json.dumps(sorted(m for m in sys.modules if m in ("hostpool_nb._live", "hostpool_nb._recording"))))
+names = ["hostpool_nb._diagnostics.live", "hostpool_nb._diagnostics.recording"]
+print(json.dumps(sorted(m for m in sys.modules if m in names)))
 """
     done = child(source, {}, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -274,7 +275,7 @@ def test_snapshots_a_server_drops_are_not_kept_alive_and_one_kept_replays(
     a.free(out)
     a.restore_state(kept)
     a.free(out)
-    from hostpool_nb._live import flush_all
+    from hostpool_nb._diagnostics.live import flush_all
 
     flush_all()
     (trace,) = traces(tmp_path).values()
@@ -292,7 +293,7 @@ def test_a_recording_holds_its_calls_compressed_once_written(tmp_path: Path, mon
         a.free(a.alloc_extend([0, 0], [40, 30], [-1, -1], 70))
         a.available_size()
     assert 0 < len(rec.ops) <= 6000  # the calls since the last write (a loaded machine may pass a write's interval)
-    from hostpool_nb._live import flush_all
+    from hostpool_nb._diagnostics.live import flush_all
 
     flush_all()
     assert (rec.ops, rec.data, rec.messages) == ([], [], [])  # packed: the calls are in the compressed streams

@@ -81,8 +81,12 @@ def test_every_module_of_the_library_is_in_exactly_one_group_whose_tests_exist()
             if word.startswith("tests/"):  # a file, or one test of it
                 assert (root / word.split("::")[0]).is_file(), (group["name"], word)
     package = root / "hostpool_nb"
-    modules = {p.relative_to(root).as_posix() for p in [*package.glob("*.py"), *package.glob("integrations/*.py")]}
-    modules -= {"hostpool_nb/__init__.py", "hostpool_nb/warmup.py", "hostpool_nb/integrations/__init__.py"}
+    modules = {
+        p.relative_to(root).as_posix()
+        for p in package.rglob("*.py")
+        if p.name != "__init__.py" and "originals" not in p.parts and "__pycache__" not in p.parts
+    }
+    modules -= {"hostpool_nb/warmup.py"}
     assert sorted(m for m in modules if m not in where) == []
     assert {m: g for m, g in where.items() if len(g) != 1} == {}
 

@@ -32,8 +32,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hostpool_nb import AlignmentError, DoubleFreeError, HostPoolError, PagedOnlyError, SlotRangeError
-from hostpool_nb import _layout as L
-from hostpool_nb._layout import owner_flags, ring_ids
+from hostpool_nb._kernels import layout as L
+from hostpool_nb._kernels.layout import owner_flags, ring_ids
 from hostpool_nb.originals import paged as oracle_mod
 from hostpool_nb.paged import PagedState, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from tests.conftest import RaisingEq, one_entry_per_page

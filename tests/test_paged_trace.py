@@ -25,7 +25,7 @@ import pytest
 from hostpool_nb import DoubleFreeError, HostPoolError, PagedOnlyError, SlotRangeError
 from hostpool_nb import replay as R
 from hostpool_nb import trace as T
-from hostpool_nb._protocol import handed_off
+from hostpool_nb._core.protocol import handed_off
 from hostpool_nb.paged import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
 from tests.test_trace import arrays, rewrite, run_main
 
@@ -775,7 +775,7 @@ def test_every_recorded_method_hands_its_calls_to_the_recording() -> None:
     import inspect
 
     from hostpool_nb import LogicalHostPool
-    from hostpool_nb._recording import _Calls, _RankedCalls
+    from hostpool_nb._diagnostics.recording import _Calls, _RankedCalls
 
     kinds: list[Any] = [LogicalHostPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, SWATokenToKVPoolAllocator]
     for cls in kinds:

@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from hostpool_nb import DoubleFreeError, HostPoolError, LogicalHostPool, SlotRangeError
-from hostpool_nb import _layout as L
-from hostpool_nb._snapshot import FORMATS, _load_paged
+from hostpool_nb._diagnostics.snapshot import FORMATS, _load_paged
+from hostpool_nb._kernels import layout as L
 from hostpool_nb.paged import PagedState, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from tests.paged_model import assert_unchanged, capture
 

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hostpool_nb import LogicalHostPool, _pool
-from hostpool_nb import _layout as L
+from hostpool_nb import LogicalHostPool
+from hostpool_nb._core import pool as _pool
+from hostpool_nb._kernels import layout as L
 from tests.reference import ReferencePool
 
 

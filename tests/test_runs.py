@@ -1,6 +1,6 @@
 """Taking runs whole in the alloc and free kernels decides exactly as going page by page.
 
-``_kernels.py`` takes a stretch of ``long`` or more consecutive pages whole
+``_kernels/pool.py`` takes a stretch of ``long`` or more consecutive pages whole
 (one test of their flags, one fill, one block store) and everything else,
 every failure included, one page at a time. Which runs are taken must be
 invisible: for any pool, any input and any ``long``, the kernels return the
@@ -28,11 +28,11 @@ from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st_
 
 from hostpool_nb import DoubleFreeError, LogicalHostPool, SlotRangeError
-from hostpool_nb import _kernels as K
-from hostpool_nb import _layout as L
-from hostpool_nb import _run_kernels as R
-from hostpool_nb import _short_kernels as S
-from hostpool_nb._jit import JIT_DISABLED, callable_from_python, callee, kernel
+from hostpool_nb._kernels import layout as L
+from hostpool_nb._kernels import pool as K
+from hostpool_nb._kernels import runs as R
+from hostpool_nb._kernels import short as S
+from hostpool_nb._kernels.jit import JIT_DISABLED, callable_from_python, callee, kernel
 from tests.conftest import take_snapshot
 
 PAGE_SIZES = [1, 3, 4, 16]
@@ -171,7 +171,7 @@ def test_free_decides_as_the_page_by_page_pass(case: tuple[LogicalHostPool, np.n
 
 
 def _entries(runs: list[tuple[int, int]]) -> list[int]:
-    """The ring entries of ``runs`` (first page, length), as ``_layout.py`` encodes them."""
+    """The ring entries of ``runs`` (first page, length), as ``_kernels/layout.py`` encodes them."""
     return [e for p, n in runs for e in ((p,) if n == 1 else (p, -n))]
 
 
@@ -445,7 +445,7 @@ def test_claim_flags_tests_and_sets_exactly_the_range(
 @given(st_.integers(-(2**63), 2**63 - 1).filter(lambda x: x != 0))
 def test_trailing_zeros_is_the_lowest_set_bits_index(x: int) -> None:
     """In a kernel (LLVM's cttz) and in plain Python (the JIT off): where a run's mask says it ends."""
-    from hostpool_nb._jit import _trailing_zeros_in_python
+    from hostpool_nb._kernels.jit import _trailing_zeros_in_python
 
     want = next(i for i in range(64) if (x >> i) & 1)
     assert _trailing_zeros_in_python(np.int64(x)) == want
@@ -456,10 +456,10 @@ def test_trailing_zeros_is_the_lowest_set_bits_index(x: int) -> None:
 
 @functools.cache
 def _in_a_kernel(name: str) -> Callable[[Any], int]:
-    """``_jit.<name>`` (an intrinsic, callable only from compiled code) inside a one-line kernel."""
+    """``_kernels.jit.<name>`` (an intrinsic, callable only from compiled code) inside a one-line kernel."""
     from numba import njit
 
-    from hostpool_nb import _jit
+    from hostpool_nb._kernels import jit as _jit
 
     op = getattr(_jit, name)
 
@@ -474,7 +474,7 @@ def _in_a_kernel(name: str) -> Callable[[Any], int]:
 @given(st_.integers(-(2**63), 2**63 - 1))
 def test_popcount_counts_the_set_bits(x: int) -> None:
     """In a kernel (LLVM's ctpop) and in plain Python (the JIT off): how a sorted merge counts free pages."""
-    from hostpool_nb._jit import _popcount_in_python
+    from hostpool_nb._kernels.jit import _popcount_in_python
 
     want = sum((x >> i) & 1 for i in range(64))
     assert _popcount_in_python(np.int64(x)) == want

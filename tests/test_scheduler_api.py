@@ -37,9 +37,9 @@ import pytest
 
 import hostpool_nb
 from hostpool_nb import AlignmentError, DoubleFreeError, HostPoolError, LogicalHostPool, PoolState, PoolStats
-from hostpool_nb import _layout as L
-from hostpool_nb._layout import owner_flags
-from hostpool_nb._snapshot import FORMAT
+from hostpool_nb._diagnostics.snapshot import FORMAT
+from hostpool_nb._kernels import layout as L
+from hostpool_nb._kernels.layout import owner_flags
 from tests.conftest import JIT_DISABLED, one_entry_per_page, take_snapshot
 from tests.scheduler_ops import run_ops, summary
 from tests.test_torch_missing import run_child

@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 
 import hostpool_nb  # noqa: E402
 import hostpool_nb.torch as hpt  # noqa: E402
-from hostpool_nb import _layout as L  # noqa: E402
+from hostpool_nb._kernels import layout as L  # noqa: E402
 from hostpool_nb.torch import AlignmentError, HostPoolError, LogicalHostPool, PoolState, PoolStats  # noqa: E402
 from tests.conftest import take_snapshot  # noqa: E402
 from tests.scheduler_ops import run_ops, summary  # noqa: E402

@@ -197,7 +197,7 @@ def test_uninstall_under_a_live_recording_makes_no_trace_of_its_own(
     engine: StandIn, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """uninstall() handed each pool back through a copy whose unpickling was recorded: a trace per pool, unasked."""
-    from hostpool_nb._live import flush_all
+    from hostpool_nb._diagnostics.live import flush_all
 
     monkeypatch.setenv("HOSTPOOL_NB_RECORD", str(tmp_path))
     caplog.set_level(logging.WARNING, logger="hostpool_nb")

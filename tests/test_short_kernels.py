@@ -4,7 +4,7 @@
 ``*_short`` kernels (``*_tracked_short`` on a tracking pool): one page loop,
 no runs, for every page size. Up to ``K.GIL_SLOTS`` slots they run the page-
 size class's ``*_gil`` kernels: the run kernels compiled a second time
-(``_jit.twin``) without ``nogil``, since handing the GIL over costs more
+(``_kernels.jit.twin``) without ``nogil``, since handing the GIL over costs more
 than such a call's work. Here: the compile options of every kernel, which
 kernel each size reaches, and that a short kernel, a twin and the run
 kernel leave the same state and return the same status from the same
@@ -22,10 +22,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hostpool_nb import DoubleFreeError, HostPoolError, LogicalHostPool
-from hostpool_nb import _kernels as K
-from hostpool_nb import _layout as L
-from hostpool_nb import _paged_kernels as P
-from hostpool_nb import _short_kernels as S
+from hostpool_nb._kernels import layout as L
+from hostpool_nb._kernels import paged as P
+from hostpool_nb._kernels import pool as K
+from hostpool_nb._kernels import short as S
 from tests.conftest import JIT_DISABLED
 
 needs_jit = pytest.mark.skipif(JIT_DISABLED, reason="compile options exist only with the JIT on")
@@ -42,7 +42,7 @@ GIL_TWINS = {name for name in GIL_KERNELS if name.endswith("_gil")}
 
 def _dispatchers() -> list[tuple[Any, str, Any]]:
     """Every kernel of the core and paged modules, compiled, as (module, name, numba's dispatcher)."""
-    from hostpool_nb._jit import Kernel
+    from hostpool_nb._kernels.jit import Kernel
 
     found = []
     for module in (K, P):
@@ -66,7 +66,7 @@ def test_only_the_short_kernels_and_the_twins_keep_the_gil() -> None:
 def test_no_kernel_counts_references() -> None:
     from numba.core.extending import _Intrinsic
 
-    from hostpool_nb import _layout as L
+    from hostpool_nb._kernels import layout as L
 
     for module, name, kernel in _dispatchers():
         assert kernel.targetoptions.get("_nrt") is False, (module.__name__, name)
@@ -84,7 +84,7 @@ def test_twins_have_their_own_cache_files() -> None:
         assert twin.py_func.__code__ is original.py_func.__code__  # one source
         assert twin.py_func.__qualname__ == name
         index = getattr(getattr(getattr(twin.dispatcher, "_cache", None), "_cache_file", None), "_index_name", "")
-        assert index.startswith(f"_kernels.{name}-"), index
+        assert index.startswith(f"pool.{name}-"), index
 
 
 class _Spy:
@@ -96,7 +96,7 @@ class _Spy:
         self.calls: list[str] = []
         k = pool._k
         pool._k = SimpleNamespace(**{name: self._wrap(name, getattr(k, name)) for name in K.PageSizeKernels._fields})
-        from hostpool_nb import _pool
+        from hostpool_nb._core import pool as _pool
 
         # The pool's rows of kernels by call length, looked up again from the spies, short ones first.
         pool._alloc_kernels = list(_pool._ALLOC_KERNELS[pool.track])

@@ -1,9 +1,9 @@
-"""Splicing a callee's source into a flat kernel (``hostpool_nb/_splice.py``): the same results as calling it.
+"""Splicing a callee's source into a flat kernel (``hostpool_nb/_kernels/splice.py``): the same results as calling it.
 
 The callees and templates here are plain functions of this module, which
 serves as the ``callees`` module: splicing reads them as it reads the run
 kernels. The package's own spliced kernels are held to calling nothing of
-``_run_kernels`` at the end.
+``_kernels.runs`` at the end.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st_
 
-from hostpool_nb import _kernels, _run_kernels
-from hostpool_nb._splice import spliced
+from hostpool_nb._kernels import pool as _kernels
+from hostpool_nb._kernels import runs as _run_kernels
+from hostpool_nb._kernels.splice import spliced
 
 HERE = sys.modules[__name__]
 FLAG = True

@@ -41,7 +41,7 @@ from hypothesis.stateful import (
 )
 
 from hostpool_nb import LogicalHostPool, PoolState
-from hostpool_nb import _layout as L
+from hostpool_nb._kernels import layout as L
 from tests.conftest import assert_lock_free
 from tests.reference import INT64_MAX, ReferencePool, to_slot_list
 
@@ -86,7 +86,7 @@ def error_kind(exc: BaseException | None) -> str:
 def pool_lists(pool: LogicalHostPool) -> tuple[list[int], list[int], list[int]]:
     """The pool's free, release and pending lists, as page ids in order.
 
-    Read from the state array's ring (layout in ``_kernels.py``): the public
+    Read from the state array's ring (layout in ``_kernels/pool.py``): the public
     API shows only their lengths, and an order bug should fail the step that
     makes it, not a later allocation that happens to reveal it.
     """

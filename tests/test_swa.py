@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from hostpool_nb import AlignmentError, DoubleFreeError, HostPoolError, PagedOnlyError, SlotRangeError
-from hostpool_nb import _layout as L
+from hostpool_nb._kernels import layout as L
 from hostpool_nb.originals import paged as oracle_mod
 from hostpool_nb.paged import SWAState, SWATokenToKVPoolAllocator
 from tests.conftest import one_entry_per_page

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from hostpool_nb import DoubleFreeError, HostPoolError, LogicalHostPool, PoolState
-from hostpool_nb import _layout as L
+from hostpool_nb._kernels import layout as L
 
 PS = 16
 
@@ -830,7 +830,7 @@ def test_site_table_stays_bounded_with_a_tag_per_request() -> None:
 
 
 def test_caller_deeper_than_the_stack_starts_at_the_nearest_frame() -> None:
-    from hostpool_nb._tracking import caller
+    from hostpool_nb._diagnostics.tracking import caller
 
     file, line, function = caller(10**6)  # sys._getframe refuses that depth: no error, the nearest frame
     assert (file, function) == (__file__, "test_caller_deeper_than_the_stack_starts_at_the_nearest_frame")

@@ -33,12 +33,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import _errors, _fork, _layout
+from .. import _errors, _fork
 from .._convert import as_count, as_slots
-from .._tracking import ENV_OFF, ENV_ON
+from .._diagnostics.tracking import ENV_OFF, ENV_ON
+from .._kernels import layout as _layout
 from ..torch import LogicalHostPool as _TorchPool
 from ..torch import _tensor_as_numpy, _tensor_count
-from .sglang import BOOKKEEPINGS, DEEPSEEK_V4_PAGED, DOUBLE_FREES, HOST_KV_CACHE, Bookkeeping
+from ._sglang_books import BOOKKEEPINGS, DEEPSEEK_V4_PAGED, DOUBLE_FREES, HOST_KV_CACHE, Bookkeeping
 
 _log = logging.getLogger("hostpool_nb")
 _Tensor = torch.Tensor

@@ -34,83 +34,32 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from . import _patch
+from . import _sglang_books as _books
 from ._patch import IntegrationError, MethodsTarget, Target, announcing
+from ._sglang_books import Bookkeeping
 from ._surface import NO_DEFAULT, Parameters
 
 #: The sglang release whose ``LogicalHostPool`` hostpool_nb's is checked against (CI downloads its wheel),
 #: bumped on purpose.
 TESTED_VERSION = "0.5.23"
 #: The module that defines sglang's ``LogicalHostPool``, where ``install()`` replaces it.
-MODULE = "sglang.srt.mem_cache.memory_pool_host"
+MODULE = _books.MODULE
 #: The environment variable that, set to ``accept``, makes the Mamba and DeepSeek V4 paged pools accept double
 #: frees, as their originals do.
-DOUBLE_FREES = "HOSTPOOL_NB_SGLANG_DOUBLE_FREE"
-
-
-@dataclass(frozen=True)
-class Bookkeeping:
-    """One of sglang's three bookkeepings of host slots (docs/behaviour.md, section 5), and what hostpool_nb keeps.
-
-    ``defined_by`` is the sglang class that defines it, in ``module``;
-    ``methods`` the methods it defines there in :data:`TESTED_VERSION`,
-    which ``install()`` replaces. The books span ``logical_size`` slots in
-    pages of ``logical_page_size`` where ``logical`` (the base class: decode
-    context parallelism widens both), else ``size`` and ``page_size``.
-    ``rounds_up``: an allocation is rounded up to whole pages, not refused.
-    ``checks_frees``: the original refuses a double free, so hostpool_nb
-    always does; else a setting may make hostpool_nb accept them too.
-
-    Examples
-    --------
-    >>> from hostpool_nb.integrations.sglang import HOST_KV_CACHE, MAMBA
-    >>> HOST_KV_CACHE.defined_by, HOST_KV_CACHE.checks_frees, MAMBA.checks_frees
-    ('HostKVCache', True, False)
-    """
-
-    defined_by: str
-    module: str
-    methods: tuple[str, ...]
-    logical: bool
-    rounds_up: bool
-    checks_frees: bool
-
-    def geometry(self, pool: Any) -> tuple[int, int]:
-        """``(slots, page_size)`` of the books of the engine's ``pool``."""
-        if self.logical:
-            return int(pool.logical_size), int(pool.logical_page_size)
-        return int(pool.size), int(pool.page_size)
-
-
-_ALL = ("clear", "available_size", "_merge_release_slots", "alloc", "free")
+DOUBLE_FREES = _books.DOUBLE_FREES
 #: The bookkeeping ``HostKVCache`` defines and the MHA, MLA, DSA and MiniMax pools inherit.
-HOST_KV_CACHE = Bookkeeping(
-    "HostKVCache", "sglang.srt.mem_cache.pool_host.base", _ALL, logical=True, rounds_up=False, checks_frees=True
-)
+HOST_KV_CACHE = _books.HOST_KV_CACHE
 #: The bookkeeping ``MambaPoolHost`` defines, with no checks on ``free``.
-MAMBA = Bookkeeping(
-    "MambaPoolHost",
-    "sglang.srt.mem_cache.pool_host.mamba",
-    ("clear", "available_size", "alloc", "free"),
-    logical=False,
-    rounds_up=False,
-    checks_frees=False,
-)
+MAMBA = _books.MAMBA
 #: The bookkeeping ``DeepSeekV4PagedHostPool`` defines and ``QSAIndexerPoolHost`` inherits (allocations rounded
 #: up, no checks on ``free``).
-DEEPSEEK_V4_PAGED = Bookkeeping(
-    "DeepSeekV4PagedHostPool",
-    MODULE,
-    ("clear", "available_size", "alloc", "free"),
-    logical=False,
-    rounds_up=True,
-    checks_frees=False,
-)
+DEEPSEEK_V4_PAGED = _books.DEEPSEEK_V4_PAGED
 #: The three, each defined by a class whose methods ``install()`` replaces.
-BOOKKEEPINGS = (HOST_KV_CACHE, MAMBA, DEEPSEEK_V4_PAGED)
+BOOKKEEPINGS = _books.BOOKKEEPINGS
+Bookkeeping.__module__ = __name__  # help() and reprs name the public path
 ENGINE = "sglang"
 
 _made: dict[str, type] = {}

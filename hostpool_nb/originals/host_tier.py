@@ -51,10 +51,12 @@ from typing import Any
 
 import numpy as np
 
-log = logging.getLogger(__name__)  # as the original: its module's logger
+from ..paged import _host
 
 #: Where sglang-jax's PD metrics live, ``host_pool_alloc(pool_name, n)`` and ``host_pool_free(pool_name, n)``.
-PD_METRICS = "sgl_jax.srt.disaggregation.common.metrics"
+PD_METRICS = _host.PD_METRICS
+
+log = logging.getLogger(__name__)  # as the original: its module's logger
 
 
 def pd_metric(name: str, pool_name: str) -> None:

@@ -59,10 +59,11 @@ Where docs/behaviour.md (section 3) leaves a choice, this module takes the one b
 
 from __future__ import annotations
 
-from .._host import HostKVPoolMixin, HostPagePool
-from .._snapshot import PagedState, SWAState
+from .._core.host import HostPagePool
+from .._diagnostics.snapshot import PagedState, SWAState
 from ._allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from ._base import BaseTokenToKVPoolAllocator
+from ._host import HostKVPoolMixin
 from ._swa import SWATokenToKVPoolAllocator
 
 # help(), reprs, tracebacks and pickles name the public path, where each is imported from.

@@ -8,10 +8,11 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from .. import _layout, _paged_kernels
 from .._convert import _INT64_MAX, as_count, as_int_vectors
+from .._core.protocol import handed_off
 from .._errors import AlignmentError, HostPoolError
-from .._protocol import handed_off
+from .._kernels import layout as _layout
+from .._kernels import paged as _paged_kernels
 from ._base import _CHECK, _CORE, _INT32_MAX, _NONE, _STATUS_SHORT, _BatchCalls, _RankedAllocator, raise_unless_short
 
 

@@ -10,14 +10,24 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from .. import _kernels, _layout, _paged_kernels
 from .._convert import INT64, STRIDES_1D, as_count, as_slots, pool_shape
+from .._core.protocol import ArrayStatePool, Recordable, handed_off, recorded_kind, start_words
+from .._diagnostics.invariants import group_problems, rank_problems
+from .._diagnostics.snapshot import PagedState, checked_ranks, checked_sites, upgraded_words
+from .._diagnostics.tracking import (
+    HISTORY_MARK,
+    Outstanding,
+    Tracker,
+    excluded,
+    leak_report,
+    site_id_problems,
+    wanted,
+)
 from .._errors import DoubleFreeError, HostPoolError, PagedOnlyError, SlotRangeError
-from .._invariants import group_problems, rank_problems
-from .._jit import Entries
-from .._protocol import ArrayStatePool, Recordable, handed_off, recorded_kind, start_words
-from .._snapshot import PagedState, checked_ranks, checked_sites, upgraded_words
-from .._tracking import HISTORY_MARK, Outstanding, Tracker, excluded, leak_report, site_id_problems, wanted
+from .._kernels import layout as _layout
+from .._kernels import paged as _paged_kernels
+from .._kernels import pool as _kernels
+from .._kernels.jit import Entries
 
 _CORE = Entries(_kernels.POOL)  # the core pool's merge and load: a rank keeps the core layout
 # Each allocator reads its kernels from the table their module makes: a rank's, plain and tracked.
@@ -324,7 +334,7 @@ class _BatchCalls:
 class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
     """What both allocators share: ranks, the lock, free groups, snapshots, kvcache forwarding.
 
-    Each rank ``r`` has its own state arrays (``_paged_kernels.py``); one
+    Each rank ``r`` has its own state arrays (``_kernels/paged.py``); one
     ``threading.RLock`` (:attr:`lock`) guards every change, and the kernels
     release the GIL while they run.
     """

@@ -9,14 +9,16 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from .. import _layout, _paged_kernels, _swa_kernels
 from .._convert import _INT64_MAX, as_count, as_int_vectors, as_slots, own_slots
+from .._core.protocol import handed_off, unrecorded
+from .._diagnostics.snapshot import SWAState
+from .._diagnostics.tracking import wanted
 from .._errors import AlignmentError, HostPoolError, SlotRangeError
 from .._fork import register as _register_fork_lock
-from .._jit import Entries
-from .._protocol import handed_off, unrecorded
-from .._snapshot import SWAState
-from .._tracking import wanted
+from .._kernels import layout as _layout
+from .._kernels import paged as _paged_kernels
+from .._kernels import swa as _swa_kernels
+from .._kernels.jit import Entries
 from ._allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from ._base import _CORE, _NONE, _STATUS_SHORT, BaseTokenToKVPoolAllocator, _BatchCalls, raise_unless_short
 from ._swa_state import _SWAStateKeeping

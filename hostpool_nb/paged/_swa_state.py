@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .. import _layout
 from .._convert import own_slots
+from .._core.protocol import ArrayStatePool, Recordable, recorded_kind, start_words
+from .._diagnostics.snapshot import SWAState
+from .._diagnostics.tracking import Outstanding
 from .._errors import HostPoolError
-from .._protocol import ArrayStatePool, Recordable, recorded_kind, start_words
-from .._snapshot import SWAState
-from .._tracking import Outstanding
+from .._kernels import layout as _layout
 from ._base import _lists_of, _RankedAllocator
 
 _NO_PICKLE = (

@@ -1,5 +1,5 @@
 """What a ``LogicalHostPool`` shows and keeps of its state: snapshots and pickles, statistics, leak reports,
-its trace's shape, the invariants check and its repr. The calls that change the state are ``_pool.py``'s."""
+its trace's shape, the invariants check and its repr. The calls that change the state are ``_core/pool.py``'s."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _kernels, _layout
-from ._convert import as_count
-from ._errors import HostPoolError
-from ._invariants import pool_problems
-from ._jit import Entries
-from ._protocol import ArrayStatePool, Recordable, recorded_kind, start_words
-from ._snapshot import PoolState, checked_words, upgraded_words
-from ._stats import PoolStats
-from ._tracking import Outstanding, Tracker, excluded, leak_report
+from .._convert import as_count
+from .._diagnostics.invariants import pool_problems
+from .._diagnostics.snapshot import PoolState, checked_words, upgraded_words
+from .._diagnostics.tracking import Outstanding, Tracker, excluded, leak_report
+from .._errors import HostPoolError
+from .._kernels import layout as _layout
+from .._kernels import pool as _kernels
+from .._kernels.jit import Entries
+from .protocol import ArrayStatePool, Recordable, recorded_kind, start_words
+from .stats import PoolStats
 
 MERGE_ORDERS = ("fifo", "sorted")
 _CORE = Entries(_kernels.POOL)  # the core pool's kernels beyond alloc and free, each compiled on its first use

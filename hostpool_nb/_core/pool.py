@@ -1,6 +1,6 @@
 """The torch-free ``LogicalHostPool``: validation, locking and errors.
 
-All state changes happen in the kernels of ``_kernels.py``; this class checks
+All state changes happen in the kernels of ``_kernels/pool.py``; this class checks
 arguments before any of them runs, holds the lock around them, and turns
 their status codes into exceptions.
 """
@@ -16,15 +16,17 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _kernels, _layout, _short_kernels
-from ._convert import INT64, STRIDES_1D, as_count, as_sizes, as_slots, pool_shape
-from ._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
-from ._hooks import DataPlaneHooks
-from ._jit import Entries
-from ._pool_state import _CORE, MERGE_ORDERS, _PoolStateKeeping
-from ._protocol import handed_off
-from ._snapshot import PoolState
-from ._tracking import HISTORY_MARK, SiteKey, Tracker, wanted
+from .._convert import INT64, STRIDES_1D, as_count, as_sizes, as_slots, pool_shape
+from .._diagnostics.snapshot import PoolState
+from .._diagnostics.tracking import HISTORY_MARK, SiteKey, Tracker, wanted
+from .._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
+from .._hooks import DataPlaneHooks
+from .._kernels import layout as _layout
+from .._kernels import pool as _kernels
+from .._kernels import short as _short_kernels
+from .._kernels.jit import Entries
+from .protocol import handed_off
+from .state import _CORE, MERGE_ORDERS, _PoolStateKeeping
 
 _K = _CORE  # the rarer calls' kernels, each compiled (or loaded) on its first use
 # The alloc and free kernels of each page-size class: _ENTRIES[page_size == 1].

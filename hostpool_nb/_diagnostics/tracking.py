@@ -1,7 +1,7 @@
 """Who holds each page: call sites and tags of allocations and frees (``track=True``).
 
 A tracking pool keeps, per page, the number of the allocation that handed it
-out and two small ids, in its state array (``_kernels.py``); the kernels
+out and two small ids, in its state array (``_kernels/pool.py``); the kernels
 write them as they allocate and free. This module keeps what the ids index:
 the table of call sites (file, line, function of the first frame outside
 hostpool_nb) and tags, and turns the per-page words into reports.
@@ -23,17 +23,17 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _layout
-from ._convert import own_slots
-from ._errors import HostPoolError, SlotRangeError
+from .._convert import own_slots
+from .._errors import HostPoolError, SlotRangeError
+from .._kernels import layout as _layout
 
-UNKNOWN, CLEARED = 0, 1
+UNKNOWN, CLEARED = _layout.SITE_UNKNOWN, _layout.SITE_CLEARED
 # What starts the history a tracking pool appends to a DoubleFreeError; a
 # replay, whose pool does not track, compares the text before it.
 HISTORY_MARK = "; it was "
 MAX_SITE_ID = 2**31 - 1  # ids share an int64 word with another id
 _SWEEP_AT = 1024  # the smallest table worth sweeping
-_PACKAGE = __name__.rsplit(".", 1)[0]
+_PACKAGE = __name__.partition(".")[0]  # hostpool_nb: every frame of the package is skipped
 _SUBMODULE = _PACKAGE + "."
 _getframe = sys._getframe
 _LOW32 = (1 << 32) - 1

@@ -1,6 +1,6 @@
 """Numba kernels of ``HostPagePool``: every change to a host page pool's state.
 
-The state array's layout and the status codes are in ``_layout.py``.
+The state array's layout and the status codes are in ``_kernels/layout.py``.
 Kernels validate before they write and never raise; on failure the state
 is as it was but for its scratch, and the fault words say which page (and
 which generation) the call stopped at, so the error message is built from
@@ -14,9 +14,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from ._jit import callee as _callee
-from ._jit import kernel as _jit
-from ._layout import (
+from .jit import callee as _callee
+from .jit import kernel as _jit
+from .layout import (
     E_CORRUPT,
     E_NOT_ALLOCATED,
     E_PINNED,
@@ -266,7 +266,7 @@ def host_pin(st: NDArray[np.int64], pages: NDArray[np.int64], delta: int) -> int
 
 
 class HostKernels(NamedTuple):
-    """The host page pool's kernels: what its classes call, through ``_jit.Entries``."""
+    """The host page pool's kernels: what its classes call, through ``_kernels.jit.Entries``."""
 
     reset: Any
     reserve: Any

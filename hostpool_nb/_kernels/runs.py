@@ -1,8 +1,8 @@
 """Numba callees and kernels on runs of pages: the ring's run encoding, owner flags tested and set eight to a
 word, taking pages from the front of the lists, merges, and runs in a caller's input.
 
-The core pool's kernels (``_kernels.py``, ``_short_kernels.py``) and the device allocators'
-(``_paged_kernels.py``) all read and write lists through these. Layout and status codes: ``_layout.py``;
+The core pool's kernels (``_kernels/pool.py``, ``_kernels/short.py``) and the device allocators'
+(``_kernels/paged.py``) all read and write lists through these. Layout and status codes: ``_kernels/layout.py``;
 the measured trade-offs: ``docs/architecture.md``.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ._jit import callee as _callee
-from ._jit import kernel as _jit
-from ._jit import popcount, trailing_zeros
-from ._layout import (
+from .jit import callee as _callee
+from .jit import kernel as _jit
+from .jit import popcount, trailing_zeros
+from .layout import (
     E_CORRUPT,
     E_DUPLICATE,
     E_MISALIGNED,
@@ -55,12 +55,12 @@ from ._layout import (
 # three calls deep was compiled four times over (docs/architecture.md).
 
 # Whether _run_length tests the blocks after the first whole before masking one, and set_runs flags a run's
-# pages by masked words: the run kernels'. The short free splices both in without (_splice.py): less to compile.
+# pages by masked words: the run kernels'. The short free splices both in without (_kernels/splice.py): less to compile.
 _WHOLE_BLOCKS = True
 _WORD_FLAGS = True
 
 # -- runs on the ring ----------------------------------------------------------
-# Every list is a sequence of runs (``_layout.py``): an entry ``p >= 0``, then,
+# Every list is a sequence of runs (``_kernels/layout.py``): an entry ``p >= 0``, then,
 # for a run of ``L >= 2`` pages, the entry ``-L``. These are the only two
 # functions that know the encoding; the kernels here and the paged ranks'
 # read and write runs through them.
@@ -161,7 +161,7 @@ def _claim_flags(st: NDArray[np.int64], start: int, length: int, want: int, flag
     A word of eight flags at a time, the run's first and last words masked
     to it: one pass tests, one sets, with no branch on the run's length.
     """
-    words = st[HEADER + (st[H_NPAGES] + 1) // 2 :]  # the ring's int64 words end here (_layout.py)
+    words = st[HEADER + (st[H_NPAGES] + 1) // 2 :]  # the ring's int64 words end here (_kernels/layout.py)
     lo, hi, first, last = _word_masks(start, length)
     expect = want * _EVERY_BYTE
     wrong = ((words[lo] ^ expect) & first) | ((words[hi] ^ expect) & last)
@@ -282,7 +282,7 @@ def _claim_lone(ids: NDArray[np.int32], dst: NDArray[np.int64] | NDArray[np.int3
 
 
 # Whether take_front hands out a stretch of lone pages at page size 1 through its own loop (_claim_lone): the
-# run kernels' does; the short alloc, into which it is spliced (_splice.py), is made with it off and calls nothing.
+# run kernels' does; the short alloc, into which it is spliced (splice.py), is made with it off and calls nothing.
 _LONE_STRETCHES = True
 
 
@@ -456,7 +456,7 @@ def _free_counts(st: NDArray[np.int64], n: int) -> tuple[int, int]:
     sum that overflows is undefined in numba's code (``nsw``), so no
     multiply tricks.
     """
-    words = st[HEADER + (n + 1) // 2 : HEADER + (n + 1) // 2 + (n + 7) // 8]  # the owner flags (_layout.py)
+    words = st[HEADER + (n + 1) // 2 : HEADER + (n + 1) // 2 + (n + 7) // 8]  # the owner flags (_kernels/layout.py)
     last = words.shape[0] - 1
     tail = (_LOW_BYTE << ((n & 7) << 3)) - 1 if n & 7 != 0 else _ALL_BYTES  # the last word's bytes that are pages
     found = 0
@@ -513,7 +513,7 @@ def merge_lists(st: NDArray[np.int64]) -> int:
         if found != live or entries > old:
             return fail(E_CORRUPT, 0)
         ring = ring_view(st)
-        base = HEADER + (n + 1) // 2  # the owner flags' first word (_layout.py)
+        base = HEADER + (n + 1) // 2  # the owner flags' first word (_kernels/layout.py)
         end: int = st[H_HEAD] + old  # where the pending list starts
         # Short runs: every free page as an entry of its own, without a branch
         # per page (a branch per run boundary cost more than the runs save).

@@ -1,6 +1,6 @@
 """Numba kernels of ``hostpool_nb.paged``: every change to a rank's page state.
 
-Each data-parallel rank keeps two int64 arrays (``_layout.py``): ``st``, in
+Each data-parallel rank keeps two int64 arrays (``_kernels/layout.py``): ``st``, in
 the core pool's layout for ``pages + 1`` pages, page 0 being the padding
 page, flagged allocated forever and never listed, so the core's merge, sort
 and invariants apply unchanged (the paged allocator merges sorted, the
@@ -19,12 +19,11 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from ._jit import as_callee as _as_callee
-from ._jit import callee as _callee
-from ._jit import kernel as _jit
-from ._jit import tracked_twin as _tracked_twin
-from ._kernels import _LOW32, track_alloc, track_free
-from ._layout import (
+from .jit import as_callee as _as_callee
+from .jit import callee as _callee
+from .jit import kernel as _jit
+from .jit import tracked_twin as _tracked_twin
+from .layout import (
     E_CORRUPT,
     E_DUPLICATE,
     E_LAST_LOC,
@@ -58,13 +57,14 @@ from ._layout import (
     OWNER_ALLOCATED,
     OWNER_FREE,
     OWNER_STAGED,
+    SITE_CLEARED,
     fail,
     marks_view,
     owner_view,
     ring_view,
 )
-from ._run_kernels import count_alloc, merge_lists, put_run, run_width, set_runs, stage, take_front
-from ._tracking import CLEARED
+from .pool import _LOW32, track_alloc, track_free
+from .runs import count_alloc, merge_lists, put_run, run_width, set_runs, stage, take_front
 
 # Whether a kernel records who holds each page: one definition per kernel, compiled twice (``KERNELS``)
 # with this global fixed, numba freezing it as a constant and dropping the branches it rules out. A
@@ -111,7 +111,7 @@ def reset_rank(st: NDArray[np.int64], gp: NDArray[np.int64]) -> int:
     if t != 0:
         for p in range(1, cap):
             if owner[p] == OWNER_ALLOCATED:
-                st[t + cap + p] = (st[t + cap + p] & ~_LOW32) | CLEARED
+                st[t + cap + p] = (st[t + cap + p] & ~_LOW32) | SITE_CLEARED
     for p in range(1, cap):
         owner[p] = OWNER_FREE
     entries = 0
@@ -536,7 +536,7 @@ KERNELS = (
     _PLAIN,
     _PLAIN._replace(**{f: _tracked_twin(getattr(_PLAIN, f), {"TRACKED": True}) for f in _PLAIN._fields[2:]}),
 )
-# The same, for the sliding-window kernels (``_swa_kernels.py``) to call: compiled into theirs. A kernel in
+# The same, for the sliding-window kernels (``_kernels/swa.py``) to call: compiled into theirs. A kernel in
 # both rows (reset_rank, end_group) is one callee.
 _CALLEE_OF = {k: _as_callee(k) for k in (*KERNELS[0], *KERNELS[1])}
 CALLEES = tuple(RankKernels(*(_CALLEE_OF[k] for k in kernels)) for kernels in KERNELS)

@@ -1,8 +1,8 @@
 """Numba kernels of the core pool: every change to a ``LogicalHostPool``'s state.
 
-The layout of ``st`` and the status codes are in ``_layout.py``. Kernels
+The layout of ``st`` and the status codes are in ``_kernels/layout.py``. Kernels
 move integers and return status codes; they never raise and never allocate
-Python objects, so ``_pool.py`` can validate, lock, and turn a status into
+Python objects, so ``_core/pool.py`` can validate, lock, and turn a status into
 the right exception. On failure the header, the live window and the owner
 flags are as they were; only the scratch behind the window may differ.
 Measured trade-offs behind the choices here are in ``docs/architecture.md``.
@@ -15,12 +15,12 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _run_kernels
-from ._jit import as_callee as _as_callee
-from ._jit import callee as _callee
-from ._jit import kernel as _jit
-from ._jit import twin as _twin
-from ._layout import (
+from . import runs as _run_kernels
+from .jit import as_callee as _as_callee
+from .jit import callee as _callee
+from .jit import kernel as _jit
+from .jit import twin as _twin
+from .layout import (
     E_LENGTH,
     E_MERGE_FIRST,
     E_MISALIGNED,
@@ -52,7 +52,7 @@ from ._layout import (
     ring_tail,
     ring_view,
 )
-from ._run_kernels import (
+from .runs import (
     _RUN_PROBE,
     _claim_flags,
     _run_length,
@@ -70,8 +70,8 @@ from ._run_kernels import (
     staged_twice,
     take_front,
 )
-from ._short_kernels import free_short
-from ._splice import spliced
+from .short import free_short
+from .splice import spliced
 
 # The kernels' Python annotations are for type checkers only: numba compiles
 # each kernel from its signature string, a callee for its callers' types.

@@ -1,7 +1,7 @@
 """Numba kernels of ``hostpool_nb.paged.SWATokenToKVPoolAllocator``: both sub-allocators and the mapping at once.
 
 Each call of the sliding-window allocator is one kernel here: it runs the
-sub-allocators' kernels (``_paged_kernels.py``, as callees) on the full
+sub-allocators' kernels (``_kernels/paged.py``, as callees) on the full
 rank's state ``stf`` / ``gpf`` and the SWA rank's ``sts`` / ``gps``, and
 updates ``mp``, the rank's int32 full-to-SWA mapping (0: no SWA slot), in
 place. A refusal changes neither side but for the merges it makes; a
@@ -10,7 +10,7 @@ buffer, at least as long as the call's input (twice for ``free_swa``).
 
 Each kernel is written once, calling the sub-allocators' kernels by the
 names ``_alloc_tokens``, ``_free_slots``...: the plain ones
-(``_paged_kernels.CALLEES[0]``). Its ``*_tracked`` variant is the same
+(``_kernels.paged.CALLEES[0]``). Its ``*_tracked`` variant is the same
 code compiled with those names bound to the tracked ones (``CALLEES[1]``,
 :data:`_TRACKED`), and records each side's pages under the sites it is
 given; the plain kernels take the same arguments and ignore them.
@@ -21,12 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ._jit import callee as _callee
-from ._jit import kernel as _jit
-from ._jit import tracked_twin as _tracked_twin
-from ._jit import variant as _variant
-from ._layout import E_CORRUPT, E_RANGE, E_SHORT, H_NFREE, H_NREL, fail
-from ._paged_kernels import CALLEES, I32, I64, _ceil_div
+from .jit import callee as _callee
+from .jit import kernel as _jit
+from .jit import tracked_twin as _tracked_twin
+from .jit import variant as _variant
+from .layout import E_CORRUPT, E_RANGE, E_SHORT, H_NFREE, H_NREL, fail
+from .paged import CALLEES, I32, I64, _ceil_div
 
 _alloc_tokens: Callable[..., int] = CALLEES[0].alloc_tokens
 _alloc_slots: Callable[..., int] = CALLEES[0].alloc_slots

@@ -1,7 +1,7 @@
 """The core pool's flat free for short calls (at most ``SHORT_SLOTS`` slots): one unit, no callee but ``fail``.
 
 What a new process's first free compiles. Its own page loops, with the run kernels' helpers spliced in
-(``_splice.py``): a callee per run measured slower and compiled longer (``docs/architecture.md``). The short
+(``_kernels/splice.py``): a callee per run measured slower and compiled longer (``docs/architecture.md``). The short
 alloc is the run kernels' alloc spliced the same way (``_kernels.alloc_short``).
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _run_kernels
-from ._jit import kernel as _jit
-from ._layout import (
+from . import runs as _run_kernels
+from .jit import kernel as _jit
+from .layout import (
     E_LENGTH,
     E_MISALIGNED,
     E_PARTIAL,
@@ -32,15 +32,8 @@ from ._layout import (
     owner_view,
     ring_view,
 )
-from ._run_kernels import (
-    _RUN_PROBE,
-    _claim_flags,
-    _run_length,
-    free_end,
-    put_run,
-    staged_twice,
-)
-from ._splice import spliced
+from .runs import _RUN_PROBE, _claim_flags, _run_length, free_end, put_run, staged_twice
+from .splice import spliced
 
 # The kernels' Python annotations are for type checkers only: numba compiles
 # each kernel from its signature string, a callee for its callers' types.
@@ -63,7 +56,7 @@ from ._splice import spliced
 SHORT_SLOTS = 1023
 # Which page-size classes a short free serves, fixed when it compiles: each
 # class's pool runs a copy with the other's loop off (``free_p1_short`` and
-# ``free_pn_short``, in _kernels.py), whose branch numba drops before typing
+# ``free_pn_short``, in _kernels/pool.py), whose branch numba drops before typing
 # it: a new process's first free compiles half the code.
 _PAGE_SIZE_1_LOOP = True
 _LARGER_PAGES_LOOP = True

@@ -4,7 +4,7 @@ Each kind (``LogicalHostPool``, ``HostPagePool``, the paged allocators)
 subclasses :class:`ArrayStatePool` and supplies its layout's pieces:
 
 - ``_kind``: its name in messages, and ``_format``: the key of
-  :data:`~hostpool_nb._snapshot.FORMATS` its pickles carry;
+  :data:`~hostpool_nb._diagnostics.snapshot.FORMATS` its pickles carry;
 - ``_state_class``: what ``backup_state`` returns and ``restore_state``
   takes; ``_snapshot()`` makes one (under the lock), ``_checked(state)``
   checks one and returns what to load (a ``HostPoolError`` if it cannot
@@ -35,10 +35,10 @@ from typing import Any, ClassVar, TypeVar, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _layout
-from ._errors import HostPoolError
-from ._fork import register as register_fork_lock
-from ._snapshot import FORMATS, check_format
+from .._diagnostics.snapshot import FORMATS, check_format
+from .._errors import HostPoolError
+from .._fork import register as register_fork_lock
+from .._kernels import layout as _layout
 
 #: The classes a trace names its pool by: a subclass records (and replays) as the one of these it derives from.
 RECORDED_KINDS = (
@@ -85,7 +85,7 @@ class ArrayStatePool:
     _format: ClassVar[str] = ""
     _state_class: ClassVar[type] = object
     lock: Any
-    # While the pool records (``_recording.py``), what its recorded methods hand their calls to; else None.
+    # While the pool records (``_diagnostics/recording.py``), what its recorded methods hand their calls to; else None.
     _recording: Any = None
 
     def _make_lock(self) -> None:
@@ -177,7 +177,7 @@ class ArrayStatePool:
             self._record_if_asked()
 
     def _upgraded(self, saved: dict[str, Any]) -> dict[str, Any]:
-        """A pickle's fields in the older format ``_snapshot.CONVERTS`` names, converted (kinds that have one)."""
+        """A pickle's fields in an older format (``snapshot.CONVERTS``), converted (kinds that have one)."""
         return saved
 
     def _corrupt(self, op: str, status: int) -> RuntimeError:
@@ -189,7 +189,7 @@ class ArrayStatePool:
         )
 
 
-#: The environment variable that makes every recordable pool record its calls into a folder (``_live.py``).
+#: The environment variable that makes every recordable pool record its calls into a folder (``_diagnostics/live.py``).
 RECORD_ENV = "HOSTPOOL_NB_RECORD"
 _parts = threading.local()  # depth > 0 while pools are built that HOSTPOOL_NB_RECORD does not record
 
@@ -246,7 +246,7 @@ class Recordable:
         """At the end of building (or unpickling) the pool: record it if ``HOSTPOOL_NB_RECORD`` names a folder."""
         folder = os.environ.get(RECORD_ENV)
         if folder and not getattr(_parts, "depth", 0):
-            from ._live import record  # noqa: PLC0415 - the trace machinery only when asked for
+            from .._diagnostics.live import record  # noqa: PLC0415 - the trace machinery only when asked for
 
             record(self, folder)
 
@@ -270,7 +270,7 @@ class Recordable:
             The file to write; its folder must exist. It is checked before
             the block runs.
         """
-        from ._recording import recording  # noqa: PLC0415 - keeps the trace machinery out of `import hostpool_nb`
+        from .._diagnostics.recording import recording  # noqa: PLC0415 - keeps the trace machinery out of `import hostpool_nb`
 
         return recording(self, path)
 

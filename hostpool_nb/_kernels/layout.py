@@ -2,7 +2,7 @@
 
 Each pool keeps its state in int64 arrays that only kernels change. The
 kernels compile these constants in, so this module is stamped into their
-cache (``_jit.py``): changing it recompiles them.
+cache (``_kernels/jit.py``): changing it recompiles them.
 
 The core pool (``LogicalHostPool``, and each rank of ``hostpool_nb.paged``)
 --------------------------------------------------------------------------
@@ -34,7 +34,7 @@ the owner flags (:func:`owner_view`), one byte per page after the ring
 ``st[st[H_TRACK]:]``, only with ``track=True``
     Two words per page: the number of the allocation that handed it out,
     then the site ids (high 32 bits: that allocation's; low: the last free's)
-    that ``_tracking.py``'s table resolves.
+    that the tracking module's table resolves (:data:`SITE_UNKNOWN`, :data:`SITE_CLEARED`, then its own).
 
 A paged rank's free group (``GP_*``)
 ------------------------------------
@@ -65,7 +65,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ._jit import callee, window
+from .jit import callee, window
 
 # -- the core pool's header ---------------------------------------------------------
 H_HEAD = 0  # ring position of the first free page
@@ -92,6 +92,9 @@ H_EPEND = 19  # ring entries of the pending list
 # changes either: one aligned word available_size reads without the lock. Derived: 0 in a snapshot or pickle.
 H_AVAIL = 20
 HEADER = 24  # the spare words keep room for later counters
+
+SITE_UNKNOWN = 0  # a tracking word's site id: no site known
+SITE_CLEARED = 1  # the page was freed by clear(), not by a call with a site
 
 OWNER_FREE = 0
 OWNER_ALLOCATED = 1

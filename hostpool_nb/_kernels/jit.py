@@ -24,7 +24,7 @@ a pool from working:
   kept.
 
 numba keys a kernel's cache entry to its own source file only, and freezes
-the globals it reads (the layout constants of ``_layout.py``, say) into
+the globals it reads (the layout constants of ``_kernels/layout.py``, say) into
 the compiled code. A kernel module that reads another's constants would
 then load stale code after the other file changed. So every kernel's cache
 index is also stamped with the size and time of every kernel module of
@@ -59,8 +59,9 @@ from numba import config as _numba_config
 from numba import njit
 from numba.core import event as _numba_event  # loaded with numba's dispatcher: no cost
 
-from ._errors import KernelCacheWarning
-from ._fork import hold as hold_across_forks
+from .._errors import KernelCacheWarning
+from .._fork import hold as hold_across_forks
+from . import MODULES
 
 # The KernelCacheWarning's text; see _warn_once.
 _Problem = str
@@ -72,13 +73,8 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 JIT_DISABLED = bool(getattr(_numba_config, "DISABLE_JIT", False))  # numba's config module sets it from the env
 
-# Every module whose code or constants kernels compile in: this one, the state layout, and each module of
-# kernels, found by its name (``_*kernels.py``) so that a new one cannot be left out of the stamp or warmup.
-KERNEL_MODULES = (
-    "_jit.py",
-    "_layout.py",
-    *sorted(p.name for p in Path(__file__).resolve().parent.glob("_*kernels.py")),
-)
+# Every module whose code or constants kernels compile in, as files: what the cache's stamp reads.
+KERNEL_MODULES = tuple(f"{name}.py" for name in MODULES)
 
 # A compile running longer than this says so, once per process.
 NOTICE_AFTER_S = 1.0
@@ -261,7 +257,7 @@ def as_callee(made: _F) -> _F:
     """The Python function of the kernel ``made``, as a :func:`callee`: for another kernel to call.
 
     The same source compiled a second way, and only when a kernel calling
-    it compiles: the plain kernel stays flat (see ``_kernels.py``) while a
+    it compiles: the plain kernel stays flat (see ``_kernels/pool.py``) while a
     variant wraps its work. Under ``NUMBA_DISABLE_JIT=1``, the function.
     """
     return callee()(cast("_F", getattr(made, "py_func", made)))
@@ -276,7 +272,7 @@ def _refuse_python_calls(dispatcher: Any) -> None:
         def __call__(self: Any, *args: Any, **kws: Any) -> Any:
             raise TypeError(
                 f"{self.py_func.__qualname__} is compiled into the kernels that call it and has no Python "
-                "entry point; call it through hostpool_nb._jit.callable_from_python"
+                "entry point; call it through hostpool_nb._kernels.jit.callable_from_python"
             )
 
         guarded = _GUARDED[base] = type(f"Callee{base.__name__}", (base,), {"__call__": __call__})
@@ -846,7 +842,7 @@ def _warn_once(message: str) -> None:
 
 def _outside_the_package() -> int:
     """The ``stacklevel`` of the first frame outside hostpool_nb: the caller whose call compiled."""
-    package = __name__.rpartition(".")[0]
+    package = __name__.partition(".")[0]
     level = 1
     frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:

@@ -7,7 +7,7 @@ lock for the whole call and appends the call's arguments, result and
 error; the file is written when the block ends. Nothing here imports a
 pool class, so the pools can import this module without a circle: a kind
 that records supplies ``_recorded`` (the methods it records), the check at
-the top of each (``_protocol.Recordable``), ``_trace_shape()`` (the
+the top of each (``_core.protocol.Recordable``), ``_trace_shape()`` (the
 header's fields) and ``_trace_start()`` (the ``start`` array), and its
 calls name a ``dp_rank`` if it has ``dp_size``.
 """
@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._convert import as_slots
-from ._errors import HostPoolError
-from .trace import _LEVEL, ERRORS, HEADER_DTYPE, KINDS, OP_DTYPE, OPS, VERSION, _pack_runs, _runs_of
+from .._convert import as_slots
+from .._errors import HostPoolError
+from ..trace import _LEVEL, ERRORS, HEADER_DTYPE, KINDS, OP_DTYPE, OPS, VERSION, _pack_runs, _runs_of
 
 _names = itertools.count()
 

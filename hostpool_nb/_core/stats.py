@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _layout
+from .._kernels import layout as _layout
 
 
 @dataclass(frozen=True)

@@ -42,9 +42,9 @@ import weakref
 from pathlib import Path
 from typing import Any, cast
 
-from ._errors import HostPoolError
-from ._recording import Recorder, _stop, start
-from .trace import OP_DTYPE
+from .._errors import HostPoolError
+from ..trace import OP_DTYPE
+from .recording import Recorder, _stop, start
 
 #: The environment variable naming the folder every pool records into.
 ENV = "HOSTPOOL_NB_RECORD"

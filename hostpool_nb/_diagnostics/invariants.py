@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _layout
-from ._layout import owner_flags, ring_ids
-from ._tracking import Site, site_id_problems
+from .._kernels import layout as _layout
+from .._kernels.layout import owner_flags, ring_ids
+from .tracking import Site, site_id_problems
 
 # A state loaded from outside (a snapshot, a pickle) must have every counter
 # and generation below COUNTER_LIMIT: at a call per nanosecond 2**62 calls
@@ -113,7 +113,7 @@ def pool_problems(
 def _listed_runs(st: NDArray[np.int64], n: int, pages: tuple[int, int, int]) -> list[NDArray[np.int64]] | str:
     """The page ids of the free, release and pending lists, decoded from their runs; or what is wrong with them.
 
-    Each list's entries must be runs (``_layout.py``): a length entry (at
+    Each list's entries must be runs (``_kernels/layout.py``): a length entry (at
     most ``-2``) follows a page id, every other entry is a page id, each run
     lies inside the pool, and the runs hold as many pages as the list's
     count says.

@@ -1,6 +1,6 @@
 """Snapshots of every pool's state, the format numbers of their pickles, and the checks before loading one.
 
-A pool's whole state is int64 arrays (``_layout.py``), so a snapshot is a
+A pool's whole state is int64 arrays (``_kernels/layout.py``), so a snapshot is a
 copy of them plus the shape they belong to. Snapshots and pickled pools
 carry the format of their layout (:data:`FORMATS`, checked by
 :func:`check_format`); a state is taken only by a pool of the same shape,
@@ -16,15 +16,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _layout
-from ._errors import HostPoolError
-from ._invariants import host_problems, pool_problems, rank_problems
-from ._tracking import site_id_problems, table_problem
+from .._errors import HostPoolError
+from .._kernels import layout as _layout
+from .invariants import host_problems, pool_problems, rank_problems
+from .tracking import site_id_problems, table_problem
 
 # The layout each kind of state is in. A pickle in another format was made by
 # a hostpool_nb whose kernels read the arrays differently: the core's format 2
 # had int64 ring entries, 3 int32 page ids one per entry, 4 runs
-# (``_layout.py``); the paged allocators' 1 was the core's 3, 2 its 4, 3 adds
+# (``_kernels/layout.py``); the paged allocators' 1 was the core's 3, 2 its 4, 3 adds
 # the site tables of tracking allocators (``track=True``).
 FORMATS = {
     "LogicalHostPool": 4,
@@ -106,7 +106,7 @@ def frozen_words(words: Any, what: str, *, core: bool = True) -> NDArray[np.int6
     A damaged pickle may hold any object here: only a 1-D array of integers
     is a state (numpy would read a list of digit strings, or floats, as
     numbers), and the checks before a load need its values as they are. A
-    ``core`` state (a pool's, a rank's) is kept as :func:`_layout.persisted` keeps it.
+    ``core`` state (a pool's, a rank's) is kept as :func:`_kernels.layout.persisted` keeps it.
     """
     if not isinstance(words, np.ndarray) or words.ndim != 1 or words.dtype.kind not in "iu":
         kind = f"{words.dtype} array of shape {words.shape}" if isinstance(words, np.ndarray) else type(words).__name__

@@ -1,0 +1,1 @@
+"""The pools on state arrays: LogicalHostPool, HostPagePool, and the protocol every pool shares."""

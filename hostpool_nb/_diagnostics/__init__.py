@@ -1,0 +1,1 @@
+"""What a pool knows of its own use: tracking, state snapshots and their checks, recordings."""
