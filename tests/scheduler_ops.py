@@ -10,7 +10,7 @@ return equal lists; a copy, an unpickled pool (in this process or a later
 one) and a restored snapshot are checked that way.
 
 It is a module of its own so that a child process can import it
-(``tests/test_scheduler_api.py`` runs it in a fresh interpreter).
+(``tests/core/test_scheduler_api.py`` runs it in a fresh interpreter).
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ name. Each one sglang-jax then builds logs one INFO line on the
 Tested with sglang-jax :data:`TESTED_VERSION` (a pre-release for Python
 3.12 and later: ``pip install --pre "sglang-jax[cpu]==0.1.0rc0"``): its
 source checked against hostpool_nb's classes by
-``tests/test_sgl_jax_surface.py``, and its engine run end to end, plain
-and with ``install()``, on a CPU with tiny models (``tests/test_sgl_jax_engine.py``).
+``tests/integrations/test_sgl_jax_surface.py``, and its engine run end to end, plain
+and with ``install()``, on a CPU with tiny models (``tests/integrations/test_sgl_jax_engine.py``).
 Also with stand-ins written from the behaviour docs/behaviour.md describes
 (``hostpool_nb.originals.engines``). Its modules that import the classes by
 name: ``model_runner_kv_cache_mixin`` (the allocators, when it builds

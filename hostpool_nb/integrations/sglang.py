@@ -25,7 +25,7 @@ Two kinds of replacement, both checked first against sglang
 
 Each pool sglang then builds logs one INFO line on the ``hostpool_nb``
 logger. Tested with sglang :data:`TESTED_VERSION` (its source, checked
-against hostpool_nb's by ``tests/test_sglang_surface.py``; its methods run
+against hostpool_nb's by ``tests/integrations/test_sglang_surface.py``; its methods run
 side by side with hostpool_nb's by ``tests/test_sglang_host_wheel.py``) and
 with a stand-in engine (``hostpool_nb.originals.engines``).
 """

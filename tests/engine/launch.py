@@ -1,6 +1,6 @@
 """Launch sglang-jax's engine on a CPU, plain or with hostpool_nb installed as the docs say, and run prompts.
 
-Run as a script by ``tests/test_sgl_jax_engine.py``: ``python tests/engine/launch.py``, with the run's
+Run as a script by ``tests/integrations/test_sgl_jax_engine.py``: ``python tests/engine/launch.py``, with the run's
 settings as JSON in ``HOSTPOOL_NB_ENGINE_RUN``. The engine spawns its scheduler and detokenizer, which
 import this script again as ``__mp_main__``: everything at the top level runs in every process of the
 engine, as a user's ``install()`` at the top of their launcher does. Besides the engine's own outputs

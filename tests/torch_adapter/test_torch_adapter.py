@@ -33,11 +33,11 @@ from hostpool_nb.torch import (  # noqa: E402
     SlotRangeError,
 )
 from tests.conftest import Snapshot, assert_refused, take_snapshot  # noqa: E402
-from tests.test_torch_missing import run_child  # noqa: E402
+from tests.torch_adapter.test_torch_missing import run_child  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Every integer dtype torch has that numpy can view; the unsigned 16/32/64
 # bit ones exist in recent torch only.

@@ -25,7 +25,7 @@ if not hasattr(np, "_core"):  # numpy 1 reads numpy 2's pickles (which name nump
     sys.modules.setdefault("numpy._core", np.core)
     sys.modules.setdefault("numpy._core.multiarray", np.core.multiarray)
 
-_DATA = pickle.loads((Path(__file__).parent / "data" / "format3.pickle").read_bytes())
+_DATA = pickle.loads((Path(__file__).parents[1] / "data" / "format3.pickle").read_bytes())
 BLOBS: dict[str, bytes] = _DATA["blobs"]
 EXPECTED: dict[str, Any] = _DATA["expected"]
 

@@ -38,7 +38,7 @@ def short_traces_are_timed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(R, "MIN_TIMED", 1)
 
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROG = "python -m hostpool_nb.replay"
 
 HEADER_DTYPE = np.dtype(

@@ -1,6 +1,6 @@
 """The scheduler API (commit c42b45d): every bad argument, and the semantics a state machine does not show.
 
-Bad inputs, in the style of ``tests/test_bad_inputs.py``: each row gives the
+Bad inputs, in the style of ``tests/core/test_bad_inputs.py``: each row gives the
 input, the exception type and its exact message (ours, so exact) or a
 precise needle; after every error the pool must be exactly as before
 (``unchanged``), after every ``None`` changed only in its refusal counters
@@ -42,7 +42,7 @@ from hostpool_nb._kernels import layout as L
 from hostpool_nb._kernels.layout import owner_flags
 from tests.conftest import JIT_DISABLED, one_entry_per_page, take_snapshot
 from tests.scheduler_ops import run_ops, summary
-from tests.test_torch_missing import run_child
+from tests.torch_adapter.test_torch_missing import run_child
 
 # State lengths of the 6-page rich pool and of a 12-page one (the layout decides them).
 _W6 = L.state_length(6)

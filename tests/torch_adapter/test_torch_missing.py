@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 _BLOCK_TORCH = textwrap.dedent(
     """

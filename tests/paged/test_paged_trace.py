@@ -27,7 +27,7 @@ from hostpool_nb import replay as R
 from hostpool_nb import trace as T
 from hostpool_nb._core.protocol import handed_off
 from hostpool_nb.paged import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
-from tests.test_trace import arrays, rewrite, run_main
+from tests.diagnostics.test_trace import arrays, rewrite, run_main
 
 
 @pytest.fixture(autouse=True)
@@ -906,7 +906,7 @@ def test_replay_compares_free_swas_count_with_the_record(tmp_path: Path) -> None
 @pytest.mark.parametrize("kind", ["paged", "token", "swa"])
 def test_a_version_3_allocator_trace_is_read_and_replays(kind: str, tmp_path: Path) -> None:
     """Version 3 (the first to record allocators) stored every array as it is, its ops without a kind."""
-    from tests.test_trace import as_version
+    from tests.diagnostics.test_trace import as_version
 
     kv = SimpleNamespace(full_kv_pool=None, swa_kv_pool=None)
     a: Any = {

@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -456,7 +457,7 @@ def test_the_books_trace_replays_as_the_pool_they_are(
     assert replay.replay(recorded) == (len(recorded.operations), 0, None)
     import subprocess
 
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     done = subprocess.run(
         [sys.executable, "-m", "hostpool_nb.replay", str(path)], env=env, capture_output=True, text=True, check=False
     )

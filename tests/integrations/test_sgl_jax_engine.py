@@ -47,7 +47,7 @@ pytestmark = [
 ]
 
 ROOT = Path(hostpool_nb.__file__).resolve().parent.parent
-LAUNCHER = Path(__file__).parent / "engine" / "launch.py"
+LAUNCHER = Path(__file__).parents[1] / "engine" / "launch.py"
 REQUESTS = 40
 NEW_TOKENS = 16
 # Each run may take this long (start, 40 requests, stop took 15-30 s on two shared cores).

@@ -44,7 +44,7 @@ TIMEOUT_S = 120.0
 
 # Imports hostpool_nb, recording warnings, runs an alloc/free sequence whose
 # results the parent checks, and reports where each kernel came from (kernels
-# collected as in tests/test_cache_concurrency.py).
+# collected as in tests/kernels/test_cache_concurrency.py).
 USE_POOL = r"""
 import json, warnings
 with warnings.catch_warnings(record=True) as caught:

@@ -71,7 +71,7 @@ def test_every_module_of_the_library_is_in_exactly_one_group_whose_tests_exist()
     """The groups drift as modules land: each module (but the packages' fronts and the warm-up command) in one."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     groups = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["cosmic-ray"]["groups"]
     where: dict[str, list[str]] = {}
     for group in groups:

@@ -39,7 +39,7 @@ from hostpool_nb.paged import PagedState, PagedTokenToKVPoolAllocator, TokenToKV
 from tests.conftest import RaisingEq, one_entry_per_page
 from tests.paged_model import assert_unchanged, capture, compare, pending_pages
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PS = 4
 SIZE = 2 * 8 * PS + 3
 SHAPE = ("paged", SIZE, PS, 2)

@@ -51,8 +51,8 @@ from hostpool_nb import replay as R
 from hostpool_nb import trace as T
 from hostpool_nb.originals import paged as oracle_mod
 from hostpool_nb.paged import SWATokenToKVPoolAllocator
+from tests.paged.test_paged_state_machine import Events, _examples, assert_reached
 from tests.paged_model import oracle_allocated, pending_pages
-from tests.test_paged_state_machine import Events, _examples, assert_reached
 
 
 def hybrid() -> Any:
