@@ -343,8 +343,8 @@ def as_int_vectors(values: tuple[Any, ...], names: tuple[str, ...]) -> tuple[NDA
 
     sglang-jax passes them as lists: then one fresh buffer, one ``struct``
     pack and one look for a bool serve them all, each argument a view of
-    its part (the per-argument buffer, pack and minimum cost about 0.8 us
-    each, a twentieth of a 256-request decode). Anything else, or a pack
+    its part (a buffer, pack and minimum per argument cost a twentieth of
+    a 256-request decode). Anything else, or a pack
     that fails, converts argument by argument, so the error is the one
     :func:`as_int_vector` gives for the first bad argument.
     """
@@ -361,13 +361,13 @@ def as_int_vectors(values: tuple[Any, ...], names: tuple[str, ...]) -> tuple[NDA
         raise
     except Exception:  # noqa: BLE001 - struct.error, or an element's __index__: each argument says which
         return tuple(as_int_vector(v, name) for v, name in zip(values, names, strict=True))
-    # A 0 or a 1 may have been a bool. numpy's minimum costs 2.5 us whatever the length: a short batch is scanned.
+    # A 0 or a 1 may have been a bool. numpy's minimum has a fixed cost: a short batch is scanned instead.
     if total > _SHORT_BATCH and _min(fresh) > 1:
         suspects: Any = ()
     else:
         suspects = zip(values, names, strict=True)
     for v, name in suspects:
-        try:  # packed, so flat: an argument with a 0 or a 1 is looked at, its types once each (a list of 200: 10 us)
+        try:  # packed, so flat: an argument with a 0 or a 1 is looked at, its types once each
             mixed = (True in v or False in v) and not _BOOLS.isdisjoint(map(type, v))
         except Exception:  # noqa: BLE001 - an element whose == raises: holds_bool says what it is
             mixed = holds_bool(v, name)

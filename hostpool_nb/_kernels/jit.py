@@ -6,7 +6,7 @@ warm cache turns each compile into a load. A helper that only kernels call
 (:func:`callee`) is compiled with its callers instead. ``nogil`` lets other
 threads run while a kernel works (the pool's lock already serialises state
 changes), but for the twins compiled with ``nogil=False`` for calls too
-short to be worth handing the GIL over (:func:`twin`). No ``fastmath``:
+short to be worth handing the GIL over (:func:`variant`). No ``fastmath``:
 the kernels are integer code. No reference counting of arrays (numba's
 NRT): see :func:`_njit`; kernels read the state's int32 and byte parts
 through :func:`window`.
@@ -110,7 +110,7 @@ def _package_stamp() -> tuple[tuple[str, int, int], ...]:
 
 _PACKAGE_STAMP = _package_stamp()
 
-# Every kernel made by kernel() and twin(), in definition order: what warmup compiles.
+# Every kernel made by kernel() and variant(), in definition order: what warmup compiles.
 KERNELS: list[Kernel] = []
 
 
@@ -253,16 +253,6 @@ def _type_constants_plainly(dispatcher: Any) -> None:
     dispatcher.get_call_template = get_call_template
 
 
-def as_callee(made: _F) -> _F:
-    """The Python function of the kernel ``made``, as a :func:`callee`: for another kernel to call.
-
-    The same source compiled a second way, and only when a kernel calling
-    it compiles: the plain kernel stays flat (see ``_kernels/pool.py``) while a
-    variant wraps its work. Under ``NUMBA_DISABLE_JIT=1``, the function.
-    """
-    return callee()(cast("_F", getattr(made, "py_func", made)))
-
-
 def _refuse_python_calls(dispatcher: Any) -> None:
     """Make a call of the callee from Python a ``TypeError``: without a Python wrapper it would crash."""
     base = type(dispatcher)
@@ -353,7 +343,7 @@ def _window_intrinsic(np_dtype: np.dtype[Any], where: Callable[..., tuple[int, i
         return result(st), codegen
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        # numba's code generation: imported at the first compile, not at import (75 ms of a warm start).
+        # numba's code generation: imported at the first compile, not at import, where a warm start would pay.
         from numba.core import cgutils as _cgutils  # noqa: PLC0415
         from numba.np import arrayobj as _arrayobj  # noqa: PLC0415
 
@@ -436,47 +426,40 @@ popcount: Callable[[int], int] = (
 )
 
 
-def variant(func: _F, *, name: str, constants: dict[str, Any]) -> _F:
-    """A copy of a kernel's or callee's Python function, as ``name``, reading ``constants`` for module globals.
+def variant(
+    func: _F,
+    *,
+    name: str | None = None,
+    constants: dict[str, Any] | None = None,
+    signature: str | None = None,
+    nogil: bool = True,
+) -> _F:
+    """A variant of a kernel's or callee's one definition: how the package makes them (splice.py aside).
 
-    How a kernel's variants are made from its one definition: numba
-    compiles a global in as a constant, so a branch on a flag the copy
-    reads (``TRACKED``, ``_SHORT_CLASS``) is dropped from the variant, and
-    a callee named by a global can be swapped for another. Wrap the copy
-    with :func:`kernel` (or use :func:`twin`) or :func:`callee`. ``func``
-    is a :class:`Kernel`, a callee, or a plain function.
+    ``func``'s Python function, copied as ``name`` with ``constants`` read
+    for the module globals of those names, compiled as a kernel for
+    ``signature`` (releasing the GIL if ``nogil``) or, without one, as a
+    :func:`callee`. numba compiles a global in as a constant, so a branch
+    on a flag the copy reads (``TRACKED``, ``_PAGE_SIZE_1_LOOP``) is
+    dropped before typing, and a callee named by a global (a paged kernel
+    the sliding-window kernels call) is swapped for another. A kernel
+    variant gets cache files of its own: numba names them after the
+    qualified name, and its index key (the bytecode's hash) cannot tell
+    two copies apart. ``func`` is a
+    :class:`Kernel`, a callee, or a plain function.
     """
     py_func: Callable[..., Any] = getattr(func, "py_func", func)
+    name = name or py_func.__name__
     copy = types.FunctionType(
-        py_func.__code__, {**py_func.__globals__, **constants}, name, py_func.__defaults__, py_func.__closure__
+        py_func.__code__, {**py_func.__globals__, **(constants or {})}, name, py_func.__defaults__, py_func.__closure__
     )
     copy.__qualname__ = name
     copy.__module__ = py_func.__module__
     copy.__doc__ = py_func.__doc__
     copy.__annotations__ = dict(py_func.__annotations__)
-    return cast("_F", copy)
-
-
-def twin(func: _F, signature: str, *, name: str, nogil: bool, constants: dict[str, Any] | None = None) -> _F:
-    """Compile a kernel's Python function a second time, as ``name``, with other options.
-
-    For a kernel wanted both with and without ``nogil``, or with other
-    compile-time ``constants`` (:func:`variant`). A twin is compiled from
-    the same source, not as a kernel calling the other: such a call
-    passes its arrays across a function boundary, which costs more than a
-    one-page alloc's work. numba names a kernel's cache files after its
-    qualified name, so the twin gets its own (the index key, the
-    bytecode's hash, cannot tell the two apart). ``func`` is a kernel, or
-    the plain function under ``NUMBA_DISABLE_JIT=1``.
-    """
-    return kernel(signature, nogil=nogil)(variant(func, name=name, constants=constants or {}))
-
-
-def tracked_twin(made: _F, constants: dict[str, Any]) -> _F:
-    """:func:`twin` of the kernel ``made`` as ``<name>_tracked``, with its signature and GIL option: a variant entry."""
-    signature: str = getattr(made, "signature", "")  # none under NUMBA_DISABLE_JIT: kernel() then returns the copy
-    nogil: bool = getattr(made, "nogil", True)
-    return twin(made, signature, name=f"{made.__name__}_tracked", nogil=nogil, constants=constants)
+    if signature is None:
+        return callee()(cast("_F", copy))
+    return kernel(signature, nogil=nogil)(cast("_F", copy))
 
 
 def entry_point(kernel: _F) -> _F:
@@ -705,7 +688,7 @@ def _load_cached(dispatcher: Any, signature: str) -> bool:
     """Load the kernel from its cache files without numba's refresh of its compiler; whether it did.
 
     numba's own load first refreshes the target context, importing and
-    installing every typing and lowering registry (200-300 ms, once per
+    installing every typing and lowering registry (once per
     process), which only a compile needs: a cached kernel is object code
     and a wrapper. So a load skips it, and anything unusual (no such
     private attribute, a miss, a stale or broken file) is left to

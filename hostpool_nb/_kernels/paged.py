@@ -19,10 +19,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from .jit import as_callee as _as_callee
 from .jit import callee as _callee
 from .jit import kernel as _jit
-from .jit import tracked_twin as _tracked_twin
+from .jit import variant as _variant
 from .layout import (
     E_CORRUPT,
     E_DUPLICATE,
@@ -409,8 +408,7 @@ def free_slots(st: I64, gp: I64, slots: I64, page_size: int, mode: int, in_group
             gp[GP_HEADER + pend0 + done] = p
             done += 1
             continue
-        # _refusal's rule written out: through the callee, the sliding-window free, which holds this loop twice,
-        # took 10.5 against 8.7 us (bench.compare --runs 7).
+        # _refusal's rule written out: through the callee, the sliding-window free (this loop twice) ran slower.
         flag = owner[p]
         if flag == OWNER_STAGED:
             if mode == FREE_TOKENS:
@@ -429,8 +427,8 @@ def free_slots(st: I64, gp: I64, slots: I64, page_size: int, mode: int, in_group
             status = fail(E_NOT_ALLOCATED, c)
             break
         owner[p] = OWNER_STAGED
-        # stage() written out: as a callee in the sliding-window kernels' free, three calls deep, it cost their
-        # free 22% (docs/architecture.md).
+        # stage() written out: as a callee three calls deep in the sliding-window free, it slowed that free
+        # (docs/architecture.md).
         if p == first + length:
             length += 1
         else:
@@ -531,12 +529,25 @@ class RankKernels(NamedTuple):
     free_slots: Any
 
 
+def tracked(made: Any, constants: dict[str, Any]) -> Any:
+    """The tracked variant of ``made``: ``<name>_tracked``, its signature and GIL option; ``constants`` read."""
+    # None under NUMBA_DISABLE_JIT, where the plain function is copied as a callee (the function itself).
+    signature = getattr(made, "signature", None)
+    return _variant(
+        made,
+        name=f"{made.__name__}_tracked",
+        signature=signature,
+        nogil=getattr(made, "nogil", True),
+        constants=constants,
+    )
+
+
 _PLAIN = RankKernels(reset_rank, end_group, alloc_slots, alloc_tokens, alloc_extend, alloc_decode, free_slots)
 KERNELS = (
     _PLAIN,
-    _PLAIN._replace(**{f: _tracked_twin(getattr(_PLAIN, f), {"TRACKED": True}) for f in _PLAIN._fields[2:]}),
+    _PLAIN._replace(**{f: tracked(getattr(_PLAIN, f), {"TRACKED": True}) for f in _PLAIN._fields[2:]}),
 )
 # The same, for the sliding-window kernels (``_kernels/swa.py``) to call: compiled into theirs. A kernel in
 # both rows (reset_rank, end_group) is one callee.
-_CALLEE_OF = {k: _as_callee(k) for k in (*KERNELS[0], *KERNELS[1])}
+_CALLEE_OF = {k: _variant(k) for k in (*KERNELS[0], *KERNELS[1])}
 CALLEES = tuple(RankKernels(*(_CALLEE_OF[k] for k in kernels)) for kernels in KERNELS)

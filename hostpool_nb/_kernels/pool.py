@@ -16,10 +16,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import runs as _run_kernels
-from .jit import as_callee as _as_callee
 from .jit import callee as _callee
 from .jit import kernel as _jit
-from .jit import twin as _twin
+from .jit import variant as _variant
 from .layout import (
     E_LENGTH,
     E_MERGE_FIRST,
@@ -396,11 +395,14 @@ def free_p1(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
 GIL_SLOTS = 4096
 
 _TWO = "i8(i8[::1], i8[::1])"
-alloc_pages_gil = _twin(alloc_pages, _TWO, name="alloc_pages_gil", nogil=False)
-free_pn_gil = _twin(free_pn, _TWO, name="free_pn_gil", nogil=False)
-free_p1_gil = _twin(free_p1, _TWO, name="free_p1_gil", nogil=False)
-free_pn_short = _twin(free_short, _TWO, name="free_pn_short", nogil=False, constants={"_PAGE_SIZE_1_LOOP": False})
-free_p1_short = _twin(free_short, _TWO, name="free_p1_short", nogil=False, constants={"_LARGER_PAGES_LOOP": False})
+alloc_pages_gil = _variant(alloc_pages, name="alloc_pages_gil", signature=_TWO, nogil=False)
+free_pn_gil = _variant(free_pn, name="free_pn_gil", signature=_TWO, nogil=False)
+free_p1_gil = _variant(free_p1, name="free_p1_gil", signature=_TWO, nogil=False)
+# The short free, a copy per page-size class with the other's loop dropped: a first free compiles half the code.
+_SHORT_PN = {"_PAGE_SIZE_1_LOOP": False}
+_SHORT_P1 = {"_LARGER_PAGES_LOOP": False}
+free_pn_short = _variant(free_short, name="free_pn_short", signature=_TWO, nogil=False, constants=_SHORT_PN)
+free_p1_short = _variant(free_short, name="free_p1_short", signature=_TWO, nogil=False, constants=_SHORT_P1)
 
 
 # -- tracking -----------------------------------------------------------------
@@ -408,11 +410,11 @@ free_p1_short = _twin(free_short, _TWO, name="free_p1_short", nogil=False, const
 # source, compiled again only when a tracking pool is used), then record who
 # holds each page. The plain kernels stay as short as an untracked pool needs.
 
-_alloc_short = _as_callee(alloc_short)
-_alloc_pages = _as_callee(alloc_pages)
-_free_short = _as_callee(free_short)
-_free_pn = _as_callee(free_pn)
-_free_p1 = _as_callee(free_p1)
+_alloc_short = _variant(alloc_short)
+_alloc_pages = _variant(alloc_pages)
+_free_short = _variant(free_short)
+_free_pn = _variant(free_pn)
+_free_p1 = _variant(free_p1)
 
 
 @_callee()

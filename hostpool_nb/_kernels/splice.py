@@ -2,9 +2,8 @@
 
 A kernel that a new process compiles first (the short kernels) must compile
 as one unit: numba compiles a callee as a unit of its own and links it in
-again, which cost the first ``alloc`` 70 ms of a 1.7 s cold start, and
-``inline="always"`` (numba inlining its IR, then typing it again) 250 ms
-(docs/architecture.md). So such a kernel is written as a template that
+again, and ``inline="always"`` types the inlined IR again, both slower to
+compile (docs/architecture.md). So such a kernel is written as a template that
 calls the callees, and :func:`spliced` makes the kernel's function from
 it at import: the code written out by hand before, its loops now defined
 once, in the callees that the run kernels call.

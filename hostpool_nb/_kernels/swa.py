@@ -23,10 +23,9 @@ from typing import Any, NamedTuple
 
 from .jit import callee as _callee
 from .jit import kernel as _jit
-from .jit import tracked_twin as _tracked_twin
 from .jit import variant as _variant
 from .layout import E_CORRUPT, E_RANGE, E_SHORT, H_NFREE, H_NREL, fail
-from .paged import CALLEES, I32, I64, _ceil_div
+from .paged import CALLEES, I32, I64, _ceil_div, tracked
 
 _alloc_tokens: Callable[..., int] = CALLEES[0].alloc_tokens
 _alloc_slots: Callable[..., int] = CALLEES[0].alloc_slots
@@ -272,7 +271,7 @@ def reset(stf: I64, gpf: I64, sts: I64, gps: I64, mp: I32) -> int:
 # The tracked variants: the same code, the sub-allocators' kernels (and this module's callee that calls
 # them) bound to their tracked variants.
 _TRACKED = {f"_{name}": k for name, k in CALLEES[1]._asdict().items()}
-_free_mapped_tracked = _callee()(_variant(_free_mapped, name="_free_mapped_tracked", constants=_TRACKED))
+_free_mapped_tracked = _variant(_free_mapped, name="_free_mapped_tracked", constants=_TRACKED)
 _TRACKED["_free_mapped"] = _free_mapped_tracked
 
 
@@ -291,4 +290,4 @@ class SWAKernels(NamedTuple):
 
 _PLAIN = SWAKernels(alloc_tokens, alloc_pages, alloc_extend, alloc_decode, free, free_swa, end_group, reset)
 # end_group and reset serve both: a group's end chooses at run time, a reset tracks nothing.
-KERNELS = (_PLAIN, _PLAIN._replace(**{f: _tracked_twin(getattr(_PLAIN, f), _TRACKED) for f in _PLAIN._fields[:6]}))
+KERNELS = (_PLAIN, _PLAIN._replace(**{f: tracked(getattr(_PLAIN, f), _TRACKED) for f in _PLAIN._fields[:6]}))

@@ -4,7 +4,7 @@
 ``*_short`` kernels (``*_tracked_short`` on a tracking pool): one page loop,
 no runs, for every page size. Up to ``K.GIL_SLOTS`` slots they run the page-
 size class's ``*_gil`` kernels: the run kernels compiled a second time
-(``_kernels.jit.twin``) without ``nogil``, since handing the GIL over costs more
+(``_kernels.jit.variant``) without ``nogil``, since handing the GIL over costs more
 than such a call's work. Here: the compile options of every kernel, which
 kernel each size reaches, and that a short kernel, a twin and the run
 kernel leave the same state and return the same status from the same
