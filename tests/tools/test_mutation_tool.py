@@ -217,3 +217,13 @@ def test_mutants_of_type_annotations_are_told_from_mutants_of_code(tmp_path: Pat
     db.commit()
     db.close()
     assert mutation.annotation_jobs(session, tmp_path) == {"x's", "*a's", "**k's", "return's", "y's"}
+
+
+def test_every_planted_bug_matches_one_place_of_todays_code() -> None:
+    """A planted bug whose text no longer matches stops the run: code that moved must take its bugs along."""
+    root = Path(__file__).resolve().parents[2]
+    assert mutation.PLANTED
+    for name, module, old, new in mutation.PLANTED:
+        assert (root / module).read_text().count(old) == 1, (name, module)
+        assert old != new, name
+    assert len({name for name, *_ in mutation.PLANTED}) == len(mutation.PLANTED)
