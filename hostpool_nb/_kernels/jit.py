@@ -445,8 +445,8 @@ def variant(
     the sliding-window kernels call) is swapped for another. A kernel
     variant gets cache files of its own: numba names them after the
     qualified name, and its index key (the bytecode's hash) cannot tell
-    two copies apart. ``func`` is a
-    :class:`Kernel`, a callee, or a plain function.
+    two copies apart. ``func`` is a :class:`Kernel`, a callee, or a plain
+    function.
     """
     py_func: Callable[..., Any] = getattr(func, "py_func", func)
     name = name or py_func.__name__
