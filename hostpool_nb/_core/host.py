@@ -35,13 +35,13 @@ from .stats import HostPageStats
 
 log = logging.getLogger("hostpool_nb")
 
-_K = Entries(_host_kernels.KERNELS)  # each compiled (or loaded) on its first use
+HOST_KERNELS = Entries(_host_kernels.KERNELS)  # each compiled (or loaded) on its first use
 _CORE = Entries(_kernels.POOL)  # the core's load_state: the same checked words, copied in
 
 _NO_GENS = np.empty(0, dtype=np.int64)
-_NO_OUT = np.empty(0, dtype=np.int64)  # host_free: do not list the freed pages
-_STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
-_empty = np.empty
+NO_OUT = np.empty(0, dtype=np.int64)  # host_free: do not list the freed pages
+STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
+empty = np.empty
 _ndarray = np.ndarray
 
 
@@ -100,7 +100,7 @@ class HostPagePool(ArrayStatePool):
     _kind = _format = "HostPagePool"
 
     def _kernel_calls(self) -> list[tuple[Any, str]]:
-        return [(_K, name) for name in _host_kernels.KERNELS._fields] + [(_CORE, "load_state")]
+        return [(HOST_KERNELS, name) for name in _host_kernels.KERNELS._fields] + [(_CORE, "load_state")]
 
     _state_class = HostPageState
 
@@ -113,7 +113,7 @@ class HostPagePool(ArrayStatePool):
         st = np.zeros(_layout.host_state_length(pool_size), dtype=np.int64)
         st[_layout.HP_NPAGES] = pool_size
         self._setup(st)
-        _K.reset(st)
+        HOST_KERNELS.reset(st)
         st[_layout.HP_CLEARS] = 0  # the construction is not a clear() call
 
     def _setup(self, st: NDArray[np.int64]) -> None:
@@ -126,7 +126,7 @@ class HostPagePool(ArrayStatePool):
         self.allocated = _read_only(flags.view(np.bool_))
         self.generation = _read_only(gen)
         self.lock_ref = _read_only(ref)
-        self._words = _elements(st)  # header words as Python ints, without a numpy scalar each
+        self._words = elements(st)  # header words as Python ints, without a numpy scalar each
         self._last_exhaust_log = -1.0
 
     # -- allocation -----------------------------------------------------------
@@ -142,12 +142,12 @@ class HostPagePool(ArrayStatePool):
         lock = self.lock
         lock.acquire()
         try:
-            page: int = _K.reserve(self._st)
+            page: int = HOST_KERNELS.reserve(self._st)
         finally:
             lock.release()
         if page >= 0:
             return page
-        if page == _STATUS_SHORT:
+        if page == STATUS_SHORT:
             self._exhausted(1)
             return None
         raise self._corrupt("reserve", page)
@@ -178,16 +178,16 @@ class HostPagePool(ArrayStatePool):
             need_pages = as_count(need_pages, "need_pages")
         if need_pages <= 0:
             raise HostPoolError(f"need_pages must be positive, got {need_pages}")
-        out = _empty(min(need_pages, self.pool_size + 1), INT64)  # more than the pool: refused, unallocated
+        out = empty(min(need_pages, self.pool_size + 1), INT64)  # more than the pool: refused, unallocated
         lock = self.lock
         lock.acquire()
         try:
-            status = _K.alloc(self._st, out)
+            status = HOST_KERNELS.alloc(self._st, out)
         finally:
             lock.release()
         if status >= 0:
             return out
-        if status == _STATUS_SHORT:
+        if status == STATUS_SHORT:
             self._exhausted(need_pages)
             return None
         raise self._corrupt("alloc", status)
@@ -227,7 +227,7 @@ class HostPagePool(ArrayStatePool):
         lock = self.lock
         lock.acquire()
         try:
-            status = _K.release(self._st, buffer_id, given, check)
+            status = HOST_KERNELS.release(self._st, buffer_id, given, check)
             if status < 0:
                 raise self._page_error(status, "buffer_id", "release", {})
         finally:
@@ -267,7 +267,7 @@ class HostPagePool(ArrayStatePool):
         lock = self.lock
         lock.acquire()
         try:
-            return self._free_locked(pages, beyond, gens, check, _NO_OUT)
+            return self._free_locked(pages, beyond, gens, check, NO_OUT)
         finally:
             lock.release()
 
@@ -286,7 +286,7 @@ class HostPagePool(ArrayStatePool):
             As for :meth:`free`.
         """
         pages, beyond, gens, check = self._free_arguments(host_page_ids, generations)
-        out = _empty(pages.shape[0], INT64)
+        out = empty(pages.shape[0], INT64)
         with self.lock:
             count = self._free_locked(pages, beyond, gens, check, out)
         return out[:count]
@@ -312,7 +312,7 @@ class HostPagePool(ArrayStatePool):
         out: NDArray[np.int64],
     ) -> int:
         """The free kernel, under :attr:`lock` (held by the caller): the pages freed, into ``out`` if it has room."""
-        status: int = _K.free(self._st, pages, gens, check, out)
+        status: int = HOST_KERNELS.free(self._st, pages, gens, check, out)
         if status < 0:  # built under the same hold, from the values the kernel checked
             raise self._page_error(status, "page id", "free", beyond)
         return status
@@ -350,7 +350,7 @@ class HostPagePool(ArrayStatePool):
             if not -(2**63) <= page < 2**63:
                 raise SlotRangeError(f"buffer_id={page} outside pool range [0, {self.pool_size})")
             with self.lock:
-                status = _K.pin1(self._st, page, delta)
+                status = HOST_KERNELS.pin1(self._st, page, delta)
                 if status < 0:
                     raise self._page_error(status, "buffer_id", "lock_ref", {})
             return
@@ -358,7 +358,7 @@ class HostPagePool(ArrayStatePool):
         if pages is buffer_id:
             pages = pages.copy()  # host_pin reads its input twice to undo a failure: our own copy
         with self.lock:
-            status = _K.pin(self._st, pages, delta)
+            status = HOST_KERNELS.pin(self._st, pages, delta)
             if status < 0:
                 raise self._page_error(status, "buffer_id", "lock_ref", beyond)
 
@@ -401,7 +401,7 @@ class HostPagePool(ArrayStatePool):
         still says which allocation it was, so a stale free of it is caught.
         """
         with self.lock:
-            _K.reset(self._st)
+            HOST_KERNELS.reset(self._st)
 
     def stats(self) -> HostPageStats:
         """Usage and counters now, in O(1)."""
@@ -499,7 +499,7 @@ class HostPagePool(ArrayStatePool):
         return self._corrupt(op, status)
 
 
-def _elements(array: NDArray[Any]) -> memoryview:
+def elements(array: NDArray[Any]) -> memoryview:
     """A read-only memoryview of ``array``: an element reads as a Python int or bool, nearly as fast as a list's."""
     return memoryview(array).toreadonly()  # type: ignore[arg-type]  # ndarray is a buffer; its stubs say so only on 3.12+
 

@@ -11,7 +11,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._convert import INT64, as_count
-from .._core.host import _K, _NO_OUT, _STATUS_SHORT, HostPagePool, _elements, _empty
+from .._core.host import HOST_KERNELS, NO_OUT, STATUS_SHORT, HostPagePool, elements, empty
 from .._errors import HostPoolError
 from .._fork import follow as follow_lock
 from .._kernels import layout as _layout
@@ -104,9 +104,9 @@ class HostKVPoolMixin:
         self._lock = pages.lock
         follow_lock(self, "_lock", pages)  # a fork that makes the pool's lock unusable in a child, makes this one
         self._header = pages._words
-        self._allocated = _elements(pages.allocated)
-        self._generation = _elements(pages.generation)
-        self._lock_ref = _elements(pages.lock_ref)
+        self._allocated = elements(pages.allocated)
+        self._generation = elements(pages.generation)
+        self._lock_ref = elements(pages.lock_ref)
         cls = type(self)
         self._drops = callable(getattr(cls, "_drop_pending", None))
         self._clears = isinstance(getattr(self, "_slots", None), list)
@@ -124,8 +124,8 @@ class HostKVPoolMixin:
         lock = self._host_pages.lock
         lock.acquire()
         try:
-            page: int = _K.reserve(self._host_pages._st)
-            if page == _STATUS_SHORT:
+            page: int = HOST_KERNELS.reserve(self._host_pages._st)
+            if page == STATUS_SHORT:
                 self._log_exhausted(1)
         finally:
             lock.release()
@@ -133,7 +133,7 @@ class HostKVPoolMixin:
             if self._reports:
                 self._inc_alloc_metric()
             return page
-        if page == _STATUS_SHORT:
+        if page == STATUS_SHORT:
             return None
         raise self._host_pages._corrupt("reserve", page)
 
@@ -143,18 +143,18 @@ class HostKVPoolMixin:
             need_pages = as_count(need_pages, "need_pages")
         if need_pages <= 0:
             raise HostPoolError(f"need_pages must be positive, got {need_pages}")
-        out = _empty(min(need_pages, self._pool_size + 1), INT64)
+        out = empty(min(need_pages, self._pool_size + 1), INT64)
         lock = self._host_pages.lock
         lock.acquire()
         try:
-            status: int = _K.alloc(self._host_pages._st, out)
-            if status == _STATUS_SHORT:
+            status: int = HOST_KERNELS.alloc(self._host_pages._st, out)
+            if status == STATUS_SHORT:
                 self._log_exhausted(need_pages)
         finally:
             lock.release()
         if status >= 0:
             return out
-        if status == _STATUS_SHORT:
+        if status == STATUS_SHORT:
             return None
         raise self._host_pages._corrupt("alloc", status)
 
@@ -167,7 +167,7 @@ class HostKVPoolMixin:
         if type(buffer_id) is int and generation is None and 0 <= buffer_id < self._pool_size:
             lock.acquire()
             try:
-                status: int = _K.release(pages._st, buffer_id, 0, 0)
+                status: int = HOST_KERNELS.release(pages._st, buffer_id, 0, 0)
                 if status < 0:
                     raise pages._page_error(status, "buffer_id", "release", {})
                 self._forget((buffer_id,))
@@ -190,7 +190,7 @@ class HostKVPoolMixin:
         pool = self._host_pages
         pages, beyond, gens, check = pool._free_arguments(host_page_ids, generations)
         listed = self._drops or self._clears
-        out = _empty(pages.shape[0], INT64) if listed else _NO_OUT
+        out = empty(pages.shape[0], INT64) if listed else NO_OUT
         lock = pool.lock
         lock.acquire()
         try:
