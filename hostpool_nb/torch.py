@@ -26,7 +26,6 @@ it.
 
 from __future__ import annotations
 
-from threading import get_ident
 from typing import Any
 
 try:
@@ -185,7 +184,7 @@ class LogicalHostPool(_CorePool):
             If ``need_size`` is negative.
         """
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():  # recording: the call, made through it, returns a tensor
+        if rec is not None and rec.takes():  # recording: the call, made through it, returns a tensor
             return rec.alloc(need_size, tag=tag)  # type: ignore[no-any-return]
         if type(need_size) is not int and isinstance(need_size, _Tensor):
             need_size = _tensor_count(need_size)
@@ -218,7 +217,7 @@ class LogicalHostPool(_CorePool):
             does not fit.
         """
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.alloc_many(sizes, tag=tag)  # type: ignore[no-any-return]
         if isinstance(sizes, _Tensor):
             try:
@@ -244,7 +243,7 @@ class LogicalHostPool(_CorePool):
         or complex tensor and a sparse one.
         """
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.free(indices)  # type: ignore[no-any-return]
         if isinstance(indices, _Tensor):
             try:

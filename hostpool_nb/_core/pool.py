@@ -10,7 +10,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from threading import get_ident
 from typing import Any
 
 import numpy as np
@@ -272,7 +271,7 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
         last: read without the lock, it is the count as of one moment.
         """
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.available_size()  # type: ignore[no-any-return]
         return int(self._st[_layout.H_AVAIL])
 
@@ -310,7 +309,7 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
             # Not a plain int, tracking pools, a recording (_plain_limit -1 then), negative and long sizes:
             # written out here, as a call more costs a tracked round trip a tenth of its time.
             rec = self._recording
-            if rec is not None and rec.owner != get_ident():
+            if rec is not None and rec.takes():
                 return rec.alloc(need_size, tag=tag)  # type: ignore[no-any-return]
             # A plain int got here by its range: checked path, without testing that range again.
             if type(need_size) is int or not 0 <= (need_size := as_count(need_size, "need_size")) <= self._plain_limit:
@@ -460,7 +459,7 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
             (``sizes[3]=...``), raised before anything changes.
         """
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.alloc_many(sizes, tag=tag)  # type: ignore[no-any-return]
         arr = as_sizes(sizes)
         page_size = self.page_size
@@ -524,7 +523,7 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
             slots: NDArray[np.int64] = indices
         else:
             rec = self._recording
-            if rec is not None and rec.owner != get_ident():
+            if rec is not None and rec.takes():
                 return rec.free(indices)  # type: ignore[no-any-return]
             slots = as_slots(indices)
         # One test for the hot path: a plain pool (a tracking or recording pool's limit is
@@ -539,7 +538,7 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
             return self._free_tracked(slots)
         else:
             rec = self._recording  # a recording's calls come this way (or the tracked one)
-            if rec is not None and rec.owner != get_ident():
+            if rec is not None and rec.takes():
                 return rec.free(indices)  # type: ignore[no-any-return]
             kernel = self._sized(self._free_kernels, size)
         # The kernel refuses a length that is not a multiple of page_size
@@ -558,7 +557,7 @@ class LogicalHostPool(DataPlaneHooks, _PoolStateKeeping):
     def _free_tracked(self, slots: NDArray[np.int64]) -> int:
         """``free`` for a tracking pool: the freeing site is recorded with the pages (and a recording's call)."""
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.free(slots)  # type: ignore[no-any-return]
         tracker = self._tracker
         if tracker is None:  # pragma: no cover - only called for a tracking pool

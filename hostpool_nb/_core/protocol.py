@@ -29,7 +29,6 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from threading import get_ident
 from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
@@ -71,7 +70,7 @@ def handed_off(method: _M) -> _M:
     @functools.wraps(method)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return getattr(rec, name)(*args, **kwargs)
         return method(self, *args, **kwargs)
 
@@ -222,7 +221,7 @@ class Recordable:
     a recording turns off, branches) with::
 
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.<method>(<its arguments>)
 
     so that while a recording runs every call reaches it, however the

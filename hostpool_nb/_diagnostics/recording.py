@@ -297,6 +297,10 @@ class _Calls:
         self.pool, self.rec = pool, rec
         self.owner: int | None = None  # the thread inside a recorded call (under the pool's lock)
 
+    def takes(self) -> bool:
+        """Whether a call of the pool's on this thread comes here: it is not one this recording makes itself."""
+        return self.owner != threading.get_ident()
+
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """The pool's own method ``name``, called as the recording's owner: not recorded twice."""
         before, self.owner = self.owner, threading.get_ident()

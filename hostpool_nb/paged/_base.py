@@ -4,7 +4,6 @@ the paged and token allocators (``_RankedAllocator``)."""
 from __future__ import annotations
 
 from collections.abc import Hashable
-from threading import get_ident
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -129,7 +128,7 @@ class BaseTokenToKVPoolAllocator:
             if out is not _CHECK:
                 return out
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.alloc(need_size, dp_rank, tag=tag)  # type: ignore[no-any-return]
         if type(need_size) is not int:
             need_size = as_count(need_size, "need_size")
@@ -173,7 +172,7 @@ class BaseTokenToKVPoolAllocator:
         group), and the pages freed inside stay allocated until the end.
         """
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.free_group_begin()  # type: ignore[no-any-return]
         # One store, no lock: a free holding the lock sees the group begun or not, as if made before or after.
         self._in_group = True
@@ -280,7 +279,7 @@ class _BatchCalls:
             For non-integer arguments.
         """
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens, dp_rank, tags=tags)  # type: ignore[no-any-return]
         return self._extend(prefix_lens, seq_lens, last_loc, extend_num_tokens, dp_rank, tags)
 
@@ -318,7 +317,7 @@ class _BatchCalls:
             ``debug_mode`` a ``last_loc`` that does not end its request.
         """
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.alloc_decode(seq_lens, last_loc, dp_rank, tags=tags)  # type: ignore[no-any-return]
         return self._decode(seq_lens, last_loc, dp_rank, tags)
 
@@ -421,7 +420,7 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
         Outside a group nothing is pending, and nothing happens.
         """
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.free_group_end()  # type: ignore[no-any-return]
         lock = self.lock
         lock.acquire()  # not ``with``: a call every decode step makes
@@ -473,7 +472,7 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
         if head is not None:
             return head[_AVAIL]
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.available_size(dp_rank)  # type: ignore[no-any-return]
         return int(self._st[self._rank(dp_rank)][_AVAIL])
 
@@ -858,7 +857,7 @@ class _RankedAllocator(BaseTokenToKVPoolAllocator, Recordable, ArrayStatePool):
                     return self._freed(plain, free_index, False, None)
                 return self._freed(plain, free_index.astype(INT64), True, None)
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.free(free_index, dp_rank)  # type: ignore[no-any-return]
         return self._free(free_index, dp_rank)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Hashable
-from threading import get_ident
 from typing import Any, ClassVar
 
 import numpy as np
@@ -153,21 +152,21 @@ class SWATokenToKVPoolAllocator(_BatchCalls, BaseTokenToKVPoolAllocator, _SWASta
     def full_available_size(self, dp_rank: Any = 0) -> int:
         """The full sub-allocator's ``available_size(dp_rank)``."""
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.full_available_size(dp_rank)  # type: ignore[no-any-return]
         return int(self.full_attn_allocator.available_size(dp_rank))
 
     def swa_available_size(self, dp_rank: Any = 0) -> int:
         """The SWA sub-allocator's ``available_size(dp_rank)``."""
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.swa_available_size(dp_rank)  # type: ignore[no-any-return]
         return int(self.swa_attn_allocator.available_size(dp_rank))
 
     def available_size(self, dp_rank: Any = 0) -> int:
         """The smaller of the two sub-allocators' available sizes (read under the lock: both as of one moment)."""
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.available_size(dp_rank)  # type: ignore[no-any-return]
         with self.lock:
             full = self.full_attn_allocator.available_size(dp_rank)
@@ -315,7 +314,7 @@ class SWATokenToKVPoolAllocator(_BatchCalls, BaseTokenToKVPoolAllocator, _SWASta
         :class:`SlotRangeError`; before anything changes.
         """
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.free(free_index, dp_rank)  # type: ignore[no-any-return]
         r = self._rank(dp_rank)
         slots = as_slots(free_index, "free_index")
@@ -362,7 +361,7 @@ class SWATokenToKVPoolAllocator(_BatchCalls, BaseTokenToKVPoolAllocator, _SWASta
     def free_swa(self, free_index: Any, dp_rank: Any = 0) -> int:
         """Free the SWA slots of full slots (tokens that left the window); the full slots stay. How many went."""
         rec = self._recording
-        if rec is not None and rec.owner != get_ident():
+        if rec is not None and rec.takes():
             return rec.free_swa(free_index, dp_rank)  # type: ignore[no-any-return]
         r = self._rank(dp_rank)
         slots = as_slots(free_index, "free_index")
