@@ -592,7 +592,7 @@ PLANTED = [
     ),
     (
         "a free staged one entry past the ring when the live window ends at its last entry (short kernel)",
-        "hostpool_nb/_kernels/short.py",
+        "hostpool_nb/_kernels/flat.py",
         "    tail: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL] + st[H_EPEND]\n    if tail >= n:\n",
         "    tail: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL] + st[H_EPEND]\n    if tail > n:\n",
     ),

@@ -73,9 +73,6 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 JIT_DISABLED = bool(getattr(_numba_config, "DISABLE_JIT", False))  # numba's config module sets it from the env
 
-# Every module whose code or constants kernels compile in, as files: what the cache's stamp reads.
-KERNEL_MODULES = tuple(f"{name}.py" for name in MODULES)
-
 # A compile running longer than this says so, once per process.
 NOTICE_AFTER_S = 1.0
 
@@ -99,7 +96,8 @@ def _package_stamp() -> tuple[tuple[str, int, int], ...]:
     """Name, size and modification time of every module that defines or feeds kernels."""
     here = Path(__file__).resolve().parent
     stamp = []
-    for name in KERNEL_MODULES:
+    for module in MODULES:  # every module whose code or constants kernels compile in
+        name = f"{module}.py"
         try:
             st = (here / name).stat()
         except OSError:
@@ -434,7 +432,7 @@ def variant(
     signature: str | None = None,
     nogil: bool = True,
 ) -> _F:
-    """A variant of a kernel's or callee's one definition: how the package makes them (splice.py aside).
+    """A variant of a kernel's or callee's one definition: how the package makes every one but the flat pair.
 
     ``func``'s Python function, copied as ``name`` with ``constants`` read
     for the module globals of those names, compiled as a kernel for

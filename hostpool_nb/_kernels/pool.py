@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from . import runs as _run_kernels
+from . import flat as _flat
 from .jit import callee as _callee
 from .jit import kernel as _jit
 from .jit import variant as _variant
@@ -69,8 +69,6 @@ from .runs import (
     staged_twice,
     take_front,
 )
-from .short import free_short
-from .splice import spliced
 
 # The kernels' Python annotations are for type checkers only: numba compiles
 # each kernel from its signature string, a callee for its callers' types.
@@ -155,11 +153,10 @@ def alloc_pages(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     return need * page_size
 
 
-# Calls of at most SHORT_SLOTS slots: the same definition, flat (its callees spliced in, so that it compiles as one
-# unit: what a new process's first alloc waits for), with the GIL kept, and without the stretches of lone pages.
-alloc_short = _jit("i8(i8[::1], i8[::1])", nogil=False)(
-    spliced(alloc_pages, name="alloc_short", callees=_run_kernels, constants={"_LONE_STRETCHES": False})
-)
+# Calls of at most SHORT_SLOTS slots: the same definition, flat (its callees' bodies written in by tests/flatten.py,
+# so that it compiles as one unit: what a new process's first alloc waits for), with the GIL kept, and without the
+# stretches of lone pages. The short free (_kernels/short.py) is made the same way; a copy per class compiles below.
+alloc_short = _jit("i8(i8[::1], i8[::1])", nogil=False)(_flat.alloc_short)
 
 
 # -- free ---------------------------------------------------------------------
@@ -401,8 +398,8 @@ free_p1_gil = _variant(free_p1, name="free_p1_gil", signature=_TWO, nogil=False)
 # The short free, a copy per page-size class with the other's loop dropped: a first free compiles half the code.
 _SHORT_PN = {"_PAGE_SIZE_1_LOOP": False}
 _SHORT_P1 = {"_LARGER_PAGES_LOOP": False}
-free_pn_short = _variant(free_short, name="free_pn_short", signature=_TWO, nogil=False, constants=_SHORT_PN)
-free_p1_short = _variant(free_short, name="free_p1_short", signature=_TWO, nogil=False, constants=_SHORT_P1)
+free_pn_short = _variant(_flat.free_short, name="free_pn_short", signature=_TWO, nogil=False, constants=_SHORT_PN)
+free_p1_short = _variant(_flat.free_short, name="free_p1_short", signature=_TWO, nogil=False, constants=_SHORT_P1)
 
 
 # -- tracking -----------------------------------------------------------------
@@ -412,7 +409,7 @@ free_p1_short = _variant(free_short, name="free_p1_short", signature=_TWO, nogil
 
 _alloc_short = _variant(alloc_short)
 _alloc_pages = _variant(alloc_pages)
-_free_short = _variant(free_short)
+_free_short = _variant(_flat.free_short)
 _free_pn = _variant(free_pn)
 _free_p1 = _variant(free_p1)
 
@@ -505,7 +502,7 @@ def alloc_tracked_short(st: NDArray[np.int64], out: NDArray[np.int64], site: int
 
 @_jit(_TRACKED, nogil=False)
 def free_tracked_short(st: NDArray[np.int64], slots: NDArray[np.int64], site: int) -> int:
-    """:func:`free_short`, then each page freed records ``site`` (:func:`track_free`)."""
+    """The short free (``_kernels.flat.free_short``), then each page freed records ``site`` (:func:`track_free`)."""
     tail, before = ring_tail(st), ring_entries(st)
     status = _free_short(st, slots)
     return track_free(st, tail, ring_entries(st) - before, site, status)

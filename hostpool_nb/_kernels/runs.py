@@ -55,7 +55,7 @@ from .layout import (
 # three calls deep was compiled four times over (docs/architecture.md).
 
 # Whether _run_length tests the blocks after the first whole before masking one, and set_runs flags a run's
-# pages by masked words: the run kernels'. The short free splices both in without (_kernels/splice.py): less to compile.
+# pages by masked words: the run kernels'. The short free is written with both off (_kernels/flat.py): less to compile.
 _WHOLE_BLOCKS = True
 _WORD_FLAGS = True
 
@@ -282,7 +282,7 @@ def _claim_lone(ids: NDArray[np.int32], dst: NDArray[np.int64] | NDArray[np.int3
 
 
 # Whether take_front hands out a stretch of lone pages at page size 1 through its own loop (_claim_lone): the
-# run kernels' does; the short alloc, into which it is spliced (splice.py), is made with it off and calls nothing.
+# run kernels' does; the short alloc (_kernels/flat.py) is written with it off, and calls nothing.
 _LONE_STRETCHES = True
 
 

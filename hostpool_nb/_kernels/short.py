@@ -1,8 +1,7 @@
-"""The core pool's flat free for short calls (at most ``SHORT_SLOTS`` slots): one unit, no callee but ``fail``.
+"""The template of the core pool's free for short calls (at most ``SHORT_SLOTS`` slots): what a first free compiles.
 
-What a new process's first free compiles. Its own page loops, with the run kernels' helpers spliced in
-(``_kernels/splice.py``): a callee per run measured slower and compiled longer (``docs/architecture.md``). The short
-alloc is the run kernels' alloc spliced the same way (``_kernels.alloc_short``).
+Its own page loops, calling the run kernels' helpers; ``python -m tests.flatten`` writes it out flat, those helpers'
+bodies in, as ``_kernels/flat.py``'s ``free_short``, which ``_kernels/pool.py`` compiles (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -10,8 +9,6 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from . import runs as _run_kernels
-from .jit import kernel as _jit
 from .layout import (
     E_LENGTH,
     E_MISALIGNED,
@@ -33,7 +30,6 @@ from .layout import (
     ring_view,
 )
 from .runs import _RUN_PROBE, _claim_flags, _run_length, free_end, put_run, staged_twice
-from .splice import spliced
 
 # The kernels' Python annotations are for type checkers only: numba compiles
 # each kernel from its signature string, a callee for its callers' types.
@@ -46,8 +42,8 @@ from .splice import spliced
 
 # -- short calls -------------------------------------------------------------
 # A call of at most SHORT_SLOTS slots holds no run worth taking (_LONG_SLOTS),
-# so it goes through one flat loop, for every page size: the free below
-# (and the short alloc) is a single function with no callee but ``fail``.
+# so it goes through one flat loop, for every page size: the free below,
+# written out flat, and the short alloc are single functions, no callee but ``fail``.
 # numba compiles a callee as a unit of its own (its own typing, lowering and
 # machine code) and links it in again, so the two compile in a third of the
 # time the run kernels take (docs/architecture.md): what a new process's
@@ -163,11 +159,3 @@ def _free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     if missing >= 0:
         status = staged_twice(ring, tail, entries, missing, c * page_size)
     return free_end(st, tail, c, entries, status if status != 0 else count * page_size)
-
-
-# The free's callees, spliced in: the run kernels' definitions, compiled here as one unit.
-free_short = _jit("i8(i8[::1], i8[::1])", nogil=False)(
-    spliced(
-        _free_short, name="free_short", callees=_run_kernels, constants={"_WHOLE_BLOCKS": False, "_WORD_FLAGS": False}
-    )
-)

@@ -59,8 +59,8 @@ def _child(code: str, cache: Path, *args: str) -> dict[str, Any]:
     return result
 
 
-_SHORT = {"pool.alloc_short", "short.free_pn_short"}  # the flat pair a page size above 1 starts with
-_SHORT_1 = {"pool.alloc_short", "short.free_p1_short"}  # and page size 1
+_SHORT = {"flat.alloc_short", "flat.free_pn_short"}  # the flat pair a page size above 1 starts with
+_SHORT_1 = {"flat.alloc_short", "flat.free_p1_short"}  # and page size 1
 FIRST_CALLS = {
     "page size 64": ("p = hostpool_nb.LogicalHostPool(1 << 14, 64); p.free(p.alloc(64))", _SHORT),
     "page size 1": ("p = hostpool_nb.LogicalHostPool(1 << 14, 1); p.free(p.alloc(64))", _SHORT_1),
@@ -450,4 +450,23 @@ def test_every_kernel_callee_and_window_is_defined_in_a_module_the_cache_stamp_r
     assert defining <= stamped, defining - stamped
     assert {"hostpool_nb._kernels.pool", "hostpool_nb._kernels.paged", "hostpool_nb._kernels.host"} <= defining
     assert {k.__module__ for k in _jit.KERNELS} <= stamped
-    assert tuple(f"{m}.py" for m in MODULES) == _jit.KERNEL_MODULES
+    assert [name for name, *_ in _jit._PACKAGE_STAMP] == [f"{m}.py" for m in MODULES]  # every file stamped
+
+
+def test_every_kernel_warmup_compiles_is_in_a_pool_kinds_table() -> None:
+    """What warmup compiles (every kernel made) is what some pool kind's table hands its class: nothing uncalled."""
+    import importlib
+
+    from hostpool_nb._kernels import MODULES
+
+    tabled: set[int] = set()
+    for module in MODULES:
+        loaded = importlib.import_module(f"hostpool_nb._kernels.{module}")
+        for table in (getattr(loaded, "KERNELS", None), getattr(loaded, "POOL", None)):
+            if module == "jit" or table is None:
+                continue
+            rows = table if isinstance(table[0], tuple) else (table,)  # a row per variant, or one row
+            tabled |= {id(k) for row in rows for k in row}
+    made = [k.__name__ for k in _jit.KERNELS]
+    assert len(made) > 40  # the registry was found at all
+    assert [name for k, name in zip(_jit.KERNELS, made, strict=True) if id(k) not in tabled] == []

@@ -1,9 +1,10 @@
-"""Splicing a callee's source into a flat kernel (``hostpool_nb/_kernels/splice.py``): the same results as calling it.
+"""The flat short kernels (``hostpool_nb/_kernels/flat.py``): what ``tests/flatten.py`` writes, and splicing itself.
 
-The callees and templates here are plain functions of this module, which
-serves as the ``callees`` module: splicing reads them as it reads the run
-kernels. The package's own spliced kernels are held to calling nothing of
-``_kernels.runs`` at the end.
+Splicing a callee's source must give the same results as calling it: the
+callees and templates here are plain functions of this module, which
+serves as the ``callees`` module, as the run kernels' module does for the
+package. The checked-in flat module must be exactly what the tool writes
+from today's templates, and call nothing of ``_kernels.runs``.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st_
 
+from hostpool_nb._kernels import flat as _flat
 from hostpool_nb._kernels import pool as _kernels
 from hostpool_nb._kernels import runs as _run_kernels
-from hostpool_nb._kernels.splice import spliced
+from tests.flatten import OUTPUT, module_text, spliced
 
 HERE = sys.modules[__name__]
 FLAG = True
@@ -138,7 +140,7 @@ def test_a_global_a_callee_reads_that_the_template_binds_otherwise_is_refused() 
 @pytest.mark.parametrize("kernel", ["alloc_short", "free_short", "free_p1_short", "free_pn_short"])
 def test_the_short_kernels_call_nothing_the_run_kernels_define(kernel: str) -> None:
     """Flat: what they share with the run kernels is spliced in, so each compiles as one unit."""
-    made = getattr(_kernels, kernel)
+    made = getattr(_kernels, kernel, None) or getattr(_flat, kernel)
     py_func = getattr(made, "py_func", made)
     defined = {
         name
@@ -147,3 +149,8 @@ def test_the_short_kernels_call_nothing_the_run_kernels_define(kernel: str) -> N
     }
     assert defined, "the run kernels' module defines functions"
     assert not set(py_func.__code__.co_names) & defined
+
+
+def test_the_flat_module_is_what_the_tool_writes_from_todays_templates() -> None:
+    """A change to a template or a helper it splices is not in the short kernels until ``python -m tests.flatten``."""
+    assert OUTPUT.read_text() == module_text(), "run: python -m tests.flatten"

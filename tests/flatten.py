@@ -1,12 +1,14 @@
-"""Flat kernels made from their callees' one definition: each call spliced in as the callee's source.
+"""``python -m tests.flatten`` writes ``hostpool_nb/_kernels/flat.py``: the short kernels, their callees spliced in.
 
-A kernel that a new process compiles first (the short kernels) must compile
-as one unit: numba compiles a callee as a unit of its own and links it in
-again, and ``inline="always"`` types the inlined IR again, both slower to
-compile (docs/architecture.md). So such a kernel is written as a template that
-calls the callees, and :func:`spliced` makes the kernel's function from
-it at import: the code written out by hand before, its loops now defined
-once, in the callees that the run kernels call.
+A kernel that a new process compiles first (the short alloc and free) must
+compile as one unit: numba compiles a callee as a unit of its own and links
+it in again, and ``inline="always"`` types the inlined IR again, both
+slower to compile (docs/architecture.md). So each is written once as a
+template that calls the run kernels' helpers, and this tool writes the
+flat kernel's source into the package, each call replaced by the callee's
+body: a real file, stamped into the kernel cache, that tracebacks and
+coverage read. ``tests/kernels/test_flat_kernels.py`` fails when the file
+is not what this tool writes from today's templates.
 
 A spliced callee is a function the module ``callees`` defines, whose only
 ``return`` is its last statement (or that has none), with no nested
@@ -17,13 +19,15 @@ parameters bound to the arguments, and its return value assigned to the
 call's target; its own calls of such functions are spliced too. A
 condition that is a name of ``constants`` alone (``if _FLAG:``) is decided
 while splicing: the branch not taken, and whatever it calls, never reaches
-numba.
+the output.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
+import importlib
 import inspect
 import itertools
 import linecache
@@ -31,6 +35,7 @@ import textwrap
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -38,15 +43,17 @@ _Node = TypeVar("_Node", bound=ast.AST)
 _NOT_SPLICED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.Global, ast.Nonlocal)
 
 
-def spliced(template: _F, *, name: str, callees: types.ModuleType, constants: Mapping[str, Any] | None = None) -> _F:
+def splice(
+    template: Any, *, name: str, callees: types.ModuleType, constants: Mapping[str, Any] | None = None
+) -> tuple[ast.FunctionDef, dict[str, Any]]:
     """``template`` as ``name``, each statement calling a function of the module ``callees`` replaced by its body.
 
-    ``constants`` decide ``if NAME:`` statements and are the function's
-    globals of those names. Its other globals are the template's module's,
-    with each global a spliced callee reads from its own module; a name that
-    two of them bind to different objects is a ``ValueError``, as is a
-    callee that cannot be spliced. Line numbers are the template's: a
-    spliced statement has its call's.
+    Returns the function's tree and its globals: the template's module's,
+    with each global a spliced callee reads from its own module, and
+    ``constants``, which decide ``if NAME:`` statements. A name that two of
+    them bind to different objects is a ``ValueError``, as is a callee that
+    cannot be spliced. Line numbers are the template's: a spliced statement
+    has its call's.
     """
     py_func = _py_func(template)
     _, fn = _source(py_func)
@@ -60,6 +67,13 @@ def spliced(template: _F, *, name: str, callees: types.ModuleType, constants: Ma
         if namespace.setdefault(global_name, value) is not value and global_name not in splicer.constants:
             raise ValueError(f"splicing into {name}: the global {global_name!r} of a callee is another object here")
     namespace.update(splicer.constants)
+    return fn, namespace
+
+
+def spliced(template: _F, *, name: str, callees: types.ModuleType, constants: Mapping[str, Any] | None = None) -> _F:
+    """:func:`splice`'s function, made in memory: what the tests of splicing itself run."""
+    py_func = _py_func(template)
+    fn, namespace = splice(template, name=name, callees=callees, constants=constants)
     module = ast.Module(body=[fn], type_ignores=[])  # every node made here is given its line (_at)
     exec(compile(module, py_func.__code__.co_filename, "exec"), namespace)
     made = namespace[name]
@@ -265,3 +279,85 @@ class _Renamer(ast.NodeTransformer):
             return _at(ast.Name(id=self.prefix + node.id, ctx=node.ctx), self.at)
         self.globals_read.add(node.id)
         return node
+
+
+# -- the package's flat kernels ---------------------------------------------
+OUTPUT = Path(__file__).resolve().parent.parent / "hostpool_nb" / "_kernels" / "flat.py"
+# (kernel, template's module, template, the constants splicing decides)
+FLAT = (
+    ("alloc_short", "hostpool_nb._kernels.pool", "alloc_pages", {"_LONE_STRETCHES": False}),
+    ("free_short", "hostpool_nb._kernels.short", "_free_short", {"_WHOLE_BLOCKS": False, "_WORD_FLAGS": False}),
+)
+# Where a global of the flat kernels is imported from: the first of these that binds it to the same object.
+HOMES = (
+    "hostpool_nb._kernels.layout",
+    "hostpool_nb._kernels.jit",
+    "hostpool_nb._kernels.runs",
+    "hostpool_nb._kernels.short",
+)
+_TYPING = {"np": "import numpy as np", "NDArray": "from numpy.typing import NDArray"}
+
+HEADER = '''"""The short kernels, flat: written by ``python -m tests.flatten`` from their templates. Do not edit.
+
+``alloc_short`` is ``_kernels.pool.alloc_pages`` and ``free_short`` is ``_kernels.short._free_short``, each call of
+a run kernels' helper replaced by the helper's body, so that each compiles as one unit (tests/flatten.py says
+why). ``_kernels.pool`` compiles them.
+"""
+'''
+
+
+def _free_names(fn: ast.FunctionDef) -> list[str]:
+    """The globals a function reads, in order of first reading."""
+    bound = {a.arg for a in fn.args.args} | {
+        n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    }
+    names: dict[str, None] = {}
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in bound | vars(builtins).keys():
+            names[n.id] = None
+    return list(names)
+
+
+def module_text() -> str:
+    """The source of ``hostpool_nb/_kernels/flat.py`` as the templates make it today."""
+    from hostpool_nb._kernels import runs
+
+    functions, imports, typing = [], {}, set()
+    for name, module_name, template_name, constants in FLAT:
+        template = getattr(importlib.import_module(module_name), template_name)
+        fn, namespace = splice(template, name=name, callees=runs, constants=constants)
+        doc = (_py_func(template).__doc__ or "").strip().splitlines()[0]
+        fn.body = [ast.Expr(value=ast.Constant(value=doc)), *_body(fn)]  # the template's summary line only
+        for global_name in _free_names(fn):
+            if global_name in _TYPING:
+                typing.add(_TYPING[global_name])
+                continue
+            value = namespace[global_name]
+            home = next((h for h in HOMES if getattr(importlib.import_module(h), global_name, _MISSING) is value), None)
+            if home is None:
+                raise ValueError(f"{name} reads {global_name!r}, which none of {HOMES} binds")
+            imports.setdefault(home, set()).add(global_name)
+        functions.append(ast.unparse(ast.fix_missing_locations(fn)))
+    lines = [HEADER, "from __future__ import annotations", ""]
+    lines += [*sorted(typing, key=lambda line: line.startswith("from")), ""]
+    for home, names in imports.items():
+        relative = "." + home.rsplit(".", 1)[1]
+        lines += [f"from {relative} import (", *(f"    {n}," for n in sorted(names)), ")"]
+    text = "\n".join(lines) + "\n"
+    for function in functions:
+        text += "\n\n" + function + "\n"
+    return text
+
+
+_MISSING = object()
+
+
+def main() -> int:
+    """Write the flat kernels' module; exit status 0."""
+    OUTPUT.write_text(module_text())
+    print(f"wrote {OUTPUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
