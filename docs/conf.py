@@ -16,6 +16,7 @@ copyright = "2026, hostpool_nb maintainers"
 release = version = hostpool_nb.__version__
 
 extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
+myst_enable_extensions = ["deflist"]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build", "bench-full.json"]

@@ -1,102 +1,10 @@
 """Recorded traces of a pool's calls: the file format and its loader.
 
-``with pool.recording(path): ...`` (``_diagnostics/recording.py``) writes every call made
-on the pool inside the block to ``path``; :func:`load` reads it back as
-:class:`Operation` records; ``python -m hostpool_nb.replay PATH`` replays it
-on a fresh pool, checking every result and error, and ``--time`` also times
-it against the original algorithm (``hostpool_nb.replay``).
-
-File format (version 4)
------------------------
-An uncompressed ``.npz`` archive (``numpy.load(path)`` reads it; no pickle)
-with five arrays, each a stored (not compressed) ``.npy`` member whose
-header declares exactly the bytes it holds (:func:`load` checks both, and
-that the file holds that many bytes, before reading a byte of data). The
-header is stored as it is; the other four are uint8 arrays holding a zlib
-stream each, of the arrays below: the ``ops`` records; the ``data`` and
-``start`` numbers as runs of consecutive integers, each run two
-little-endian int64, its first number less where the run before it ended
-(0 when it continues it) and its length; the ``messages`` one JSON string
-a line, UTF-8. :func:`arrays` gives them unpacked, :func:`write_arrays` packs them.
-No stream is inflated past what the header bounds it to. A call on a
-KV-cache workload costs some 10-70 bytes (version 3 stored every number
-as it is: 10-13 KB a call; docs/diagnostics.md).
-
-``header``, one record
-    ``version`` (int32), ``pool`` (the class, e.g. ``"LogicalHostPool"``,
-    ``"PagedTokenToKVPoolAllocator"``), ``size``, ``page_size`` (int64),
-    ``merge`` (``"fifo"`` or ``"sorted"``), ``track`` (bool), ``ops`` and
-    ``data`` (the lengths of the next two arrays, so a truncated file is
-    caught), then ``dp_size`` (int64: the allocator's data-parallel ranks,
-    1 for a host pool), ``strict`` and ``debug_mode`` (bool: the paged
-    allocators' constructor flags, false for a host pool) and ``size_swa``
-    (int64: a sliding-window allocator's SWA slots, 0 for any other kind;
-    its ``size`` is the full side's).
-``ops``, one fixed-size record per call, in the order the calls were made
-    ``op`` (uint8: see :data:`OPS`), ``error`` (uint8: 0 for none, else an
-    index into :data:`ERRORS`), ``unreadable`` (bool: the call's argument
-    is not in the record, see below), ``arg`` (int64: ``need_size`` for
-    alloc, the number of sizes for alloc_many, the number of slots for
-    free, ``extend_num_tokens`` for alloc_extend, the number of requests
-    for alloc_decode, the snapshot number for backup and restore; -1 for
-    an allocator's restore of a snapshot taken before the recording
-    began),
-    ``result`` (int64: the number of slots returned, freed or merged,
-    pages freed by a paged allocator's free, or what ``available_size``
-    answered; -1 for ``None``), ``offset``
-    (int64: where the call's numbers start in ``data``), ``message``
-    (int32: the error's text, an index into ``messages``; -1 for none),
-    ``rank`` (int32: the ``dp_rank`` the call named, 0 for a host pool;
-    -1 for a ``clear()`` of every rank) and ``kind`` (uint8: how the
-    call's array argument came, an index into :data:`KINDS`: an int64
-    array or none, an int32 array, a list, anything else; replay gives it
-    the same way).
-``data``, int64
-    The numbers of every call, back to back: alloc's returned slots;
-    alloc_many's sizes then its slots; free's slots (flattened, as the pool
-    read them); alloc_extend's number of requests ``n``, then ``n`` each of
-    ``prefix_lens``, ``seq_lens`` and ``last_loc``, then its slots;
-    alloc_decode's ``seq_lens`` and ``last_loc``, then its slots; an
-    allocator's restore of an earlier snapshot (``arg`` -1), the lists it
-    restored in ``start``'s layout (``result`` numbers).
-``messages``, unicode
-    The error texts.
-``start``, int64
-    The pool as the recording found it, so that a recording can begin at
-    any point of a pool's life; per rank, in rank order: ``[group depth,
-    free, released, pending]`` (page counts; the depth of a paged
-    allocator is 1 inside a free group, else 0), then the page ids of the
-    free list, the release list and the pending list, each in its order.
-    A sliding-window allocator's holds, per rank, its full side's state,
-    its SWA side's, then its mapping (``size // dp_size + page_size``
-    numbers). Replay starts from it.
-
-The calls each kind records (:data:`CALLS`): a host pool's ``alloc``,
-``alloc_many``, ``free``, ``clear``, ``merge``, free groups, ``backup``,
-``restore`` and ``available_size``; the paged allocators' ``alloc``,
-``alloc_extend``, ``alloc_decode``, ``free``, ``merge_and_sort_free``,
-``clear``, free groups, ``backup``, ``restore`` and ``available_size``
-(the token allocator has no batch calls and no merge); the
-sliding-window allocator's too, and ``free_swa``,
-``full_available_size`` and ``swa_available_size``. Tags are not
-recorded: they change no result.
-
-Version 3 (its arrays stored as they are: ``data`` and ``start`` int64,
-``messages`` a fixed-width unicode array; the ops without ``kind``, and
-no ``available_size``), version 2 (the header without ``dp_size``,
-``strict`` and ``debug_mode``, the ops without ``rank``: host pools only)
-and version 1 (no ``start`` either: the recording began on a fresh pool)
-are read as well.
-
-A call whose argument the record cannot hold (not integers, such as a float
-array given to ``free``, or integers beyond int64) and a call that failed
-for a reason the record does not hold (a ``TypeError`` for an unhashable
-``tag``; an allocator's ``restore`` it refused, of a state of another
-shape or tracking) are recorded with their error and ``unreadable`` set;
-replay checks nothing for them and says how many it skipped. A host
-pool's ``restore`` of a snapshot taken before the recording began is
-recorded the same way; an allocator's holds the snapshot's lists, and
-replays.
+``with pool.recording(path): ...`` writes every call made on the pool inside
+the block to ``path``; :func:`load` reads it back as :class:`Operation`
+records, :func:`arrays` as the arrays unpacked; ``python -m
+hostpool_nb.replay PATH`` replays it on a fresh pool. The format, field by
+field, is in docs/diagnostics.md ("The trace format").
 """
 
 from __future__ import annotations

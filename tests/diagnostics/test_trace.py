@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from hostpool_nb import DoubleFreeError, HostPoolError, LogicalHostPool
 from hostpool_nb import replay as R
 from hostpool_nb import trace as T
+from hostpool_nb._diagnostics import report
 
 
 @pytest.fixture(autouse=True)
@@ -1182,9 +1183,9 @@ def test_replay_time_says_when_its_repeats_spread_too_wide(ours: list[float], th
         {"hostpool_nb": ours, "numpy": theirs},
         ["timed"],
     )
-    lines = R._timing_lines(timing, 3)
+    lines = report.timing_lines(timing, 3)
     low, high = min(theirs), max(theirs)
-    assert f"(repeats {R._ratio(low)}-{R._ratio(high)})" in lines[1]
+    assert f"(repeats {report.shown_ratio(low)}-{report.shown_ratio(high)})" in lines[1]
     if said is None:
         assert not any("narrow it" in line for line in lines)
     else:
