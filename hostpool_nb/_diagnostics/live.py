@@ -1,32 +1,12 @@
 """Recording every pool a process builds, from the environment: ``HOSTPOOL_NB_RECORD=<folder>``.
 
-An engine builds its allocators itself, so a user cannot wrap them in
-``pool.recording(path)``. With ``HOSTPOOL_NB_RECORD`` set, every pool and
-allocator whose calls a trace can hold (``LogicalHostPool``, its torch
-adapter, sglang-jax's three device allocators) records from the moment it
-is built (or unpickled) into a trace of its own in that folder, named
-``<kind>-<start time>-pid<pid>-<n>.trace`` (``n`` counts the pools of the
-process), and says so in one WARNING line on the ``hostpool_nb`` logger.
-A sliding-window allocator's sub-allocators are part of its trace, not
-traces of their own.
-
-The trace is written as the pool goes, so that a process that is killed
-(engines end their workers with ``SIGKILL``) leaves a readable trace of all
-but its last second or so: its start state when the pool is built, then a
-thread rewrites each trace that has new calls every second (more seldom
-when a write takes long: at most a tenth of the time goes to writing), and
-again when the process exits, a ``multiprocessing`` worker's too (it ends
-with ``os._exit``, past the exit handlers, but runs multiprocessing's
-finalizers). Each write packs the calls since the last one into the
-trace's compressed streams and drops them, so a recording holds about what
-its file does, plus a second of calls; each is atomic (a new file, then a
-rename). A trace stops growing at ``HOSTPOOL_NB_RECORD_MB`` megabytes (256
-by default): the pool goes on unrecorded, a WARNING line says so, and the
-trace holds every call up to then, so a long-running server cannot fill a
-disk; a pool whose start state alone passes it is not recorded (a WARNING
-says so). The folder is resolved once (``~`` expanded), so a later
-``chdir`` moves no trace. In a child process made by ``fork`` the
-inherited pools stop recording (the parent's traces are the parent's).
+Each recordable pool records from the moment it is built (or unpickled)
+into a trace of its own in that folder, written as it goes by a thread (a
+process killed with ``SIGKILL`` leaves all but its last second or so), up
+to ``HOSTPOOL_NB_RECORD_MB``; what it writes, when, and what a fork or a
+full bound does: docs/diagnostics.md ("Recording an engine you do not
+edit"). Each write packs the calls since the last one and drops them, and
+is atomic (a new file, then a rename); the folder is resolved once.
 """
 
 from __future__ import annotations
