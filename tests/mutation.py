@@ -586,15 +586,15 @@ PLANTED = [
     ),
     (
         "a free staged one entry past the ring when the live window ends at its last entry (run kernels)",
-        "hostpool_nb/_kernels/layout.py",
+        "hostpool_nb/_kernels/runs.py",
         "    return tail - n if tail >= n else tail\n",
         "    return tail - n if tail > n else tail\n",
     ),
     (
         "a free staged one entry past the ring when the live window ends at its last entry (short kernel)",
         "hostpool_nb/_kernels/flat.py",
-        "    tail: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL] + st[H_EPEND]\n    if tail >= n:\n",
-        "    tail: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL] + st[H_EPEND]\n    if tail > n:\n",
+        "    tail = _ring_tail0_tail - _ring_tail0_n if _ring_tail0_tail >= _ring_tail0_n else _ring_tail0_tail\n",
+        "    tail = _ring_tail0_tail - _ring_tail0_n if _ring_tail0_tail > _ring_tail0_n else _ring_tail0_tail\n",
     ),
 ]
 

@@ -72,8 +72,11 @@ def alloc_short(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
         _alloc_begin0_need = fail(E_MISALIGNED, 0)
     elif _alloc_begin0_need == 0 or _alloc_begin0_need > st[H_NFREE] + st[H_NREL]:
         st[H_ALLOC_CALLS] += 1
-        if _alloc_begin0_need > 0:
+        if _alloc_begin0_need != 0:
             st[H_FAILED_ALLOCS] += 1
+        _count_alloc1_held: int = st[H_NPAGES] - st[H_NFREE] - st[H_NREL] - st[H_NPEND]
+        st[H_PEAK] = max(st[H_PEAK], _count_alloc1_held)
+        if _alloc_begin0_need > 0:
             _alloc_begin0_need = fail(E_SHORT, 0)
     need = _alloc_begin0_need
     if need <= 0:
@@ -81,127 +84,127 @@ def alloc_short(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     if need > st[H_NFREE] and st[H_SORTED] != 0:
         return fail(E_MERGE_FIRST, 0)
     page_size: int = st[H_PAGE_SIZE]
-    _take_front1_owner = owner_view(st)
-    _take_front1_ring = ring_view(st)
-    _take_front1_n = _take_front1_ring.shape[0]
-    _take_front1_words = st[HEADER + (_take_front1_n + 1) // 2:]
-    _take_front1_nfree: int = st[H_NFREE]
-    _take_front1_into_released = need > _take_front1_nfree
-    _take_front1_avail: int = st[H_EFREE] + st[H_EREL] if _take_front1_into_released else st[H_EFREE]
-    _take_front1_head: int = st[H_HEAD]
-    _take_front1_pos = _take_front1_head
-    _take_front1_used = 0
-    _take_front1_got = 0
-    _take_front1_length = 0
-    _take_front1_take = 0
-    _take_front1_bad = False
-    while _take_front1_got < need:
-        if _take_front1_used >= _take_front1_avail:
-            _take_front1_bad = True
+    _take_front2_owner = owner_view(st)
+    _take_front2_ring = ring_view(st)
+    _take_front2_n = _take_front2_ring.shape[0]
+    _take_front2_words = st[HEADER + (_take_front2_n + 1) // 2:]
+    _take_front2_nfree: int = st[H_NFREE]
+    _take_front2_into_released = need > _take_front2_nfree
+    _take_front2_avail: int = st[H_EFREE] + st[H_EREL] if _take_front2_into_released else st[H_EFREE]
+    _take_front2_head: int = st[H_HEAD]
+    _take_front2_pos = _take_front2_head
+    _take_front2_used = 0
+    _take_front2_got = 0
+    _take_front2_length = 0
+    _take_front2_take = 0
+    _take_front2_bad = False
+    while _take_front2_got < need:
+        if _take_front2_used >= _take_front2_avail:
+            _take_front2_bad = True
             break
-        _take_front1_p: int = _take_front1_ring[_take_front1_pos]
-        _take_front1_nxt = _take_front1_pos + 1 if _take_front1_pos + 1 < _take_front1_n else 0
-        if _take_front1_avail - _take_front1_used == 1 or _take_front1_ring[_take_front1_nxt] >= 0:
-            if _take_front1_p < 0 or _take_front1_p >= _take_front1_n or _take_front1_owner[_take_front1_p] != OWNER_FREE:
-                _take_front1_bad = True
+        _take_front2_p: int = _take_front2_ring[_take_front2_pos]
+        _take_front2_nxt = _take_front2_pos + 1 if _take_front2_pos + 1 < _take_front2_n else 0
+        if _take_front2_avail - _take_front2_used == 1 or _take_front2_ring[_take_front2_nxt] >= 0:
+            if _take_front2_p < 0 or _take_front2_p >= _take_front2_n or _take_front2_owner[_take_front2_p] != OWNER_FREE:
+                _take_front2_bad = True
                 break
-            _take_front1_owner[_take_front1_p] = OWNER_ALLOCATED
+            _take_front2_owner[_take_front2_p] = OWNER_ALLOCATED
             if page_size == 1:
-                out[_take_front1_got] = _take_front1_p
+                out[_take_front2_got] = _take_front2_p
             else:
-                _take_front1_dst = out[_take_front1_got * page_size:(_take_front1_got + 1) * page_size]
-                _take_front1_first = _take_front1_p * page_size
-                for _take_front1_j in range(page_size):
-                    _take_front1_dst[_take_front1_j] = _take_front1_first + _take_front1_j
-            _take_front1_got += 1
-            _take_front1_pos = _take_front1_nxt
-            _take_front1_used += 1
-            _take_front1_length = _take_front1_take = 1
+                _take_front2_dst = out[_take_front2_got * page_size:(_take_front2_got + 1) * page_size]
+                _take_front2_first = _take_front2_p * page_size
+                for _take_front2_j in range(page_size):
+                    _take_front2_dst[_take_front2_j] = _take_front2_first + _take_front2_j
+            _take_front2_got += 1
+            _take_front2_pos = _take_front2_nxt
+            _take_front2_used += 1
+            _take_front2_length = _take_front2_take = 1
             continue
-        _take_front1_length = -_take_front1_ring[_take_front1_nxt]
-        _take_front1_take = _take_front1_length if _take_front1_length < need - _take_front1_got else need - _take_front1_got
-        if _take_front1_p < 0 or _take_front1_length > _take_front1_n - _take_front1_p:
-            _take_front1_bad = True
+        _take_front2_length = -_take_front2_ring[_take_front2_nxt]
+        _take_front2_take = _take_front2_length if _take_front2_length < need - _take_front2_got else need - _take_front2_got
+        if _take_front2_p < 0 or _take_front2_length > _take_front2_n - _take_front2_p:
+            _take_front2_bad = True
             break
-        _take_front1_lo = _take_front1_p >> 3
-        _take_front1_hi = _take_front1_p + _take_front1_take - 1 >> 3
-        _take_front1_first = _ALL_BYTES << ((_take_front1_p & 7) << 3)
-        _take_front1_top = (_take_front1_p + _take_front1_take - 1 & 7) + 1
-        _take_front1_last = _ALL_BYTES if _take_front1_top == _FLAGS_PER_WORD else (_LOW_BYTE << (_take_front1_top << 3)) - 1
-        if _take_front1_lo == _take_front1_hi:
-            _take_front1_first &= _take_front1_last
-            _take_front1_last = _take_front1_first
-        _take_front1_wrong = _take_front1_words[_take_front1_lo] & _take_front1_first | _take_front1_words[_take_front1_hi] & _take_front1_last
-        _take_front1_middle = _take_front1_words[_take_front1_lo + 1:_take_front1_hi]
-        for _take_front1_q in range(_take_front1_middle.shape[0]):
-            _take_front1_wrong |= _take_front1_middle[_take_front1_q]
-        if _take_front1_wrong != 0:
-            _take_front1_bad = True
+        _take_front2_lo = _take_front2_p >> 3
+        _take_front2_hi = _take_front2_p + _take_front2_take - 1 >> 3
+        _take_front2_first = _ALL_BYTES << ((_take_front2_p & 7) << 3)
+        _take_front2_top = (_take_front2_p + _take_front2_take - 1 & 7) + 1
+        _take_front2_last = _ALL_BYTES if _take_front2_top == _FLAGS_PER_WORD else (_LOW_BYTE << (_take_front2_top << 3)) - 1
+        if _take_front2_lo == _take_front2_hi:
+            _take_front2_first &= _take_front2_last
+            _take_front2_last = _take_front2_first
+        _take_front2_wrong = _take_front2_words[_take_front2_lo] & _take_front2_first | _take_front2_words[_take_front2_hi] & _take_front2_last
+        _take_front2_middle = _take_front2_words[_take_front2_lo + 1:_take_front2_hi]
+        for _take_front2_q in range(_take_front2_middle.shape[0]):
+            _take_front2_wrong |= _take_front2_middle[_take_front2_q]
+        if _take_front2_wrong != 0:
+            _take_front2_bad = True
             break
-        _take_front1_words[_take_front1_lo] = _take_front1_words[_take_front1_lo] & ~_take_front1_first | _ALLOCATED_WORD & _take_front1_first
-        _take_front1_words[_take_front1_hi] = _take_front1_words[_take_front1_hi] & ~_take_front1_last | _ALLOCATED_WORD & _take_front1_last
-        for _take_front1_q in range(_take_front1_middle.shape[0]):
-            _take_front1_middle[_take_front1_q] = _ALLOCATED_WORD
-        _take_front1_at = _take_front1_got * page_size
-        _take_front1_span = _take_front1_take * page_size
-        if _take_front1_at + _take_front1_span + 15 < need * page_size:
-            _take_front1_span = _take_front1_span + 15 & ~15
-        _take_front1_dst = out[_take_front1_at:_take_front1_at + _take_front1_span]
-        _take_front1_first = _take_front1_p * page_size
-        for _take_front1_j in range(_take_front1_span):
-            _take_front1_dst[_take_front1_j] = _take_front1_first + _take_front1_j
-        _take_front1_got += _take_front1_take
-        if _take_front1_take < _take_front1_length:
+        _take_front2_words[_take_front2_lo] = _take_front2_words[_take_front2_lo] & ~_take_front2_first | _ALLOCATED_WORD & _take_front2_first
+        _take_front2_words[_take_front2_hi] = _take_front2_words[_take_front2_hi] & ~_take_front2_last | _ALLOCATED_WORD & _take_front2_last
+        for _take_front2_q in range(_take_front2_middle.shape[0]):
+            _take_front2_middle[_take_front2_q] = _ALLOCATED_WORD
+        _take_front2_at = _take_front2_got * page_size
+        _take_front2_span = _take_front2_take * page_size
+        if _take_front2_at + _take_front2_span + 15 < need * page_size:
+            _take_front2_span = _take_front2_span + 15 & ~15
+        _take_front2_dst = out[_take_front2_at:_take_front2_at + _take_front2_span]
+        _take_front2_first = _take_front2_p * page_size
+        for _take_front2_j in range(_take_front2_span):
+            _take_front2_dst[_take_front2_j] = _take_front2_first + _take_front2_j
+        _take_front2_got += _take_front2_take
+        if _take_front2_take < _take_front2_length:
             break
-        _take_front1_w = 1 if _take_front1_length == 1 else 2
-        _take_front1_pos = _take_front1_pos + _take_front1_w if _take_front1_pos + _take_front1_w < _take_front1_n else _take_front1_pos + _take_front1_w - _take_front1_n
-        _take_front1_used += _take_front1_w
-    _take_front1_status = 0
-    if _take_front1_bad:
-        _take_front1_q = _take_front1_head
-        _take_front1_done = 0
-        _take_front1_left = _take_front1_avail
-        while _take_front1_done < _take_front1_got:
-            _take_front1_nxt = _take_front1_q + 1 if _take_front1_q + 1 < _take_front1_n else 0
-            _take_front1_length = -_take_front1_ring[_take_front1_nxt] if _take_front1_left > 1 and _take_front1_ring[_take_front1_nxt] < 0 else 1
-            _take_front1_part = _take_front1_length if _take_front1_length < _take_front1_got - _take_front1_done else _take_front1_got - _take_front1_done
-            _take_front1_back = _take_front1_owner[_take_front1_ring[_take_front1_q]:_take_front1_ring[_take_front1_q] + _take_front1_part]
-            for _take_front1_j in range(_take_front1_part):
-                _take_front1_back[_take_front1_j] = OWNER_FREE
-            _take_front1_done += _take_front1_part
-            _take_front1_w = 1 if _take_front1_length == 1 else 2
-            _take_front1_q = _take_front1_q + _take_front1_w if _take_front1_q + _take_front1_w < _take_front1_n else _take_front1_q + _take_front1_w - _take_front1_n
-            _take_front1_left -= _take_front1_w
-        _take_front1_status = fail(E_CORRUPT, _take_front1_got)
+        _take_front2_w = 1 if _take_front2_length == 1 else 2
+        _take_front2_pos = _take_front2_pos + _take_front2_w if _take_front2_pos + _take_front2_w < _take_front2_n else _take_front2_pos + _take_front2_w - _take_front2_n
+        _take_front2_used += _take_front2_w
+    _take_front2_status = 0
+    if _take_front2_bad:
+        _take_front2_q = _take_front2_head
+        _take_front2_done = 0
+        _take_front2_left = _take_front2_avail
+        while _take_front2_done < _take_front2_got:
+            _take_front2_nxt = _take_front2_q + 1 if _take_front2_q + 1 < _take_front2_n else 0
+            _take_front2_length = -_take_front2_ring[_take_front2_nxt] if _take_front2_left > 1 and _take_front2_ring[_take_front2_nxt] < 0 else 1
+            _take_front2_part = _take_front2_length if _take_front2_length < _take_front2_got - _take_front2_done else _take_front2_got - _take_front2_done
+            _take_front2_back = _take_front2_owner[_take_front2_ring[_take_front2_q]:_take_front2_ring[_take_front2_q] + _take_front2_part]
+            for _take_front2_j in range(_take_front2_part):
+                _take_front2_back[_take_front2_j] = OWNER_FREE
+            _take_front2_done += _take_front2_part
+            _take_front2_w = 1 if _take_front2_length == 1 else 2
+            _take_front2_q = _take_front2_q + _take_front2_w if _take_front2_q + _take_front2_w < _take_front2_n else _take_front2_q + _take_front2_w - _take_front2_n
+            _take_front2_left -= _take_front2_w
+        _take_front2_status = fail(E_CORRUPT, _take_front2_got)
     else:
-        if _take_front1_take < _take_front1_length:
-            _take_front1_rest = _take_front1_length - _take_front1_take
-            _take_front1_nxt = _take_front1_pos + 1 if _take_front1_pos + 1 < _take_front1_n else 0
-            if _take_front1_rest > 1:
-                _take_front1_ring[_take_front1_pos] += _take_front1_take
-                _take_front1_ring[_take_front1_nxt] = -_take_front1_rest
+        if _take_front2_take < _take_front2_length:
+            _take_front2_rest = _take_front2_length - _take_front2_take
+            _take_front2_nxt = _take_front2_pos + 1 if _take_front2_pos + 1 < _take_front2_n else 0
+            if _take_front2_rest > 1:
+                _take_front2_ring[_take_front2_pos] += _take_front2_take
+                _take_front2_ring[_take_front2_nxt] = -_take_front2_rest
             else:
-                _take_front1_ring[_take_front1_nxt] = _take_front1_ring[_take_front1_pos] + _take_front1_take
-                _take_front1_pos = _take_front1_nxt
-                _take_front1_used += 1
-        if _take_front1_into_released:
+                _take_front2_ring[_take_front2_nxt] = _take_front2_ring[_take_front2_pos] + _take_front2_take
+                _take_front2_pos = _take_front2_nxt
+                _take_front2_used += 1
+        if _take_front2_into_released:
             st[H_NFREE] += st[H_NREL]
             st[H_EFREE] += st[H_EREL]
             st[H_NREL] = 0
             st[H_EREL] = 0
             st[H_MERGES] += 1
-        st[H_HEAD] = _take_front1_pos
+        st[H_HEAD] = _take_front2_pos
         st[H_NFREE] -= need
-        st[H_EFREE] -= _take_front1_used
+        st[H_EFREE] -= _take_front2_used
         st[H_AVAIL] = (st[H_NFREE] + st[H_NREL]) * st[H_PAGE_SIZE]
-    status = _take_front1_status
+    status = _take_front2_status
     if status < 0:
         return status
     st[H_ALLOC_CALLS] += 1
     if 0 != 0:
         st[H_FAILED_ALLOCS] += 1
-    _count_alloc2_held: int = st[H_NPAGES] - st[H_NFREE] - st[H_NREL] - st[H_NPEND]
-    st[H_PEAK] = max(st[H_PEAK], _count_alloc2_held)
+    _count_alloc3_held: int = st[H_NPAGES] - st[H_NFREE] - st[H_NREL] - st[H_NPEND]
+    st[H_PEAK] = max(st[H_PEAK], _count_alloc3_held)
     return need * page_size
 
 
@@ -220,9 +223,9 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     owner = owner_view(st)
     ring = ring_view(st)
     mark = OWNER_PENDING if st[H_GROUP_DEPTH] > 0 else OWNER_FREE
-    tail: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL] + st[H_EPEND]
-    if tail >= n:
-        tail -= n
+    _ring_tail0_n: int = st[H_NPAGES]
+    _ring_tail0_tail: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL] + st[H_EPEND]
+    tail = _ring_tail0_tail - _ring_tail0_n if _ring_tail0_tail >= _ring_tail0_n else _ring_tail0_tail
     pos = tail
     status = 0
     missing = -1
@@ -239,58 +242,58 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
                     break
                 if c >= skip and c + reach < count and (slots[c + reach] == p + reach):
                     limit = count - c if count - c < n - p else n - p
-                    __run_length0_k = 1
-                    __run_length0_off = 0
-                    while __run_length0_k + _RUN_BLOCK <= limit:
-                        __run_length0_block = slots[c + __run_length0_k:c + __run_length0_k + _RUN_BLOCK]
-                        for __run_length0_t in range(_RUN_BLOCK):
-                            __run_length0_off |= np.int64(__run_length0_block[__run_length0_t] != p + __run_length0_k + __run_length0_t) << __run_length0_t
-                        if __run_length0_off != 0:
+                    __run_length1_k = 1
+                    __run_length1_off = 0
+                    while __run_length1_k + _RUN_BLOCK <= limit:
+                        __run_length1_block = slots[c + __run_length1_k:c + __run_length1_k + _RUN_BLOCK]
+                        for __run_length1_t in range(_RUN_BLOCK):
+                            __run_length1_off |= np.int64(__run_length1_block[__run_length1_t] != p + __run_length1_k + __run_length1_t) << __run_length1_t
+                        if __run_length1_off != 0:
                             break
-                        __run_length0_k += _RUN_BLOCK
-                    if __run_length0_off == 0:
-                        __run_length0_end = __run_length0_k + _RUN_BLOCK if __run_length0_k + _RUN_BLOCK < limit else limit
-                        __run_length0_block = slots[c + __run_length0_k:c + __run_length0_end]
-                        for __run_length0_t in range(__run_length0_block.shape[0]):
-                            __run_length0_off |= np.int64(__run_length0_block[__run_length0_t] != p + __run_length0_k + __run_length0_t) << __run_length0_t
-                    __run_length0_length = __run_length0_k + trailing_zeros(__run_length0_off) if __run_length0_off != 0 else limit if limit > 1 else 1
-                    run = __run_length0_length
+                        __run_length1_k += _RUN_BLOCK
+                    if __run_length1_off == 0:
+                        __run_length1_end = __run_length1_k + _RUN_BLOCK if __run_length1_k + _RUN_BLOCK < limit else limit
+                        __run_length1_block = slots[c + __run_length1_k:c + __run_length1_end]
+                        for __run_length1_t in range(__run_length1_block.shape[0]):
+                            __run_length1_off |= np.int64(__run_length1_block[__run_length1_t] != p + __run_length1_k + __run_length1_t) << __run_length1_t
+                    __run_length1_length = __run_length1_k + trailing_zeros(__run_length1_off) if __run_length1_off != 0 else limit if limit > 1 else 1
+                    run = __run_length1_length
                     if run > 1:
-                        __claim_flags1_words = st[HEADER + (st[H_NPAGES] + 1) // 2:]
-                        __word_masks2_lo = p >> 3
-                        __word_masks2_hi = p + run - 1 >> 3
-                        __word_masks2_first = _ALL_BYTES << ((p & 7) << 3)
-                        __word_masks2_top = (p + run - 1 & 7) + 1
-                        __word_masks2_last = _ALL_BYTES if __word_masks2_top == _FLAGS_PER_WORD else (_LOW_BYTE << (__word_masks2_top << 3)) - 1
-                        if __word_masks2_lo == __word_masks2_hi:
-                            __word_masks2_first &= __word_masks2_last
-                            __word_masks2_last = __word_masks2_first
-                        __claim_flags1_lo = __word_masks2_lo
-                        __claim_flags1_hi = __word_masks2_hi
-                        __claim_flags1_first = __word_masks2_first
-                        __claim_flags1_last = __word_masks2_last
-                        __claim_flags1_expect = OWNER_ALLOCATED * _EVERY_BYTE
-                        __claim_flags1_wrong = (__claim_flags1_words[__claim_flags1_lo] ^ __claim_flags1_expect) & __claim_flags1_first | (__claim_flags1_words[__claim_flags1_hi] ^ __claim_flags1_expect) & __claim_flags1_last
-                        __claim_flags1_middle = __claim_flags1_words[__claim_flags1_lo + 1:__claim_flags1_hi]
-                        for __claim_flags1_q in range(__claim_flags1_middle.shape[0]):
-                            __claim_flags1_wrong |= __claim_flags1_middle[__claim_flags1_q] ^ __claim_flags1_expect
-                        if __claim_flags1_wrong == 0:
-                            __claim_flags1_pattern = mark * _EVERY_BYTE
-                            __claim_flags1_words[__claim_flags1_lo] = __claim_flags1_words[__claim_flags1_lo] & ~__claim_flags1_first | __claim_flags1_pattern & __claim_flags1_first
-                            __claim_flags1_words[__claim_flags1_hi] = __claim_flags1_words[__claim_flags1_hi] & ~__claim_flags1_last | __claim_flags1_pattern & __claim_flags1_last
-                            for __claim_flags1_q in range(__claim_flags1_middle.shape[0]):
-                                __claim_flags1_middle[__claim_flags1_q] = __claim_flags1_pattern
-                        __claim_flags1_claimed: bool = __claim_flags1_wrong == 0
-                        held = __claim_flags1_claimed
+                        __claim_flags2_words = st[HEADER + (st[H_NPAGES] + 1) // 2:]
+                        __word_masks3_lo = p >> 3
+                        __word_masks3_hi = p + run - 1 >> 3
+                        __word_masks3_first = _ALL_BYTES << ((p & 7) << 3)
+                        __word_masks3_top = (p + run - 1 & 7) + 1
+                        __word_masks3_last = _ALL_BYTES if __word_masks3_top == _FLAGS_PER_WORD else (_LOW_BYTE << (__word_masks3_top << 3)) - 1
+                        if __word_masks3_lo == __word_masks3_hi:
+                            __word_masks3_first &= __word_masks3_last
+                            __word_masks3_last = __word_masks3_first
+                        __claim_flags2_lo = __word_masks3_lo
+                        __claim_flags2_hi = __word_masks3_hi
+                        __claim_flags2_first = __word_masks3_first
+                        __claim_flags2_last = __word_masks3_last
+                        __claim_flags2_expect = OWNER_ALLOCATED * _EVERY_BYTE
+                        __claim_flags2_wrong = (__claim_flags2_words[__claim_flags2_lo] ^ __claim_flags2_expect) & __claim_flags2_first | (__claim_flags2_words[__claim_flags2_hi] ^ __claim_flags2_expect) & __claim_flags2_last
+                        __claim_flags2_middle = __claim_flags2_words[__claim_flags2_lo + 1:__claim_flags2_hi]
+                        for __claim_flags2_q in range(__claim_flags2_middle.shape[0]):
+                            __claim_flags2_wrong |= __claim_flags2_middle[__claim_flags2_q] ^ __claim_flags2_expect
+                        if __claim_flags2_wrong == 0:
+                            __claim_flags2_pattern = mark * _EVERY_BYTE
+                            __claim_flags2_words[__claim_flags2_lo] = __claim_flags2_words[__claim_flags2_lo] & ~__claim_flags2_first | __claim_flags2_pattern & __claim_flags2_first
+                            __claim_flags2_words[__claim_flags2_hi] = __claim_flags2_words[__claim_flags2_hi] & ~__claim_flags2_last | __claim_flags2_pattern & __claim_flags2_last
+                            for __claim_flags2_q in range(__claim_flags2_middle.shape[0]):
+                                __claim_flags2_middle[__claim_flags2_q] = __claim_flags2_pattern
+                        __claim_flags2_claimed: bool = __claim_flags2_wrong == 0
+                        held = __claim_flags2_claimed
                         if held:
-                            _put_run3_pos = pos
-                            _put_run3_n = ring.shape[0]
-                            ring[_put_run3_pos] = p
-                            _put_run3_pos = _put_run3_pos + 1 if _put_run3_pos + 1 < _put_run3_n else 0
+                            _put_run4_pos = pos
+                            _put_run4_n = ring.shape[0]
+                            ring[_put_run4_pos] = p
+                            _put_run4_pos = _put_run4_pos + 1 if _put_run4_pos + 1 < _put_run4_n else 0
                             if run > 1:
-                                ring[_put_run3_pos] = -run
-                                _put_run3_pos = _put_run3_pos + 1 if _put_run3_pos + 1 < _put_run3_n else 0
-                            pos = _put_run3_pos
+                                ring[_put_run4_pos] = -run
+                                _put_run4_pos = _put_run4_pos + 1 if _put_run4_pos + 1 < _put_run4_n else 0
+                            pos = _put_run4_pos
                             entries += 2
                             c += run
                             continue
@@ -335,50 +338,50 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
             entries += 1
             c += 1
     if missing >= 0:
-        _staged_twice4_position = c * page_size
-        _staged_twice4_n = ring.shape[0]
-        _staged_twice4_pos = tail
-        _staged_twice4_left = entries
-        _staged_twice4_status = fail(E_NOT_ALLOCATED, _staged_twice4_position)
-        while _staged_twice4_left > 0:
-            _run_at5_length = 1
-            if _staged_twice4_left > 1:
-                _run_at5_nxt = _staged_twice4_pos + 1 if _staged_twice4_pos + 1 < ring.shape[0] else 0
-                _run_at5_e: int = ring[_run_at5_nxt]
-                if _run_at5_e < 0:
-                    _run_at5_length = -_run_at5_e
-            _staged_twice4_length = _run_at5_length
-            if ring[_staged_twice4_pos] <= missing < ring[_staged_twice4_pos] + _staged_twice4_length:
-                _staged_twice4_status = fail(E_DUPLICATE, _staged_twice4_position)
+        _staged_twice5_position = c * page_size
+        _staged_twice5_n = ring.shape[0]
+        _staged_twice5_pos = tail
+        _staged_twice5_left = entries
+        _staged_twice5_status = fail(E_NOT_ALLOCATED, _staged_twice5_position)
+        while _staged_twice5_left > 0:
+            _run_at6_length = 1
+            if _staged_twice5_left > 1:
+                _run_at6_nxt = _staged_twice5_pos + 1 if _staged_twice5_pos + 1 < ring.shape[0] else 0
+                _run_at6_e: int = ring[_run_at6_nxt]
+                if _run_at6_e < 0:
+                    _run_at6_length = -_run_at6_e
+            _staged_twice5_length = _run_at6_length
+            if ring[_staged_twice5_pos] <= missing < ring[_staged_twice5_pos] + _staged_twice5_length:
+                _staged_twice5_status = fail(E_DUPLICATE, _staged_twice5_position)
                 break
-            _staged_twice4_w = 1 if _staged_twice4_length == 1 else 2
-            _staged_twice4_pos = _staged_twice4_pos + _staged_twice4_w if _staged_twice4_pos + _staged_twice4_w < _staged_twice4_n else _staged_twice4_pos + _staged_twice4_w - _staged_twice4_n
-            _staged_twice4_left -= _staged_twice4_w
-        status = _staged_twice4_status
-    _free_end8_status = status if status != 0 else count * page_size
-    if _free_end8_status < 0:
-        _set_runs9_pos = tail
-        _set_runs9_ring = ring_view(st)
-        _set_runs9_owner = owner_view(st)
-        _set_runs9_n = _set_runs9_ring.shape[0]
-        _set_runs9_left = entries
-        while _set_runs9_left > 0:
-            _run_at10_length = 1
-            if _set_runs9_left > 1:
-                _run_at10_nxt = _set_runs9_pos + 1 if _set_runs9_pos + 1 < _set_runs9_ring.shape[0] else 0
-                _run_at10_e: int = _set_runs9_ring[_run_at10_nxt]
-                if _run_at10_e < 0:
-                    _run_at10_length = -_run_at10_e
-            _set_runs9_length = _run_at10_length
-            if _set_runs9_length == 1:
-                _set_runs9_owner[_set_runs9_ring[_set_runs9_pos]] = OWNER_ALLOCATED
+            _staged_twice5_w = 1 if _staged_twice5_length == 1 else 2
+            _staged_twice5_pos = _staged_twice5_pos + _staged_twice5_w if _staged_twice5_pos + _staged_twice5_w < _staged_twice5_n else _staged_twice5_pos + _staged_twice5_w - _staged_twice5_n
+            _staged_twice5_left -= _staged_twice5_w
+        status = _staged_twice5_status
+    _free_end9_status = status if status != 0 else count * page_size
+    if _free_end9_status < 0:
+        _set_runs10_pos = tail
+        _set_runs10_ring = ring_view(st)
+        _set_runs10_owner = owner_view(st)
+        _set_runs10_n = _set_runs10_ring.shape[0]
+        _set_runs10_left = entries
+        while _set_runs10_left > 0:
+            _run_at11_length = 1
+            if _set_runs10_left > 1:
+                _run_at11_nxt = _set_runs10_pos + 1 if _set_runs10_pos + 1 < _set_runs10_ring.shape[0] else 0
+                _run_at11_e: int = _set_runs10_ring[_run_at11_nxt]
+                if _run_at11_e < 0:
+                    _run_at11_length = -_run_at11_e
+            _set_runs10_length = _run_at11_length
+            if _set_runs10_length == 1:
+                _set_runs10_owner[_set_runs10_ring[_set_runs10_pos]] = OWNER_ALLOCATED
             else:
-                _set_runs9_back = _set_runs9_owner[_set_runs9_ring[_set_runs9_pos]:_set_runs9_ring[_set_runs9_pos] + _set_runs9_length]
-                for _set_runs9_j in range(_set_runs9_length):
-                    _set_runs9_back[_set_runs9_j] = OWNER_ALLOCATED
-            _set_runs9_w = 1 if _set_runs9_length == 1 else 2
-            _set_runs9_pos = _set_runs9_pos + _set_runs9_w if _set_runs9_pos + _set_runs9_w < _set_runs9_n else _set_runs9_pos + _set_runs9_w - _set_runs9_n
-            _set_runs9_left -= _set_runs9_w
+                _set_runs10_back = _set_runs10_owner[_set_runs10_ring[_set_runs10_pos]:_set_runs10_ring[_set_runs10_pos] + _set_runs10_length]
+                for _set_runs10_j in range(_set_runs10_length):
+                    _set_runs10_back[_set_runs10_j] = OWNER_ALLOCATED
+            _set_runs10_w = 1 if _set_runs10_length == 1 else 2
+            _set_runs10_pos = _set_runs10_pos + _set_runs10_w if _set_runs10_pos + _set_runs10_w < _set_runs10_n else _set_runs10_pos + _set_runs10_w - _set_runs10_n
+            _set_runs10_left -= _set_runs10_w
     elif st[H_GROUP_DEPTH] > 0:
         st[H_NPEND] += c
         st[H_EPEND] += entries
@@ -386,7 +389,7 @@ def free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
         st[H_NREL] += c
         st[H_EREL] += entries
         st[H_AVAIL] = (st[H_NFREE] + st[H_NREL]) * st[H_PAGE_SIZE]
-    if _free_end8_status >= 0 and c > 0:
+    if _free_end9_status >= 0 and c > 0:
         st[H_FREE_CALLS] += 1
-    _returned7 = _free_end8_status
-    return _returned7
+    _returned8 = _free_end9_status
+    return _returned8

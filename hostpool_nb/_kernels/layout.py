@@ -316,14 +316,6 @@ ring_view = window(np.int32, _ring_at)  # the ring, as kernels read it
 owner_view = window(np.uint8, _owner_at)  # the owner flags, as kernels read them
 
 
-@callee()
-def ring_tail(st: NDArray[np.int64]) -> int:
-    """Ring position just past the live window: where ``free`` stages runs."""
-    n: int = st[H_NPAGES]
-    tail: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL] + st[H_EPEND]
-    return tail - n if tail >= n else tail
-
-
 # -- a paged rank's free group ------------------------------------------------------------
 GP_COUNT = 0
 GP_CAP = 1  # pages + 1: room for every page once

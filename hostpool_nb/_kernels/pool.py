@@ -48,7 +48,6 @@ from .layout import (
     OWNER_PENDING,
     fail,
     owner_view,
-    ring_tail,
     ring_view,
 )
 from .runs import (
@@ -62,6 +61,7 @@ from .runs import (
     merge,
     put_run,
     refuse,
+    ring_tail,
     run_at,
     run_width,
     set_runs,

@@ -214,6 +214,14 @@ def set_runs(st: NDArray[np.int64], pos: int, entries: int, flag: int) -> None:
 
 
 @_callee()
+def ring_tail(st: NDArray[np.int64]) -> int:
+    """Ring position just past the live window: where ``free`` stages runs."""
+    n: int = st[H_NPAGES]
+    tail: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL] + st[H_EPEND]
+    return tail - n if tail >= n else tail
+
+
+@_callee()
 def staged_twice(ring: NDArray[np.int32], tail: int, entries: int, page: int, position: int) -> int:
     """The failure for a ``page`` that ``free`` found not allocated.
 
@@ -589,10 +597,9 @@ def alloc_begin(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     need: int = out.shape[0] // page_size
     if out.shape[0] % page_size != 0:
         need = fail(E_MISALIGNED, 0)  # not counted: no allocation was asked for
-    elif need == 0 or need > st[H_NFREE] + st[H_NREL]:  # counted, nothing held changes: no peak to update
-        st[H_ALLOC_CALLS] += 1
+    elif need == 0 or need > st[H_NFREE] + st[H_NREL]:  # counted; failed if any page was asked for
+        count_alloc(st, need)
         if need > 0:
-            st[H_FAILED_ALLOCS] += 1
             need = fail(E_SHORT, 0)
     return need
 

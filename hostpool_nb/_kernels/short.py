@@ -14,11 +14,7 @@ from .layout import (
     E_MISALIGNED,
     E_PARTIAL,
     E_RANGE,
-    H_EFREE,
-    H_EPEND,
-    H_EREL,
     H_GROUP_DEPTH,
-    H_HEAD,
     H_NPAGES,
     H_PAGE_SHIFT,
     H_PAGE_SIZE,
@@ -29,7 +25,7 @@ from .layout import (
     owner_view,
     ring_view,
 )
-from .runs import _RUN_PROBE, _claim_flags, _run_length, free_end, put_run, staged_twice
+from .runs import _RUN_PROBE, _claim_flags, _run_length, free_end, put_run, ring_tail, staged_twice
 
 # The kernels' Python annotations are for type checkers only: numba compiles
 # each kernel from its signature string, a callee for its callers' types.
@@ -87,9 +83,7 @@ def _free_short(st: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
     owner = owner_view(st)
     ring = ring_view(st)
     mark = OWNER_PENDING if st[H_GROUP_DEPTH] > 0 else OWNER_FREE
-    tail: int = st[H_HEAD] + st[H_EFREE] + st[H_EREL] + st[H_EPEND]
-    if tail >= n:
-        tail -= n
+    tail: int = ring_tail(st)
     pos = tail
     status = 0
     missing = -1  # a page found not allocated: freed earlier in this call, or not held
