@@ -265,6 +265,41 @@ def test_failed_free_rolls_back_across_the_rings_end(ps: int, snapshot: Any, unc
     assert pool.free(np.delete(pages, 5, axis=0).reshape(-1)) == 9 * ps
 
 
+@pytest.mark.parametrize("track", [False, True], ids=["plain", "tracked"])
+@pytest.mark.parametrize("count", [600, 2048, 5000], ids=["short", "gil twin", "run kernel"])
+def test_a_run_staged_across_the_rings_end_is_read_back_whole(
+    count: int, track: bool, snapshot: Any, unchanged: Any
+) -> None:
+    """A run staged from the ring's last position has its length entry at position 0.
+
+    Each kind of free (the flat short free, the GIL-keeping twin, the run
+    kernel) stages the run there, and reads its length back across the end
+    wherever it walks the staged runs: the duplicate scan and the roll-back
+    of a failed free, the tracking pass, the release. Read from past the
+    end, the length would be the page id: the roll-back would leave the
+    run's other pages flagged free.
+    """
+    n = 8192
+    pool = LogicalHostPool(n, 1, track=track)
+    held = pool.alloc(n - 1)  # one page left: n - 1
+    assert held is not None
+    st = pool._st
+    one_entry_per_page(st, head=n - 2)  # that page's entry at n - 2: staging starts at the ring's last position
+    assert (int(st[L.H_HEAD]) + int(st[L.H_EFREE])) % n == n - 1
+    before = snapshot(pool)
+    with pytest.raises(DoubleFreeError, match=rf"is freed twice in one call \(again at indices\[{count}\]"):
+        pool.free(np.concatenate([held[:count], held[:1]]))  # the run staged, then its first page again
+    unchanged(pool, before)
+    assert pool.free(held[:count]) == count
+    ring = L.ring_ids(st, n)
+    assert (int(ring[n - 1]), int(ring[0])) == (0, -count)  # the run: its first page, then its length across the end
+    pool.check_invariants()
+    assert pool.available_size() == count + 1
+    got = pool.alloc(count + 1)
+    assert got is not None
+    assert got.tolist() == [n - 1, *range(count)]  # FIFO: the free list's page, then the released run
+
+
 def test_the_paged_status_codes_do_not_reuse_the_cores() -> None:
     """hostpool_nb.paged decodes its kernels' statuses with both modules' codes: one value, one meaning."""
     from hostpool_nb._kernels import paged as P
