@@ -47,7 +47,6 @@ from .layout import (
     ring_view,
 )
 from .runs import (
-    _ALLOCATED_WORD,
     _ALL_BYTES,
     _EVERY_BYTE,
     _FLAGS_PER_WORD,
@@ -87,7 +86,6 @@ def alloc_short(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     _take_front2_owner = owner_view(st)
     _take_front2_ring = ring_view(st)
     _take_front2_n = _take_front2_ring.shape[0]
-    _take_front2_words = st[HEADER + (_take_front2_n + 1) // 2:]
     _take_front2_nfree: int = st[H_NFREE]
     _take_front2_into_released = need > _take_front2_nfree
     _take_front2_avail: int = st[H_EFREE] + st[H_EREL] if _take_front2_into_released else st[H_EFREE]
@@ -126,25 +124,35 @@ def alloc_short(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
         if _take_front2_p < 0 or _take_front2_length > _take_front2_n - _take_front2_p:
             _take_front2_bad = True
             break
-        _take_front2_lo = _take_front2_p >> 3
-        _take_front2_hi = _take_front2_p + _take_front2_take - 1 >> 3
-        _take_front2_first = _ALL_BYTES << ((_take_front2_p & 7) << 3)
-        _take_front2_top = (_take_front2_p + _take_front2_take - 1 & 7) + 1
-        _take_front2_last = _ALL_BYTES if _take_front2_top == _FLAGS_PER_WORD else (_LOW_BYTE << (_take_front2_top << 3)) - 1
-        if _take_front2_lo == _take_front2_hi:
-            _take_front2_first &= _take_front2_last
-            _take_front2_last = _take_front2_first
-        _take_front2_wrong = _take_front2_words[_take_front2_lo] & _take_front2_first | _take_front2_words[_take_front2_hi] & _take_front2_last
-        _take_front2_middle = _take_front2_words[_take_front2_lo + 1:_take_front2_hi]
-        for _take_front2_q in range(_take_front2_middle.shape[0]):
-            _take_front2_wrong |= _take_front2_middle[_take_front2_q]
-        if _take_front2_wrong != 0:
+        __claim_flags3_words = st[HEADER + (st[H_NPAGES] + 1) // 2:]
+        __word_masks4_lo = _take_front2_p >> 3
+        __word_masks4_hi = _take_front2_p + _take_front2_take - 1 >> 3
+        __word_masks4_first = _ALL_BYTES << ((_take_front2_p & 7) << 3)
+        __word_masks4_top = (_take_front2_p + _take_front2_take - 1 & 7) + 1
+        __word_masks4_last = _ALL_BYTES if __word_masks4_top == _FLAGS_PER_WORD else (_LOW_BYTE << (__word_masks4_top << 3)) - 1
+        if __word_masks4_lo == __word_masks4_hi:
+            __word_masks4_first &= __word_masks4_last
+            __word_masks4_last = __word_masks4_first
+        __claim_flags3_lo = __word_masks4_lo
+        __claim_flags3_hi = __word_masks4_hi
+        __claim_flags3_first = __word_masks4_first
+        __claim_flags3_last = __word_masks4_last
+        __claim_flags3_expect = OWNER_FREE * _EVERY_BYTE
+        __claim_flags3_wrong = (__claim_flags3_words[__claim_flags3_lo] ^ __claim_flags3_expect) & __claim_flags3_first | (__claim_flags3_words[__claim_flags3_hi] ^ __claim_flags3_expect) & __claim_flags3_last
+        __claim_flags3_middle = __claim_flags3_words[__claim_flags3_lo + 1:__claim_flags3_hi]
+        for __claim_flags3_q in range(__claim_flags3_middle.shape[0]):
+            __claim_flags3_wrong |= __claim_flags3_middle[__claim_flags3_q] ^ __claim_flags3_expect
+        if __claim_flags3_wrong == 0:
+            __claim_flags3_pattern = OWNER_ALLOCATED * _EVERY_BYTE
+            __claim_flags3_words[__claim_flags3_lo] = __claim_flags3_words[__claim_flags3_lo] & ~__claim_flags3_first | __claim_flags3_pattern & __claim_flags3_first
+            __claim_flags3_words[__claim_flags3_hi] = __claim_flags3_words[__claim_flags3_hi] & ~__claim_flags3_last | __claim_flags3_pattern & __claim_flags3_last
+            for __claim_flags3_q in range(__claim_flags3_middle.shape[0]):
+                __claim_flags3_middle[__claim_flags3_q] = __claim_flags3_pattern
+        __claim_flags3_claimed: bool = __claim_flags3_wrong == 0
+        _take_front2_claimed = __claim_flags3_claimed
+        if not _take_front2_claimed:
             _take_front2_bad = True
             break
-        _take_front2_words[_take_front2_lo] = _take_front2_words[_take_front2_lo] & ~_take_front2_first | _ALLOCATED_WORD & _take_front2_first
-        _take_front2_words[_take_front2_hi] = _take_front2_words[_take_front2_hi] & ~_take_front2_last | _ALLOCATED_WORD & _take_front2_last
-        for _take_front2_q in range(_take_front2_middle.shape[0]):
-            _take_front2_middle[_take_front2_q] = _ALLOCATED_WORD
         _take_front2_at = _take_front2_got * page_size
         _take_front2_span = _take_front2_take * page_size
         if _take_front2_at + _take_front2_span + 15 < need * page_size:
@@ -203,8 +211,8 @@ def alloc_short(st: NDArray[np.int64], out: NDArray[np.int64]) -> int:
     st[H_ALLOC_CALLS] += 1
     if 0 != 0:
         st[H_FAILED_ALLOCS] += 1
-    _count_alloc3_held: int = st[H_NPAGES] - st[H_NFREE] - st[H_NREL] - st[H_NPEND]
-    st[H_PEAK] = max(st[H_PEAK], _count_alloc3_held)
+    _count_alloc5_held: int = st[H_NPAGES] - st[H_NFREE] - st[H_NREL] - st[H_NPEND]
+    st[H_PEAK] = max(st[H_PEAK], _count_alloc5_held)
     return need * page_size
 
 

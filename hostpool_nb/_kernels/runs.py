@@ -121,7 +121,6 @@ def stage(
 # Eight owner flags in one word of the state: a flag value repeated in every byte.
 _EVERY_BYTE = 0x0101010101010101
 _HIGH_BITS = 0x8080808080808080 - (1 << 64)  # the high bit of every byte, as an int64: no uint64 mixed in
-_ALLOCATED_WORD = OWNER_ALLOCATED * _EVERY_BYTE
 # Masks of a word's bytes, built from int64 values: page ids read from the int32
 # ring would make int32 masks when numpy runs the kernels (NUMBA_DISABLE_JIT=1).
 _ALL_BYTES = np.int64(-1)
@@ -307,16 +306,14 @@ def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArra
     the lists and flags as they were, when a run is not a run of free
     pages or the lists hold fewer pages than their counts.
 
-    Written out, calling nothing but where ``_LONE_STRETCHES`` (``run_at``,
-    ``run_width``, the flag and fill helpers' loops inline, no ``min()``:
-    its overload is a compile of its own): calls per run cost more than the
-    loops, and the short alloc splices it in whole (docs/architecture.md).
-    Its one ``return`` is its last statement, as splicing wants.
+    A run's flags are claimed by ``_claim_flags``; ``run_at``, ``run_width``
+    and the fills are written inline, with no ``min()`` (its overload is a
+    compile of its own). Its one ``return`` is its last statement: the short
+    alloc is spliced from it (``tests/flatten.py``).
     """
     owner = owner_view(st)
     ring = ring_view(st)
     n = ring.shape[0]
-    words = st[HEADER + (n + 1) // 2 :]  # the owner flags, eight to a word (_claim_flags)
     nfree: int = st[H_NFREE]
     into_released = need > nfree
     avail: int = st[H_EFREE] + st[H_EREL] if into_released else st[H_EFREE]
@@ -368,26 +365,10 @@ def take_front(st: NDArray[np.int64], need: int, out: NDArray[np.int64] | NDArra
         if p < 0 or length > n - p:
             bad = True
             break
-        # The run's flags, eight to a word: _word_masks and _claim_flags written out.
-        lo = p >> 3
-        hi = (p + take - 1) >> 3
-        first = _ALL_BYTES << ((p & 7) << 3)
-        top = ((p + take - 1) & 7) + 1
-        last = _ALL_BYTES if top == _FLAGS_PER_WORD else (_LOW_BYTE << (top << 3)) - 1
-        if lo == hi:
-            first &= last
-            last = first
-        wrong = (words[lo] & first) | (words[hi] & last)  # OWNER_FREE is 0
-        middle = words[lo + 1 : hi]  # indexed from 0, LLVM vectorises it
-        for q in range(middle.shape[0]):
-            wrong |= middle[q]
-        if wrong != 0:
+        claimed = _claim_flags(st, p, take, OWNER_FREE, OWNER_ALLOCATED)  # eight flags a word
+        if not claimed:
             bad = True
             break
-        words[lo] = (words[lo] & ~first) | (_ALLOCATED_WORD & first)
-        words[hi] = (words[hi] & ~last) | (_ALLOCATED_WORD & last)
-        for q in range(middle.shape[0]):
-            middle[q] = _ALLOCATED_WORD
         # A view (LLVM vectorises the fill) rounded up to 16 slots while the
         # rest of ``out`` has room: later runs overwrite the excess, and the
         # loop never ends in a remainder of its own (docs/architecture.md).
