@@ -453,6 +453,7 @@ def test_every_kernel_callee_and_window_is_defined_in_a_module_the_cache_stamp_r
     assert [name for name, *_ in _jit._PACKAGE_STAMP] == [f"{m}.py" for m in MODULES]  # every file stamped
 
 
+@needs_jit
 def test_every_kernel_warmup_compiles_is_in_a_pool_kinds_table() -> None:
     """What warmup compiles (every kernel made) is what some pool kind's table hands its class: nothing uncalled."""
     import importlib
