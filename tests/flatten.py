@@ -31,7 +31,6 @@ import importlib
 import inspect
 import itertools
 import linecache
-import subprocess
 import sys
 import textwrap
 import types
@@ -310,14 +309,16 @@ why). ``_kernels.pool`` compiles them.
 
 def _free_names(fn: ast.FunctionDef) -> list[str]:
     """The globals a function reads, in order of first reading."""
-    bound = {a.arg for a in fn.args.args} | {
-        n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
-    }
+    not_global = {a.arg for a in fn.args.args} | set(vars(builtins))
+    not_global |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     names: dict[str, None] = {}
     for n in ast.walk(fn):
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in bound | vars(builtins).keys():
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in not_global:
             names[n.id] = None
     return list(names)
+
+
+_MISSING = object()
 
 
 def module_text() -> str:
@@ -351,9 +352,6 @@ def module_text() -> str:
     return text
 
 
-_MISSING = object()
-
-
 # What flat.py holds while the package cannot import the one written last (it names a helper's global since gone).
 _STUB = "def alloc_short(st, out):\n    return 0\n\n\ndef free_short(st, slots):\n    return 0\n"
 
@@ -362,9 +360,11 @@ def main() -> int:
     """Write the flat kernels' module; exit status 0."""
     try:
         text = module_text()
-    except ImportError:  # the package imports flat.py: from a stub, in a fresh process, it imports again
+    except ImportError:  # the package imports flat.py: from a stub it imports again, once; a second failure is raised
         OUTPUT.write_text(_STUB)
-        return subprocess.run([sys.executable, "-m", "tests.flatten"], check=False).returncode
+        for name in [m for m in sys.modules if m == "hostpool_nb" or m.startswith("hostpool_nb.")]:
+            del sys.modules[name]
+        text = module_text()
     OUTPUT.write_text(text)
     print(f"wrote {OUTPUT}")
     return 0
