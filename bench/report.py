@@ -21,6 +21,8 @@ from typing import Any
 
 import tabulate as _tabulate
 
+from hostpool_nb._diagnostics.report import shown_duration, shown_ratio  # replay --time prints as the bench does
+
 from .core import HOSTPOOL, IMPLS, NUMPY, TORCH, Row
 
 WIDTH = 80  # the report's columns: a terminal's, a CI log's
@@ -41,19 +43,14 @@ def fmt_value(value: float | None, unit: str) -> str:
     if value is None:
         return "-"
     if unit == "s":
-        for scale, name in ((1, "s"), (1e-3, "ms"), (1e-6, "µs")):
-            if value >= scale:
-                return f"{value / scale:.3g} {name}"
-        return f"{value * 1e9:.3g} ns"
+        return shown_duration(value)
     if unit == "x":
         return f"{value:.2f}x"
     return f"{value:.3g} {unit.replace('/page', '/pg')}"
 
 
 def fmt_ratio(r: float | None) -> str:
-    if r is None:
-        return "-"
-    return f"{r:.3g}x" if r < 100 else f"{r:,.0f}x"
+    return "-" if r is None else shown_ratio(r)
 
 
 def short_target(row: Row, torch_ran: bool) -> str:

@@ -72,7 +72,7 @@ def timing_lines(timing: TraceTiming, repeats: int) -> list[str]:
 
 
 def shown_duration(seconds: float) -> str:
-    """Seconds as python -m bench prints them: three significant digits, in s, ms, µs or ns."""
+    """Seconds as ``replay --time`` and ``python -m bench`` print them: three significant digits, in s, ms, µs or ns."""
     for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
         if seconds >= scale:
             return f"{seconds / scale:.3g} {unit}"
@@ -83,5 +83,5 @@ _THOUSANDS = 100  # from here a ratio is a whole number, with thousands separate
 
 
 def shown_ratio(r: float) -> str:
-    """A ratio as python -m bench prints it: ``2.31x``, ``105x``, ``1,004x``."""
+    """A ratio as ``replay --time`` and ``python -m bench`` print it: ``2.31x``, ``105x``, ``1,004x``."""
     return f"{r:.3g}x" if r < _THOUSANDS else f"{r:,.0f}x"
