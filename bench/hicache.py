@@ -161,6 +161,108 @@ def measure(
     return samples
 
 
+# -- the page-interleaved pool (KV sharding): its frees, one page and 64 pages, on a half-full pool ----------------
+
+INTERLEAVE_PAGE = 64
+INTERLEAVE_CLASSES = 4
+
+
+def _interleave_classes() -> tuple[type, type]:
+    """sglang's ``PageInterleaveHostPool`` (the wheel's methods, else the stand-in's), and the same with install()'s."""
+    from hostpool_nb.integrations import _sglang_interleave, sglang
+    from hostpool_nb.originals import _sglang_wheel, sglang_host
+
+    path = _sglang_wheel.wheel_path()
+    if path is not None and _sglang_wheel.version(path) == sglang.TESTED_VERSION:
+
+        def made() -> type:
+            return _sglang_wheel.interleave_classes(path)["PageInterleaveHostPool"]
+    else:
+
+        def made() -> type:
+            return sglang_host.hierarchy()["PageInterleaveHostPool"]
+
+    original, ours = made(), made()
+    own = {name: vars(ours)[name] for name in sglang.PAGE_INTERLEAVE.methods}
+    for name, fn in _sglang_interleave.methods(own, lambda pool, kept: None).items():
+        setattr(ours, name, fn)
+    return original, ours
+
+
+def _interleaved(cls: type, pages: int) -> Any:
+    from hostpool_nb.originals import sglang_host
+
+    rows = (pages // INTERLEAVE_CLASSES + 1) * INTERLEAVE_PAGE
+    host = sglang_host.hierarchy()["MHATokenToKVPoolHost"](page_size=INTERLEAVE_PAGE, host_token_capacity=rows)
+    return cls(host, shard_size=INTERLEAVE_CLASSES)
+
+
+def _half_full(pool: Any, pages: int) -> None:
+    """Hold about half the pages, in chunks of 1-32 pages freed in a shuffled order: lists as a server's look."""
+    rnd = random.Random(1)
+    held = []
+    while len(held) * INTERLEAVE_PAGE < pages * INTERLEAVE_PAGE // 2:
+        got = pool.alloc(INTERLEAVE_PAGE * rnd.randint(1, 32), start_owner=rnd.randrange(INTERLEAVE_CLASSES))
+        held += [got[i : i + INTERLEAVE_PAGE] for i in range(0, got.shape[0], INTERLEAVE_PAGE)]
+    rnd.shuffle(held)
+    for page in held[: len(held) // 4]:
+        pool.free(page)
+
+
+def _free_runner(pool: Any, pages: int, loop_s: float) -> Callable[[], float]:
+    """The seconds of one ``free`` of ``pages`` pages just allocated (the alloc untimed)."""
+    alloc, free, clock = pool.alloc, pool.free, time.perf_counter
+    need = pages * INTERLEAVE_PAGE
+
+    def one() -> float:
+        spent, calls, owner = 0.0, 0, 0
+        with gc_paused():
+            while spent < loop_s or calls < 3:
+                got = alloc(need, start_owner=owner)
+                owner += 1
+                t0 = clock()
+                free(got)
+                spent += clock() - t0
+                calls += 1
+        return spent / calls
+
+    return one
+
+
+def interleave_rows(ctx: Context) -> list[Row]:
+    import torch
+
+    pages = (1 << 10) if ctx.tiny else 65536
+    original, ours = _interleave_classes()
+    pools = {TORCH: _interleaved(original, pages), HOSTPOOL: _interleaved(ours, pages)}
+    for pool in pools.values():
+        _half_full(pool, pages)
+    rows = []
+    for freed in (1, 64):
+        ctx.label(f"sglang host tier, PageInterleave free {freed} pages")
+        firsts = {name: pool.alloc(freed * INTERLEAVE_PAGE, start_owner=3).tolist() for name, pool in pools.items()}
+        if firsts[TORCH] != firsts[HOSTPOOL]:
+            raise RuntimeError("hicache interleave: the implementations disagree on the first allocation")
+        for name, pool in pools.items():
+            pool.free(torch.tensor(firsts[name]))
+        s = interleaved({name: _free_runner(pool, freed, ctx.loop_s()) for name, pool in pools.items()}, ctx.repeats(5))
+        if pools[TORCH].available_size() != pools[HOSTPOOL].available_size():
+            raise RuntimeError("hicache interleave: available_size differs after timing")
+        row = Row(
+            "sglang host tier",
+            f"PageInterleave p{INTERLEAVE_PAGE} free {freed} page{'s' if freed > 1 else ''} of {fmt_count(pages)}",
+            "s",
+            {HOSTPOOL: median(s[HOSTPOOL]), TORCH: median(s[TORCH])},
+            columns=(HOSTPOOL, TORCH),
+            samples={HOSTPOOL: s[HOSTPOOL], TORCH: s[TORCH]},
+            extra={"cls": "PageInterleaveHostPool", "pattern": "free", "slots": freed * INTERLEAVE_PAGE},
+        )
+        if not ctx.tiny:
+            row.at_least(TORCH, 10.0)
+        rows.append(row)
+    return rows
+
+
 @workload("hicache", seconds=25)
 def hicache(ctx: Context) -> list[Row]:
     if TORCH not in ctx.impls:
@@ -198,12 +300,15 @@ def hicache(ctx: Context) -> list[Row]:
                     columns=(HOSTPOOL,),
                 )
             )
-        ctx.tick(1 / len(todo))
+        ctx.tick(1 / (len(todo) + 1))
+    rows += interleave_rows(ctx)
+    ctx.tick(1 / (len(todo) + 1))
     ctx.notes.append(
         f"sglang host tier: the HostKVCache family's bookkeeping, {source}, against the same classes with "
         "hostpool_nb's methods as install() puts them (torch tensors in and out, the pool's lock held); x torch is "
         "against the original. Pools of 256K slots (the DeepSeek V4 pool 4K pages of 64); write-back is 32 "
         "allocations of 64 slots freed in a shuffled order, per cycle; tracked / untracked is the median paired "
-        "ratio with HOSTPOOL_NB_TRACK=1"
+        "ratio with HOSTPOOL_NB_TRACK=1. PageInterleave: sglang's page-interleaved host pool (4 owner classes, "
+        "pages of 64 slots), about 3/8 of its pages held; each free of pages just allocated is timed alone"
     )
     return rows

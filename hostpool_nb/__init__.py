@@ -12,7 +12,9 @@ free). Three tiers:
   ``SWATokenToKVPoolAllocator``;
 - sglang-jax's host tier (HiCache L2, PD staging): :class:`HostPagePool`, with
   pins and generations, and ``hostpool_nb.paged.HostKVPoolMixin`` to put an
-  engine's own host pool on it.
+  engine's own host pool on it;
+- pages striped over owner classes (sglang's page-interleaved KV sharding):
+  :class:`InterleavedPagePool`.
 
 Diagnostics: who holds each page (``track=True``, or ``HOSTPOOL_NB_TRACK=1``),
 double frees that name both call sites, leak reports, and recordings of a
@@ -28,14 +30,16 @@ import sys as _sys
 from ._core import host as _host
 from ._core import pool as _pool
 from ._core.host import HostPagePool
+from ._core.interleaved import InterleavedPagePool
 from ._core.pool import LogicalHostPool
 from ._core.stats import HostPageStats, PoolStats
 from ._diagnostics import snapshot as _snapshot
-from ._diagnostics.snapshot import HostPageState, PoolState
+from ._diagnostics.snapshot import HostPageState, InterleavedPageState, PoolState
 from ._errors import (
     AlignmentError,
     DoubleFreeError,
     HostKVAlignmentError,
+    HostKVArgumentError,
     HostKVDoubleFreeError,
     HostKVSlotRangeError,
     HostPoolError,
@@ -60,7 +64,16 @@ _sys.modules.setdefault(f"{__name__}._pool", _pool)
 _sys.modules.setdefault(f"{__name__}._snapshot", _snapshot)
 
 # help(), reprs and tracebacks name the public path, where each is imported from (pickles find it there too).
-for _cls in (HostPagePool, HostPageState, HostPageStats, LogicalHostPool, PoolState, PoolStats):
+for _cls in (
+    HostPagePool,
+    HostPageState,
+    HostPageStats,
+    InterleavedPagePool,
+    InterleavedPageState,
+    LogicalHostPool,
+    PoolState,
+    PoolStats,
+):
     _cls.__module__ = __name__
 del _cls
 
@@ -68,12 +81,15 @@ __all__ = [
     "AlignmentError",
     "DoubleFreeError",
     "HostKVAlignmentError",
+    "HostKVArgumentError",
     "HostKVDoubleFreeError",
     "HostKVSlotRangeError",
     "HostPagePool",
     "HostPageState",
     "HostPageStats",
     "HostPoolError",
+    "InterleavedPagePool",
+    "InterleavedPageState",
     "KernelCacheWarning",
     "LockRefUnderflowError",
     "LogicalHostPool",

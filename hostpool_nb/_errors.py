@@ -159,6 +159,22 @@ class HostKVDoubleFreeError(DoubleFreeError, AssertionError):
     """
 
 
+class HostKVArgumentError(HostPoolError, AssertionError):
+    """A call of one of sglang's HiCache host pools that sglang refuses with an ``assert``, other than a size or a free.
+
+    Both a :class:`HostPoolError` and an ``AssertionError``: an
+    interleaved host pool's ``alloc`` without ``start_owner``, or of no
+    pages, which sglang's ``assert``s refuse (and which, unlike them, this
+    check keeps under ``python -O``).
+
+    Examples
+    --------
+    >>> from hostpool_nb import HostKVArgumentError as E, HostPoolError
+    >>> [issubclass(E, cls) for cls in (HostPoolError, AssertionError)]
+    [True, True]
+    """
+
+
 class HostKVSlotRangeError(SlotRangeError, IndexError):
     """A free of one of sglang's HiCache host pools names a slot outside the pool, or a negative one.
 

@@ -134,3 +134,27 @@ __all__ = [
     "paged",
     "wheel_path",
 ]
+
+
+def interleave_class(source: str) -> type:
+    """A fresh ``PageInterleaveHostPool`` class, its methods from ``source`` (the stand-in's, or the wheel's)."""
+    if source == "stand-in":
+        return sglang_host.hierarchy()["PageInterleaveHostPool"]
+    return _sglang_wheel.interleave_classes(need_wheel())["PageInterleaveHostPool"]
+
+
+def keep_interleave_books(cls: type, announce: Callable[[Any, Any], None] | None = None) -> None:
+    """Replace ``cls``'s bookkeeping methods with hostpool_nb's, as ``install()`` does on sglang's class."""
+    from hostpool_nb.integrations import _sglang_interleave
+
+    own = {name: vars(cls)[name] for name in sglang.PAGE_INTERLEAVE.methods}
+    for name, fn in _sglang_interleave.methods(own, announce or (lambda pool, kept: None)).items():
+        setattr(cls, name, fn)
+
+
+def interleaved(cls: type, page_size: int, pages_per_class: int, shard_size: int) -> Any:
+    """A ``cls`` pool over a stand-in host pool of one rank's rows (its first page left out, as sglang's)."""
+    host = sglang_host.hierarchy()["MHATokenToKVPoolHost"](
+        page_size=page_size, host_token_capacity=(pages_per_class + 1) * page_size
+    )
+    return cls(host, shard_size=shard_size)

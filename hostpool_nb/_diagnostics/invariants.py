@@ -317,3 +317,68 @@ def _host_page_problems(st: NDArray[np.int64], n: int, head: int, nfree: int, li
     if int(np.count_nonzero(ref)) != int(st[_layout.HP_PINNED]):
         found.append(f"{int(np.count_nonzero(ref))} pages are pinned, the header says {int(st[_layout.HP_PINNED])}")
     return found
+
+
+def interleaved_problems(
+    st: NDArray[np.int64], classes: int, per_class: int, page_size: int, *, loading: bool = False
+) -> list[str]:
+    """Every way ``st`` breaks an interleaved pool's invariants (``loading``: from outside); empty if none. O(pages).
+
+    The header matches the pool; each class lists only its own pages
+    (``p % N == r``, not reserved), each once and in state free; every
+    other page but the reserved ones is held; the header's minimum, held
+    count and counters agree with that.
+    """
+    length = _layout.interleaved_state_length(classes, per_class)
+    if st.ndim != 1 or st.dtype != np.int64 or st.shape[0] != length:
+        return [f"state must be a 1-D int64 array of length {length}, got {st.dtype} {st.shape}"]
+    shape = (int(st[_layout.IP_CLASSES]), int(st[_layout.IP_PER_CLASS]), int(st[_layout.IP_PAGE_SIZE]))
+    if shape != (classes, per_class, page_size):
+        return [f"header says classes, per_class, page_size = {shape}; the pool has {(classes, per_class, page_size)}"]
+    counts, stacks, states = _layout.interleaved_views(st)
+    if counts.min() < 0 or counts.max() > per_class:
+        return [f"class counts out of range [0, {per_class}]: {counts.tolist()}"]
+    found = []
+    pages = _layout.interleaved_pages(classes, per_class)
+    listed = np.zeros(pages, dtype=np.int64)
+    for r in range(classes):
+        mine = stacks[r, : counts[r]]
+        if ((mine < classes) | (mine >= pages)).any() or (mine % classes != r).any():
+            found.append(f"class {r} lists a page that is not its own: {mine[(mine % classes != r)][:5].tolist()}")
+            continue
+        np.add.at(listed, mine, 1)
+    if found:
+        return found
+    expect = np.where(listed > 0, _layout.IP_FREE, _layout.IP_HELD_PAGE).astype(np.uint8)
+    expect[:classes] = _layout.IP_RESERVED
+    if (listed > 1).any():
+        found.append(f"page {int(np.flatnonzero(listed > 1)[0])} is listed twice")
+    bad = np.flatnonzero(states != expect)
+    if bad.size:
+        p = int(bad[0])
+        found.append(f"page {p} is in state {int(states[p])}, but its lists say {int(expect[p])}")
+    held = int((states == _layout.IP_HELD_PAGE).sum())
+    words = {name: int(st[w]) for name, w in _IP_WORDS.items()}
+    if words["min"] != int(counts.min()) or words["held"] != held:
+        found.append(f"header says min={words['min']}, held={words['held']}; the lists say {int(counts.min())}, {held}")
+    limit = _limit(loading)
+    counters = {k: v for k, v in words.items() if k not in ("min", "held")}
+    if min(counters.values()) < 0 or max(counters.values()) >= limit[0]:
+        found.append(f"counters out of range: {counters}")
+    elif counters["exhausted_calls"] > counters["alloc_calls"] or not held <= counters["peak_allocated_pages"]:
+        found.append(f"statistics disagree: {counters} with {held} pages held")
+    spare = [w for w in range(_layout.IP_CLEARS + 1, _layout.IP_HEADER) if st[w] != 0]
+    if spare:
+        found.append(f"spare header word {spare[0]} is not zero")
+    return found
+
+
+_IP_WORDS = {
+    "min": _layout.IP_MIN,
+    "held": _layout.IP_HELD,
+    "alloc_calls": _layout.IP_ALLOC_CALLS,
+    "exhausted_calls": _layout.IP_EXHAUSTED,
+    "free_calls": _layout.IP_FREE_CALLS,
+    "peak_allocated_pages": _layout.IP_PEAK,
+    "clears": _layout.IP_CLEARS,
+}

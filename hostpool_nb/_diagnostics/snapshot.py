@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 
 from .._errors import HostPoolError
 from .._kernels import layout as _layout
-from .invariants import host_problems, pool_problems, rank_problems
+from .invariants import host_problems, interleaved_problems, pool_problems, rank_problems
 from .tracking import site_id_problems, table_problem
 
 # The layout each kind of state is in. A pickle in another format was made by
@@ -34,6 +34,8 @@ FORMATS = {
     "HostPagePool": 1,
     "HostPageState": 1,
     "SWAState": 1,
+    "InterleavedPagePool": 1,
+    "InterleavedPageState": 1,
 }
 # Formats this version still loads, converted (:func:`upgraded_words`): a
 # list of one page per entry is a list of runs of one page each.
@@ -412,3 +414,52 @@ def checked_sites(ranks: list[NDArray[np.int64]], sites: Any, track: bool, what:
         found = site_id_problems(words, table)
         if found:
             raise HostPoolError(f"the state of rank {r} fails the invariants: " + "; ".join(found))
+
+
+@dataclass(frozen=True, eq=False)
+class InterleavedPageState:
+    """An immutable snapshot of an :class:`~hostpool_nb.InterleavedPagePool`, from ``backup_state()``.
+
+    ``restore_state`` of it, on that pool or any of the same shape, makes
+    every later call behave as it would have at the backup: each class's
+    free list in its order, and which pages are held.
+
+    Examples
+    --------
+    >>> from hostpool_nb import InterleavedPagePool
+    >>> pool = InterleavedPagePool(16, 4, 2)
+    >>> state = pool.backup_state()
+    >>> pool.alloc(8, 0)
+    array([ 8,  9, 10, 11, 12, 13, 14, 15])
+    >>> pool.restore_state(state)
+    >>> pool.available_size()
+    32
+    """
+
+    shape: tuple[int, int, int]  # classes, pages per class, page size
+    _words: NDArray[np.int64] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_words", frozen_words(self._words, "the InterleavedPageState", core=False))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_load_interleaved, (FORMATS["InterleavedPageState"], self.shape, self._words))
+
+
+def _load_interleaved(version: Any, shape: Any, words: Any) -> InterleavedPageState:
+    """Unpickle an ``InterleavedPageState``, refusing another format."""
+    check_format(version, "InterleavedPageState")
+    return InterleavedPageState(shape, words)
+
+
+def checked_interleaved_words(words: Any, shape: tuple[int, int, int], what: str) -> NDArray[np.int64]:
+    """``words`` as a fresh state for an interleaved pool of ``shape``, or a ``HostPoolError`` saying why not."""
+    if not isinstance(words, np.ndarray):
+        raise HostPoolError(f"{what} holds a {type(words).__name__}, not an interleaved pool's state")
+    arr = np.ascontiguousarray(words)
+    if arr.dtype != np.int64 or arr.ndim != 1:
+        raise HostPoolError(f"{what} holds a {arr.dtype} array of shape {arr.shape}, not an interleaved pool's state")
+    found = interleaved_problems(arr, *shape, loading=True)
+    if found:
+        raise HostPoolError(f"{what} fails the pool's invariants: " + "; ".join(found))
+    return np.array(arr, dtype=np.int64, copy=True)

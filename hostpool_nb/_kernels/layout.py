@@ -52,6 +52,15 @@ or 1 at all times), and ``n`` mark bytes (scratch of one ``free`` call,
 zero between calls). ``HP_FAULT`` and ``HP_FAULT_GEN`` are scratch: the
 page a failed call stopped at and the generation it was given.
 
+An interleaved page pool (``IP_*``)
+-----------------------------------
+``IP_HEADER`` header words; then ``N`` words, each owner class's free page
+count; then ``N`` stacks of ``IP_PER_CLASS`` page ids (class ``r``'s from
+word ``IP_HEADER + N + r * per_class``, its free list's front on top, so a
+draw pops and a free pushes); then one state byte per logical page
+(``IP_FREE``, ``IP_HELD``, ``IP_RESERVED`` for pages ``0 .. N - 1``, which
+no class lists; ``IP_STAGED`` only inside one ``free`` call).
+
 Status codes
 ------------
 A kernel returns a value ``>= 0`` on success, or ``-1 - (position << 5 |
@@ -435,3 +444,73 @@ host_gens = window(np.int64, _host_gens_at)
 host_refs = window(np.int64, _host_refs_at)
 host_flags = window(np.uint8, _host_flags_at)
 host_marks = window(np.uint8, _host_marks_at)
+
+
+# -- an interleaved page pool ------------------------------------------------------------------
+IP_CLASSES = 0  # N, the owner classes (page p belongs to class p % N)
+IP_PER_CLASS = 1  # pages each class lists when all are free
+IP_PAGE_SIZE = 2
+IP_MIN = 3  # the fewest free pages of any class: what available_size reads
+IP_HELD = 4  # pages allocated
+IP_ALLOC_CALLS = 5  # alloc calls answered (pages or None)
+IP_EXHAUSTED = 6  # of those, answered None
+IP_FREE_CALLS = 7  # free calls that freed at least one page
+IP_PEAK = 8  # most pages held at once
+IP_CLEARS = 9  # clear() calls
+IP_HEADER = 16
+IP_FREE = 0
+IP_HELD_PAGE = 1
+IP_RESERVED = 2
+IP_STAGED = 3
+
+
+def interleaved_offsets(classes: int, per_class: int) -> tuple[int, int, int]:
+    """Word offsets of an interleaved pool's class counts, class stacks and page states."""
+    counts = IP_HEADER
+    stacks = counts + classes
+    states = stacks + classes * per_class
+    return counts, stacks, states
+
+
+def interleaved_pages(classes: int, per_class: int) -> int:
+    """Logical pages of an interleaved pool: its classes' pages and the reserved first page of each class."""
+    return classes * (per_class + 1)
+
+
+def interleaved_state_length(classes: int, per_class: int) -> int:
+    """Length of an interleaved pool's state array (about 9 bytes a page)."""
+    return interleaved_offsets(classes, per_class)[2] + (interleaved_pages(classes, per_class) + 7) // 8
+
+
+def interleaved_views(
+    st: NDArray[np.int64],
+) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.uint8]]:
+    """An interleaved pool's class counts, class stacks (one row per class) and page states, as Python reads them."""
+    n, per = int(st[IP_CLASSES]), int(st[IP_PER_CLASS])
+    counts, stacks, states = interleaved_offsets(n, per)
+    return (
+        st[counts:stacks],
+        st[stacks:states].reshape(n, per),
+        st[states:].view(np.uint8)[: interleaved_pages(n, per)],
+    )
+
+
+def _ip_counts_at(st: NDArray[np.int64]) -> tuple[int, int]:
+    return IP_HEADER, st[IP_CLASSES]
+
+
+def _ip_stacks_at(st: NDArray[np.int64]) -> tuple[int, int]:
+    n = st[IP_CLASSES]
+    return IP_HEADER + n, n * st[IP_PER_CLASS]
+
+
+def _ip_states_at(st: NDArray[np.int64]) -> tuple[int, int]:
+    n = st[IP_CLASSES]
+    per = st[IP_PER_CLASS]
+    return IP_HEADER + n + n * per, n * (per + 1)
+
+
+# An interleaved pool's parts, as kernels read them (interleaved_views, for Python).
+ip_counts = window(np.int64, _ip_counts_at)
+ip_stacks = window(np.int64, _ip_stacks_at)
+ip_states = window(np.uint8, _ip_states_at)

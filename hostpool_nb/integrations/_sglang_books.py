@@ -69,3 +69,12 @@ DEEPSEEK_V4_PAGED = Bookkeeping(
     checks_frees=False,
 )
 BOOKKEEPINGS = (HOST_KV_CACHE, MAMBA, DEEPSEEK_V4_PAGED)
+# Not a HostKVCache: a facade whose books are an InterleavedPagePool (integrations/_sglang_interleave.py).
+PAGE_INTERLEAVE = Bookkeeping(
+    "PageInterleaveHostPool",
+    "sglang.srt.mem_cache.pool_host.page_interleave",
+    ("clear", "available_size", "alloc", "free"),
+    logical=False,
+    rounds_up=False,
+    checks_frees=False,
+)

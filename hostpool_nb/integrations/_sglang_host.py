@@ -252,6 +252,17 @@ class HostKVBooks(_TorchPool):
         used[order] = False
         return {"free_slots": order, "slot_used": used}
 
+    def give_back(self, pool: Any) -> None:
+        """Set the engine's ``pool`` up to go on under sglang's own methods, from this state (under the lock)."""
+        lists = self.hand_back()
+        pool.free_slots = lists["free_slots"]
+        pool.release_slots = []
+        pool.num_release_slots = 0
+        if self.bookkeeping.checks_frees:
+            pool.slot_used = lists["slot_used"]
+        if self.bookkeeping is not DEEPSEEK_V4_PAGED:
+            pool.mem_state = torch.zeros((self.size,), dtype=torch.uint8, device=getattr(pool, "device", "cpu"))
+
 
 _live: weakref.WeakSet[Any] = weakref.WeakSet()  # the engine's pools that have books
 _live_lock = threading.Lock()
@@ -265,7 +276,18 @@ def _held(pool: Any) -> Any:
     return lock if type(lock) is _RLOCK else _UNLOCKED
 
 
-def books(pool: Any) -> HostKVBooks:
+def lock_of(pool: Any) -> Any:
+    """The lock to hold while a facade's books are read: the one it reads through to its wrapped pool (an RLock)."""
+    lock = getattr(pool, "lock", None)
+    return lock if type(lock) is _RLOCK else _UNLOCKED
+
+
+def own_books(pool: Any) -> Any:
+    """The books the engine's ``pool`` holds itself (not ones a facade reads through to its wrapped pool), or None."""
+    return getattr(pool, "__dict__", {}).get(KEY)
+
+
+def books(pool: Any) -> Any:
     """The hostpool_nb books of one of sglang's host pools built after ``install()``.
 
     For the diagnostics of :class:`hostpool_nb.LogicalHostPool`:
@@ -278,8 +300,8 @@ def books(pool: Any) -> HostKVBooks:
         If ``pool`` keeps its own books: not one of sglang's host pools,
         or one built before ``install()``.
     """
-    found = getattr(pool, KEY, None)
-    if not isinstance(found, HostKVBooks):
+    found = own_books(pool)
+    if found is None:
         raise _errors.HostPoolError(
             f"{type(pool).__name__} keeps its own books: hostpool_nb keeps those of sglang's host pools built "
             "after hostpool_nb.integrations.sglang.install()"
@@ -302,7 +324,12 @@ def _keep_books(
     kept = HostKVBooks(
         size, page_size, bookkeeping=bookkeeping, accept_double_frees=accepts and not bookkeeping.checks_frees
     )
-    lock = getattr(pool, "lock", None)
+    return kept if keep_books(pool, kept, announce) is not None else None
+
+
+def keep_books(pool: Any, kept: Any, announce: Callable[[Any, Any], None]) -> Any:
+    """Attach ``kept`` (books built for ``pool``) to the engine's pool, sharing its lock; ``None`` if uninstalling."""
+    lock = getattr(pool, "lock", None)  # a facade's reads through to the pool it wraps: one lock for both
     if type(lock) is _RLOCK:
         kept.lock = lock  # the engine's own lock: a caller holding it holds the books too
     else:
@@ -317,6 +344,12 @@ def _keep_books(
     return kept
 
 
+def start_taking() -> None:
+    """Installed: the pools built from now on get books (until ``hand_back_all()``)."""
+    global _taking  # noqa: PLW0603 - the one switch install() and uninstall() share
+    _taking = True
+
+
 def methods(
     bookkeeping: Bookkeeping, originals: dict[str, Callable[..., Any]], announce: Callable[[Any, HostKVBooks], None]
 ) -> dict[str, Callable[..., Any]]:
@@ -327,8 +360,7 @@ def methods(
     """
     original_clear = originals["clear"]
     rounds_up = bookkeeping.rounds_up
-    global _taking  # noqa: PLW0603 - installed: the pools built from now on get books
-    _taking = True
+    start_taking()
 
     # Each method reads the pool's books holding the pool's lock, which the books share: uninstall() hands them
     # back under it, so a call either finds them, or runs the original method on the lists handed back.
@@ -421,18 +453,11 @@ def hand_back_all() -> int:
         pools = list(_live)
         _live.clear()
     for pool in pools:
-        kept = getattr(pool, KEY, None)
-        if not isinstance(kept, HostKVBooks):
+        kept = own_books(pool)
+        if kept is None:
             continue
         with kept.lock:
-            lists = kept.hand_back()
-            pool.free_slots = lists["free_slots"]
-            pool.release_slots = []
-            pool.num_release_slots = 0
-            if kept.bookkeeping.checks_frees:
-                pool.slot_used = lists["slot_used"]
-            if kept.bookkeeping is not DEEPSEEK_V4_PAGED:
-                pool.mem_state = torch.zeros((kept.size,), dtype=torch.uint8, device=getattr(pool, "device", "cpu"))
+            kept.give_back(pool)
             delattr(pool, KEY)
     return len(pools)
 
@@ -443,6 +468,10 @@ __all__ = [
     "accepts_double_frees_by_default",
     "books",
     "hand_back_all",
+    "keep_books",
+    "lock_of",
     "methods",
+    "own_books",
+    "start_taking",
     "take_over",
 ]

@@ -59,6 +59,8 @@ MAMBA = _books.MAMBA
 DEEPSEEK_V4_PAGED = _books.DEEPSEEK_V4_PAGED
 #: The three, each defined by a class whose methods ``install()`` replaces.
 BOOKKEEPINGS = _books.BOOKKEEPINGS
+#: The bookkeeping of ``PageInterleaveHostPool`` (KV sharding), kept in a ``hostpool_nb.InterleavedPagePool``.
+PAGE_INTERLEAVE = _books.PAGE_INTERLEAVE
 Bookkeeping.__module__ = __name__  # help() and reprs name the public path
 ENGINE = "sglang"
 
@@ -100,10 +102,31 @@ def _host_pool_targets() -> tuple[MethodsTarget, ...]:
         "alloc": Parameters((("need_size", NO_DEFAULT),), (), var_positional=False, var_keyword=False),
         "free": Parameters((("indices", NO_DEFAULT),), (), var_positional=False, var_keyword=False),
     }
-    return tuple(
-        MethodsTarget(b.module, b.defined_by, {name: taking.get(name, plain) for name in b.methods}, _made_for(b))
-        for b in BOOKKEEPINGS
+    interleaved = {
+        **taking,
+        "alloc": Parameters(
+            (("need_size", NO_DEFAULT), ("start_owner", "None")), (), var_positional=False, var_keyword=False
+        ),
+    }
+    return (
+        *(
+            MethodsTarget(b.module, b.defined_by, {name: taking.get(name, plain) for name in b.methods}, _made_for(b))
+            for b in BOOKKEEPINGS
+        ),
+        MethodsTarget(
+            PAGE_INTERLEAVE.module,
+            PAGE_INTERLEAVE.defined_by,
+            {name: interleaved.get(name, plain) for name in PAGE_INTERLEAVE.methods},
+            _made_for_interleave,
+        ),
     )
+
+
+def _made_for_interleave(cls: type, own: dict[str, Any]) -> dict[str, Any]:
+    _host_books_module()  # torch, or the IntegrationError saying it is missing
+    from . import _sglang_interleave  # noqa: PLC0415 - torch only when asked for
+
+    return _sglang_interleave.methods(own, _announce_interleaved)
 
 
 def _made_for(bookkeeping: Bookkeeping) -> Callable[[type, dict[str, Any]], dict[str, Any]]:
@@ -132,6 +155,15 @@ def _announce_books(pool: Any, kept: Any) -> None:
         ENGINE,
         f"{type(pool).__name__} on hostpool_nb ({kept.bookkeeping.defined_by}'s bookkeeping): {kept.size} slots, "
         f"page_size={kept.page_size}, tracking {'on' if kept.track else 'off'}{extra}",
+        kept,
+    )
+
+
+def _announce_interleaved(pool: Any, kept: Any) -> None:
+    _patch.log_in_use(
+        ENGINE,
+        f"{type(pool).__name__} on hostpool_nb (InterleavedPagePool): {kept.shard_size} owner classes of "
+        f"{kept.pages_per_class} pages, page_size={kept.page_size}",
         kept,
     )
 
@@ -209,6 +241,7 @@ def install() -> dict[str, Any]:
     True
     >>> sorted({w.rsplit(".", 2)[1] for w in replaced if not w.endswith("LogicalHostPool")}) in ([], [
     ...     "DeepSeekV4PagedHostPool", "HostKVCache", "MambaPoolHost",  # the classes whose methods keep books
+    ...     "PageInterleaveHostPool",
     ... ])
     True
     >>> built in ("hostpool_nb.integrations.sglang", "torch missing"), slots == list(range(32))
@@ -243,6 +276,7 @@ __all__ = [
     "HOST_KV_CACHE",
     "MAMBA",
     "MODULE",
+    "PAGE_INTERLEAVE",
     "TESTED_VERSION",
     "Bookkeeping",
     "books",

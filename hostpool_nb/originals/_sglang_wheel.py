@@ -100,3 +100,95 @@ def hierarchy(path: Path) -> dict[str, type]:
     made["MLATokenToKVPoolHost"] = type("MLATokenToKVPoolHost", (classes["HiSparseHostPoolMixin"], base), {})
     made["QSAIndexerPoolHost"] = type("QSAIndexerPoolHost", (made["DeepSeekV4PagedHostPool"],), {})
     return made
+
+
+_INTERLEAVE_ALLOCATOR = "sglang/srt/mem_cache/allocator/page_interleave.py"
+_INTERLEAVE_POOL = "sglang/srt/mem_cache/pool_host/page_interleave.py"
+#: What the interleaved host pool runs of the wheel: the allocator's classed bookkeeping, the facade's four methods.
+INTERLEAVE_ALLOCATOR_METHODS = (
+    "clear",
+    "class_free_page_counts",
+    "available_size",
+    "_class_counts",
+    "alloc_extend",
+    "alloc_cyclic",
+    "free",
+)
+INTERLEAVE_POOL_METHODS = ("__getattr__", "clear", "available_size", "alloc", "free")
+
+
+class _PagedAllocatorBase:
+    """What ``PageInterleavePoolAllocator``'s constructor gets from its bases: the attributes its methods read."""
+
+    def __init__(self, size: int, page_size: int, dtype: Any, device: str, kvcache: Any, need_sort: bool) -> None:  # noqa: PLR0913, PLR0917 - the wheel's base constructor's parameters
+        self.size = size
+        self.page_size = page_size
+        self.dtype = dtype
+        self.device = device
+        self._kvcache = kvcache
+        self.need_sort = need_sort
+        self.free_group = None
+        self.num_pages = size // page_size
+        self.debug_mode = False
+        self.clear()  # type: ignore[attr-defined]
+
+
+def interleave_classes(path: Path) -> dict[str, type]:
+    """Fresh ``PageInterleavePoolAllocator`` and ``PageInterleaveHostPool`` classes with the wheel's methods (the
+    stand-in's constructor for the pool: ``shard_size`` for the placement)."""
+    allocator_methods, pool_methods = _interleave_functions(path)
+    allocator = type("PageInterleavePoolAllocator", (_PagedAllocatorBase,), dict(allocator_methods))
+    # The wheel's __init__ calls the zero-argument super(), which needs a class body: what it does, by hand.
+    allocator.__init__ = _allocator_init()  # type: ignore[misc]
+    namespace = {**pool_methods["namespace"], "PageInterleavePoolAllocator": allocator}
+    methods = _compiled(pool_methods["nodes"], "PageInterleaveHostPool", namespace)
+    stand_in = sglang_host.hierarchy()["PageInterleaveHostPool"]
+    pool = type(
+        "PageInterleaveHostPool",
+        (),
+        {"__init__": vars(stand_in)["__init__"], "logical_size": vars(stand_in)["logical_size"], **methods},
+    )
+    return {"PageInterleavePoolAllocator": allocator, "PageInterleaveHostPool": pool}
+
+
+@functools.cache
+def _interleave_functions(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    import torch  # noqa: PLC0415 - torch only where the wheel is read
+
+    with zipfile.ZipFile(path) as wheel:
+        base = wheel.read(_BASE_MODULE).decode()
+        allocator_source = wheel.read(_INTERLEAVE_ALLOCATOR).decode()
+        pool_source = wheel.read(_INTERLEAVE_POOL).decode()
+    helpers: list[ast.stmt] = [
+        n for n in ast.parse(base).body if isinstance(n, ast.FunctionDef) and n.name == "synchronized"
+    ]
+    namespace: dict[str, Any] = {"torch": torch, "Optional": Any, "List": list, "Tuple": tuple}
+    namespace.update(_compiled(helpers, "synchronized", {"wraps": functools.wraps}))
+    found = _compiled(
+        _class_functions(allocator_source, "PageInterleavePoolAllocator", INTERLEAVE_ALLOCATOR_METHODS),
+        "PageInterleavePoolAllocator",
+        namespace,
+    )
+    nodes = _class_functions(pool_source, "PageInterleaveHostPool", INTERLEAVE_POOL_METHODS)
+    return found, {"namespace": namespace, "nodes": nodes}
+
+
+def _allocator_init() -> Any:
+    def __init__(  # noqa: PLR0913, PLR0917 - the wheel's constructor's parameters
+        self: Any,
+        size: int,
+        physical_page_size: int,
+        shard_size: int,
+        dtype: Any,
+        device: str,
+        kvcache: Any,
+        need_sort: bool,
+        shard_spec: Any = None,
+    ) -> None:
+        assert shard_size > 1, "PageInterleavePoolAllocator requires shard_size > 1"
+        self.physical_page_size = physical_page_size
+        self.shard_size = shard_size
+        self.shard_spec = shard_spec
+        _PagedAllocatorBase.__init__(self, size * shard_size, physical_page_size, dtype, device, kvcache, need_sort)
+
+    return __init__

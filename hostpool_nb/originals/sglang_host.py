@@ -99,6 +99,58 @@ class _FreeList:
         return len(indices)
 
 
+class ClassedFreeLists:
+    """``PageInterleavePoolAllocator``'s books as sglang's interleaved host pool keeps them (docs/behaviour.md, 6.2).
+
+    Plain lists, one per owner class (page ``p`` is class ``p % N``'s);
+    pages ``0 .. N - 1`` are never listed. ``alloc_cyclic`` draws page
+    ``j`` from class ``(start + j) % N``'s front; ``free`` takes any slots,
+    files each page named (once) at the front of its class, lowest first,
+    and checks nothing: a page freed twice is listed twice.
+
+    Examples
+    --------
+    >>> from hostpool_nb.originals.sglang_host import ClassedFreeLists
+    >>> books = ClassedFreeLists(size=8, page_size=4, shard_size=2)
+    >>> books.class_free_pages
+    [[2, 4], [3, 5]]
+    >>> books.alloc_cyclic(1, 8)  # page 3 (class 1), then page 2 (class 0)
+    [12, 13, 14, 15, 8, 9, 10, 11]
+    >>> books.free([8, 9, 10, 11, 8]); books.class_free_pages
+    [[2, 4], [5]]
+    """
+
+    def __init__(self, size: int, page_size: int, shard_size: int) -> None:
+        assert shard_size > 1, "PageInterleavePoolAllocator requires shard_size > 1"
+        self.page_size = page_size
+        self.shard_size = shard_size
+        per_class = size * shard_size // page_size // shard_size
+        self.class_free_pages = [[shard_size * k + r for k in range(1, per_class + 1)] for r in range(shard_size)]
+
+    def available_size(self) -> int:
+        return self.shard_size * self.page_size * min(len(listed) for listed in self.class_free_pages)
+
+    def alloc_cyclic(self, start_class: int, need_size: int) -> list[int] | None:
+        n, ps = self.shard_size, self.page_size
+        pages = -(-need_size // ps)
+        assert pages > 0
+        start = start_class % n
+        shares = [pages // n + (1 if (c - start) % n < pages % n else 0) for c in range(n)]
+        if any(share > len(listed) for share, listed in zip(shares, self.class_free_pages, strict=True)):
+            return None
+        drawn = [0] * pages
+        for c in range(n):
+            for i, page in enumerate(self.class_free_pages[c][: shares[c]]):
+                drawn[(c - start) % n + i * n] = page
+            self.class_free_pages[c] = self.class_free_pages[c][shares[c] :]
+        return [drawn[o // ps] * ps + o % ps for o in range(need_size)]
+
+    def free(self, slots: list[int]) -> None:
+        pages = sorted({slot // self.page_size for slot in slots})
+        for r in range(self.shard_size):
+            self.class_free_pages[r] = [p for p in pages if p % self.shard_size == r] + self.class_free_pages[r]
+
+
 def hierarchy() -> dict[str, type]:
     """A fresh copy of the classes, by name: what the stand-in engine puts at sglang's paths for one ``with`` block.
 
@@ -201,6 +253,52 @@ def hierarchy() -> dict[str, type]:
             self.slot_used[on_cpu] = False
             self.release_slots.append(on_cpu)
             self.num_release_slots += len(on_cpu)
+            return len(indices)
+
+    class PageInterleaveHostPool:
+        """``pool_host.page_interleave``: a facade over a host pool, its slots from owner-classed lists.
+
+        Attributes it lacks are the wrapped pool's (its lock among them).
+        ``shard_size`` stands for the placement the original takes.
+
+        Examples
+        --------
+        >>> from hostpool_nb.originals import sglang_host as S
+        >>> host = S.MHATokenToKVPoolHost(page_size=4, host_token_capacity=12)
+        >>> pool = S.PageInterleaveHostPool(host, shard_size=2)
+        >>> pool.alloc(8, start_owner=1).tolist(), pool.available_size()
+        ([12, 13, 14, 15, 8, 9, 10, 11], 8)
+        """
+
+        def __init__(self, host_pool: Any, shard_size: int, shard_rank: int = 0) -> None:
+            self.host_pool = host_pool
+            self.shard_size = shard_size
+            self.shard_rank = shard_rank
+            self.clear()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(object.__getattribute__(self, "host_pool"), name)
+
+        @property
+        def logical_size(self) -> int:
+            return int(self.size) * self.shard_size
+
+        @locked
+        def clear(self) -> None:
+            self._slots = ClassedFreeLists(self.size - self.page_size, self.page_size, self.shard_size)
+
+        def available_size(self) -> int:
+            return self._slots.available_size()
+
+        @locked
+        def alloc(self, need_size: int, start_owner: int | None = None) -> Any:
+            assert start_owner is not None, "sharded host slots must follow the owners of the device pages"
+            taken = self._slots.alloc_cyclic(start_owner, need_size)
+            return None if taken is None else _torch().tensor(taken, dtype=_torch().int64)
+
+        @locked
+        def free(self, indices: Any) -> int:
+            self._slots.free(indices.cpu().tolist())
             return len(indices)
 
     class HiSparseHostPoolMixin:
@@ -482,6 +580,7 @@ MambaPoolHost = _CLASSES["MambaPoolHost"]
 DeepSeekV4PagedHostPool = _CLASSES["DeepSeekV4PagedHostPool"]
 QSAIndexerPoolHost = _CLASSES["QSAIndexerPoolHost"]
 DeepSeekV4StateHostPool = _CLASSES["DeepSeekV4StateHostPool"]
+PageInterleaveHostPool = _CLASSES["PageInterleaveHostPool"]
 
 
 #: Module (under ``sglang.srt.mem_cache``) -> the names of the classes sglang 0.5.23 defines there.
@@ -499,12 +598,14 @@ MODULES: dict[str, tuple[str, ...]] = {
     "pool_host.minimax_m3_nvfp4": ("MiniMaxM3Nvfp4IndexKPoolHost", "MiniMaxM3Nvfp4MainKVPoolHost"),
     "pool_host.mamba": ("MambaPoolHost",),
     "pool_host.qsa": ("QSAIndexerPoolHost",),
+    "pool_host.page_interleave": ("PageInterleaveHostPool",),
     "memory_pool_host": ("DeepSeekV4PagedHostPool", "DeepSeekV4StateHostPool"),
 }
 
 __all__ = [
     "MODULES",
     "AsymmetricMHATokenToKVPoolHost",
+    "ClassedFreeLists",
     "DSAIndexerPoolHost",
     "DeepSeekV4PagedHostPool",
     "DeepSeekV4StateHostPool",
@@ -517,6 +618,7 @@ __all__ = [
     "MambaPoolHost",
     "MiniMaxM3Nvfp4IndexKPoolHost",
     "MiniMaxM3Nvfp4MainKVPoolHost",
+    "PageInterleaveHostPool",
     "QSAIndexerPoolHost",
     "hierarchy",
     "locked",
