@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 
@@ -258,3 +259,44 @@ def test_threads_on_an_installed_pool_never_share_a_slot() -> None:
     held = [s for part in got for s in part]
     assert len(held) == len(set(held))
     sglang.books(pool).check_invariants()
+
+
+def _churn(pool: object, held: list, errors: list, calls: threading.Event, stop: threading.Event) -> None:
+    try:
+        k = 0
+        while not stop.is_set():
+            got = pool.alloc(4 * (1 + k % 3), start_owner=k)
+            k += 1
+            if got is not None:
+                held.append(got.tolist())
+            if len(held) > 8:
+                pool.free(torch.tensor(held.pop(0)))
+            calls.set()
+    except BaseException as error:  # noqa: BLE001 - reported by the test
+        errors.append(error)
+
+
+def test_uninstall_while_another_thread_allocates_hands_no_page_out_twice() -> None:
+    """A call in flight when uninstall() hands the books back runs on the lists handed back, not on stale books."""
+    for attempt in range(5):
+        with stand_in_engine("sglang") as engine:
+            sglang.install()
+            pool = C.interleaved(engine.module.PageInterleaveHostPool, 4, 2000, 4)
+            held: list[list[int]] = []
+            errors: list[BaseException] = []
+            calls, stop = threading.Event(), threading.Event()
+            worker = threading.Thread(target=_churn, args=(pool, held, errors, calls, stop))
+            worker.start()
+            calls.wait(10)
+            sglang.uninstall()  # while the worker allocates and frees
+            time.sleep(0.05)  # and goes on, under the original methods
+            stop.set()
+            worker.join(10)
+            assert not worker.is_alive()
+            assert errors == [], f"attempt {attempt}: {errors!r}"
+            assert "_hostpool_nb" not in vars(pool)
+            listed = [p for listed in _lists(pool) for p in listed]
+            in_use = [s // 4 for got in held for s in got[::4]]
+            assert len(set(listed)) == len(listed)  # no page listed twice
+            assert not set(listed) & set(in_use), f"attempt {attempt}: pages held and free at once"
+            assert sorted(listed + in_use) == list(range(4, 4 * 2001))  # none lost either
