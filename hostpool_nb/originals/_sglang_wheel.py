@@ -192,3 +192,86 @@ def _allocator_init() -> Any:
         _PagedAllocatorBase.__init__(self, size * shard_size, physical_page_size, dtype, device, kvcache, need_sort)
 
     return __init__
+
+
+_UNIFIED = "sglang/srt/mem_cache/pool_host/unified.py"
+
+
+class _EnvelopeDevicePool:
+    """What the backing's constructor reads of a device pool: one shared region, its page envelope, its geometry."""
+
+    def __init__(self, page_size: int, page_bytes: int, pages: int, grow_direction: str, region: int) -> None:  # noqa: PLR0913, PLR0917 - a device pool's geometry
+        import torch  # noqa: PLC0415 - torch only where the wheel is read
+
+        self.page_size = page_size
+        self.grow_direction = grow_direction
+        self.size = pages * page_size
+        self.host_capacity_tokens = None
+        self._buffer = torch.empty((pages, page_bytes), dtype=torch.uint8)
+        self._region = region
+
+    def get_page_envelope_buffer(self) -> Any:
+        return self._buffer
+
+    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        return [0], [self._region], [int(self._buffer.shape[1])]
+
+
+@functools.cache
+def _backing_class_node(path: Path) -> ast.ClassDef:
+    with zipfile.ZipFile(path) as wheel:
+        source = wheel.read(_UNIFIED).decode()
+    node = next(
+        n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "_SharedPageEnvelopeHostBacking"
+    )
+    return node
+
+
+def envelope_backing_class(path: Path) -> type:
+    """A fresh ``_SharedPageEnvelopeHostBacking`` class, compiled whole from the wheel (its own constructor)."""
+    import contextlib  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+    from collections.abc import Sequence  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415 - torch only where the wheel is read
+
+    def alloc_memory(shape: tuple[int, ...], *, dtype: Any, device: str, pin_memory: bool, allocator: Any) -> Any:
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    namespace: dict[str, Any] = {
+        "torch": torch,
+        "threading": threading,
+        "contextmanager": contextlib.contextmanager,
+        "Sequence": Sequence,
+        "host_memory_budget_bytes": lambda requested=None: 1 << 40,
+        "ALLOC_MEMORY_FUNCS": {torch.device("cpu"): alloc_memory},
+        "_cuda_host_unregister": lambda raw: None,
+        "get_allocator_from_storage": lambda allocator_type: None,
+        "_is_cuda": False,
+        "_is_hip": False,
+    }
+    future = ast.ImportFrom(module="__future__", names=[ast.alias(name="annotations")], level=0)
+    module = ast.Module(body=[future, _backing_class_node(path)], type_ignores=[])
+    ast.fix_missing_locations(module)
+    exec(compile(module, "<sglang wheel: _SharedPageEnvelopeHostBacking>", "exec"), namespace)  # sglang's own
+    return namespace["_SharedPageEnvelopeHostBacking"]  # type: ignore[no-any-return]
+
+
+def envelope_backing(cls: type, total_bytes: int, sides: dict[str, tuple[int, int, str]]) -> Any:
+    """``cls`` (the wheel's backing class) built over CPU stand-ins of its device pools: ``total_bytes`` in all,
+    each side ``name: (page_size, page_bytes, "up" | "down")``."""
+    # The constructor sizes the envelope as the device region (times the ratio, 1) plus the largest page, or each
+    # side's pages plus one, whichever is more: a region and page counts that make it exactly total_bytes.
+    region = total_bytes - max(pb for _, pb, _ in sides.values())
+    pools = [
+        _EnvelopeDevicePool(ps, pb, total_bytes // pb - 1, grow, region) for ps, pb, grow in sides.values()
+    ]
+    return cls(
+        device_pools=pools,
+        pool_names=list(sides),
+        host_to_device_ratio=1.0,
+        host_size=0,
+        pin_memory=False,
+        device="cpu",
+        allocator_type="default",
+    )

@@ -151,6 +151,207 @@ class ClassedFreeLists:
             self.class_free_pages[r] = [p for p in pages if p % self.shard_size == r] + self.class_free_pages[r]
 
 
+class EnvelopeSide:
+    """One side of :class:`EnvelopeBacking`: its pages, its growth direction, and its books (plain Python)."""
+
+    def __init__(self, page_size: int, page_bytes: int, page_num: int, down: bool) -> None:
+        self.page_size, self.page_bytes, self.page_num, self.down = page_size, page_bytes, page_num, down
+        self.clear()
+
+    def clear(self) -> None:
+        self.free_extents = [(0, self.page_num)]  # logical pages, half-open, sorted, merged
+        self.to_physical: dict[int, int] = {}
+        self.to_logical: dict[int, int] = {}
+        self.holes: set[int] = set()
+        self.watermark = self.page_num - 1 if self.down else 0
+
+    def free_logical(self) -> int:
+        return sum(end - start for start, end in self.free_extents)
+
+
+class EnvelopeBacking:
+    """sglang's shared page-envelope host backing's books (docs/behaviour.md, section 7), in plain Python.
+
+    One byte envelope of ``total_bytes``, one or two sides by name, each
+    ``(page_size, page_bytes, "up" | "down")``. Logical pages go out lowest
+    first; physical pages are a side's holes first (nearest its own end),
+    then pages past its watermark; when the sides' watermarks leave too
+    small a gap but the live pages and the request fit, both sides are
+    compacted towards their ends first (``moves`` lists each page moved,
+    ``(name, source, target)``). Errors are sglang's: ``AssertionError``
+    for a partial page, a page not live or named twice; ``ValueError`` for
+    an unknown side.
+
+    Examples
+    --------
+    >>> from hostpool_nb.originals.sglang_host import EnvelopeBacking
+    >>> env = EnvelopeBacking(64, {"full": (1, 8, "up"), "swa": (1, 16, "down")})
+    >>> env.alloc("full", 2), env.alloc("swa", 1)
+    ([0, 1], [0])
+    >>> env.translate("full", [0, 1]), env.translate("swa", [0]), env.free_bytes()
+    ([0, 1], [3], 32)
+    """
+
+    def __init__(self, total_bytes: int, sides: dict[str, tuple[int, int, str]]) -> None:
+        self.sides = {
+            name: EnvelopeSide(ps, pb, total_bytes // pb, grow == "down") for name, (ps, pb, grow) in sides.items()
+        }
+        down = [side for side in self.sides.values() if side.down]
+        only = down[0] if down else next(iter(self.sides.values()))
+        self.allocatable = only.page_num * only.page_bytes
+        self.moves: list[tuple[str, int, int]] = []
+
+    def _side(self, name: str) -> EnvelopeSide:
+        if name not in self.sides:
+            raise ValueError(f"Unknown unified host pool {name!r}.")
+        return self.sides[name]
+
+    def _counts(self, requests: list[tuple[str, int]]) -> tuple[list[int], dict[str, int]]:
+        each, total = [], dict.fromkeys(self.sides, 0)
+        for name, need in requests:
+            side = self._side(name)
+            if need % side.page_size != 0:
+                raise AssertionError("The requested size should be a multiple of the page size.")
+            each.append(need // side.page_size)
+            total[name] += need // side.page_size
+        return each, total
+
+    def _gap(self) -> int:
+        up = [s for s in self.sides.values() if not s.down]
+        down = [s for s in self.sides.values() if s.down]
+        low = up[0].watermark * up[0].page_bytes if up else 0
+        high = (down[0].watermark + 1) * down[0].page_bytes if down else self.allocatable
+        return max(0, high - low)
+
+    def _fits_now(self, total: dict[str, int]) -> bool:
+        extension = 0
+        for name, pages in total.items():
+            side = self.sides[name]
+            if pages > side.free_logical():
+                return False
+            extension += max(0, pages - len(side.holes)) * side.page_bytes
+        return extension <= self._gap()
+
+    def _fits(self, live: dict[str, int], free: dict[str, int], total: dict[str, int]) -> bool:
+        used = 0
+        for name, pages in total.items():
+            if pages > free[name]:
+                return False
+            used += (live[name] + pages) * self.sides[name].page_bytes
+        return used <= self.allocatable
+
+    def free_bytes(self) -> int:
+        return self.allocatable - sum(len(s.to_physical) * s.page_bytes for s in self.sides.values())
+
+    def available_size(self, name: str) -> int:
+        side = self.sides[name]
+        return min(side.free_logical(), self.free_bytes() // side.page_bytes) * side.page_size
+
+    def _compact(self) -> None:
+        for name, side in self.sides.items():
+            live = sorted(side.to_logical.items(), reverse=side.down)
+            step = -1 if side.down else 1
+            first = side.page_num - 1 if side.down else 0
+            side.to_physical, side.to_logical = {}, {}
+            for i, (source, logical) in enumerate(live):
+                target = first + step * i
+                if source != target:
+                    self.moves.append((name, source, target))
+                side.to_physical[logical] = target
+                side.to_logical[target] = logical
+            side.holes = set()
+            side.watermark = first + step * len(live)
+
+    def alloc_many(self, requests: list[tuple[str, int]]) -> list[list[int]] | None:
+        each, total = self._counts(requests)
+        if not self._fits_now(total):
+            live = {name: len(s.to_physical) for name, s in self.sides.items()}
+            free = {name: s.free_logical() for name, s in self.sides.items()}
+            if not self._fits(live, free, total):
+                return None
+            self._compact()
+        physical = {name: self._physical(self.sides[name], pages) for name, pages in total.items()}
+        used = dict.fromkeys(self.sides, 0)
+        out = []
+        for (name, _), pages in zip(requests, each, strict=True):
+            side = self.sides[name]
+            logical = self._lowest(side, pages)
+            for page, at in zip(logical, physical[name][used[name] : used[name] + pages], strict=True):
+                side.to_physical[page] = at
+                side.to_logical[at] = page
+            used[name] += pages
+            out.append([p * side.page_size + k for p in logical for k in range(side.page_size)])
+        return out
+
+    def alloc(self, name: str, need: int) -> list[int] | None:
+        got = self.alloc_many([(name, need)])
+        return None if got is None else got[0]
+
+    @staticmethod
+    def _lowest(side: EnvelopeSide, pages: int) -> list[int]:
+        taken, rest = [], []
+        for start, end in side.free_extents:
+            take = min(pages - len(taken), end - start)
+            taken += range(start, start + take)
+            if start + take < end:
+                rest.append((start + take, end))
+        side.free_extents = rest
+        return taken
+
+    @staticmethod
+    def _physical(side: EnvelopeSide, pages: int) -> list[int]:
+        holes = sorted(side.holes, reverse=side.down)[:pages]
+        side.holes.difference_update(holes)
+        step = -1 if side.down else 1
+        more = [side.watermark + step * i for i in range(pages - len(holes))]
+        side.watermark += step * len(more)
+        return holes + more
+
+    def _pages(self, side: EnvelopeSide, slots: list[int]) -> list[int]:
+        ps = side.page_size
+        if len(slots) % ps:
+            raise AssertionError("Host indices must contain whole pages.")
+        chunks = [slots[i : i + ps] for i in range(0, len(slots), ps)]
+        if any(c[0] % ps or c != list(range(c[0], c[0] + ps)) for c in chunks):
+            raise AssertionError("Host indices must contain contiguous pages.")
+        return [c[0] // ps for c in chunks]
+
+    def free(self, name: str, slots: list[int]) -> int:
+        side = self.sides[name]
+        pages = self._pages(side, slots)
+        if len(pages) != len(set(pages)):
+            raise AssertionError("Host pages cannot be freed more than once.")
+        if any(p not in side.to_physical for p in pages):
+            raise AssertionError(f"Host pages are not allocated in {name!r}.")
+        for page in pages:
+            at = side.to_physical.pop(page)
+            del side.to_logical[at]
+            side.holes.add(at)
+        merged: list[tuple[int, int]] = []
+        for start, end in sorted([*side.free_extents, *((p, p + 1) for p in pages)]):
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((start, end))
+        side.free_extents = merged
+        step = -1 if side.down else 1
+        while 0 <= side.watermark - step < side.page_num and side.watermark - step in side.holes:
+            side.watermark -= step
+            side.holes.remove(side.watermark)
+        return len(slots)
+
+    def clear(self, name: str) -> None:
+        self.sides[name].clear()
+
+    def translate(self, name: str, slots: list[int]) -> list[int]:
+        side = self.sides[name]
+        ps = side.page_size
+        for page in self._pages(side, slots):
+            if page not in side.to_physical:
+                raise AssertionError(f"Host page {page} is not allocated in {name!r}.")
+        return [side.to_physical[s // ps] * ps + s % ps for s in slots]
+
+
 def hierarchy() -> dict[str, type]:
     """A fresh copy of the classes, by name: what the stand-in engine puts at sglang's paths for one ``with`` block.
 
@@ -606,6 +807,8 @@ __all__ = [
     "MODULES",
     "AsymmetricMHATokenToKVPoolHost",
     "ClassedFreeLists",
+    "EnvelopeBacking",
+    "EnvelopeSide",
     "DSAIndexerPoolHost",
     "DeepSeekV4PagedHostPool",
     "DeepSeekV4StateHostPool",
