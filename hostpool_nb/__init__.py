@@ -14,7 +14,9 @@ free). Three tiers:
   pins and generations, and ``hostpool_nb.paged.HostKVPoolMixin`` to put an
   engine's own host pool on it;
 - pages striped over owner classes (sglang's page-interleaved KV sharding):
-  :class:`InterleavedPagePool`.
+  :class:`InterleavedPagePool`; two page sizes sharing one byte envelope
+  (sglang's unified host pool for hybrid sliding-window models):
+  :class:`EnvelopePagePool`.
 
 Diagnostics: who holds each page (``track=True``, or ``HOSTPOOL_NB_TRACK=1``),
 double frees that name both call sites, leak reports, and recordings of a
@@ -29,12 +31,13 @@ import sys as _sys
 
 from ._core import host as _host
 from ._core import pool as _pool
+from ._core.envelope import EnvelopePagePool
 from ._core.host import HostPagePool
 from ._core.interleaved import InterleavedPagePool
 from ._core.pool import LogicalHostPool
 from ._core.stats import HostPageStats, PoolStats
 from ._diagnostics import snapshot as _snapshot
-from ._diagnostics.snapshot import HostPageState, InterleavedPageState, PoolState
+from ._diagnostics.snapshot import EnvelopePageState, HostPageState, InterleavedPageState, PoolState
 from ._errors import (
     AlignmentError,
     DoubleFreeError,
@@ -65,6 +68,8 @@ _sys.modules.setdefault(f"{__name__}._snapshot", _snapshot)
 
 # help(), reprs and tracebacks name the public path, where each is imported from (pickles find it there too).
 for _cls in (
+    EnvelopePagePool,
+    EnvelopePageState,
     HostPagePool,
     HostPageState,
     HostPageStats,
@@ -80,6 +85,8 @@ del _cls
 __all__ = [
     "AlignmentError",
     "DoubleFreeError",
+    "EnvelopePagePool",
+    "EnvelopePageState",
     "HostKVAlignmentError",
     "HostKVArgumentError",
     "HostKVDoubleFreeError",

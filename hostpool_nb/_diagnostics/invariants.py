@@ -382,3 +382,76 @@ _IP_WORDS = {
     "peak_allocated_pages": _layout.IP_PEAK,
     "clears": _layout.IP_CLEARS,
 }
+
+
+def envelope_problems(st: NDArray[np.int64], shape: tuple[int, tuple[tuple[str, int, int, str], ...]]) -> list[str]:
+    """Every way ``st`` breaks a page-envelope pool's invariants; empty if none. O(pages).
+
+    Per side: the two maps are each other's inverse over the live pages,
+    every live page below the watermark; the free-page bitmap marks
+    exactly the unmapped logical pages and the hole bitmap exactly the
+    unmapped physical pages below the watermark, never the one just below
+    it; the counts and search hints agree; the sides' bytes do not meet.
+    """
+    total, sides = shape
+    pages = tuple(total // pb for _, _, pb, _ in sides)
+    length = _layout.envelope_state_length(pages)
+    if st.ndim != 1 or st.dtype != np.int64 or st.shape[0] != length:
+        return [f"state must be a 1-D int64 array of length {length}, got {st.dtype} {st.shape}"]
+    if int(st[_layout.EV_SIDES]) != len(sides):
+        return [f"header says {int(st[_layout.EV_SIDES])} sides; the pool has {len(sides)}"]
+    found: list[str] = []
+    ends = []
+    base = _layout.EV_HEADER + _layout.EV_SIDE_WORDS * len(sides)
+    for s, ((name, ps, pb, grow), n) in enumerate(zip(sides, pages, strict=True)):
+        b = _layout.EV_HEADER + s * _layout.EV_SIDE_WORDS
+        head = [int(x) for x in st[b : b + _layout.EV_SIDE_WORDS]]
+        if head[: _layout.S_DOWN + 1] != [ps, pb, n, int(grow == "down")] or head[_layout.S_BASE] != base:
+            return [f"side {name!r}: header {head[:4]} at {head[_layout.S_BASE]}, expected {[ps, pb, n]} at {base}"]
+        found += [f"side {name!r}: {p}" for p in _side_problems(st[base : base + _layout.envelope_words(n)], n, head)]
+        mark = head[_layout.S_MARK]
+        ends.append((grow, mark * pb if grow == "up" else (n - mark) * pb))
+        base += _layout.envelope_words(n)
+    low = max([at for grow, at in ends if grow == "up"], default=0)
+    high = min([at for grow, at in ends if grow == "down"], default=int(st[_layout.EV_ALLOCATABLE]))
+    if low > high:
+        found.append(f"the sides' pages overlap: the up side reaches byte {low}, the down side starts at {high}")
+    return found
+
+
+def _side_problems(arrays: NDArray[np.int64], n: int, head: list[int]) -> list[str]:
+    to_d, to_l = arrays[:n], arrays[n : 2 * n]
+    words = (n + _layout.EV_BITS - 1) // _layout.EV_BITS
+    free_bits = _bits(arrays[2 * n : 2 * n + words], n)
+    hole_bits = _bits(arrays[2 * n + words : 2 * n + 2 * words], n)
+    mark = head[_layout.S_MARK]
+    live = np.flatnonzero(to_d >= 0)
+    found = []
+    if ((to_d < -1) | (to_d >= max(mark, 0))).any() or not 0 <= mark <= n:
+        return [f"a logical page maps outside [0, {mark}) (the watermark), or the watermark is outside [0, {n}]"]
+    if (to_l[to_d[live]] != live).any() or int((to_l >= 0).sum()) != live.size:
+        found.append("the logical -> physical and physical -> logical maps are not each other's inverse")
+    if (free_bits != (to_d == -1)).any():
+        found.append("the free-page bitmap differs from the unmapped logical pages")
+    holes = (to_l == -1) & (np.arange(n) < mark)
+    if (hole_bits != holes).any():
+        found.append("the hole bitmap differs from the unmapped physical pages below the watermark")
+    if mark > 0 and holes[mark - 1]:
+        found.append(f"a hole sits just below the watermark ({mark - 1}): it should have been given up")
+    counts = (head[_layout.S_LIVE], head[_layout.S_FREE], head[_layout.S_HOLES])
+    if counts != (live.size, n - live.size, int(holes.sum())):
+        found.append(f"live, free, holes = {counts}; the maps say {(live.size, n - live.size, int(holes.sum()))}")
+    for hint, bits, what in ((_layout.S_LOW_FREE, free_bits, "free page"), (_layout.S_LOW_HOLE, hole_bits, "hole")):
+        first = int(np.argmax(bits)) if bits.any() else n
+        if head[hint] < 0 or head[hint] * _layout.EV_BITS > first:
+            found.append(f"the {what} search starts at word {head[hint]}, past the first {what} ({first})")
+    return found
+
+
+def _bits(words: NDArray[np.int64], n: int) -> NDArray[np.bool_]:
+    """A bitmap of 63 bits a word, as booleans; ``n`` of them (the rest must be clear)."""
+    shifts = np.arange(_layout.EV_BITS, dtype=np.int64)
+    bits = ((words[:, None] >> shifts) & 1).astype(bool).reshape(-1)
+    if bits[n:].any():
+        bits[:n] = ~bits[:n]  # a bit past the last page: reported as a mismatch of every bit
+    return bits[:n]

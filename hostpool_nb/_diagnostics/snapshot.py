@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 
 from .._errors import HostPoolError
 from .._kernels import layout as _layout
-from .invariants import host_problems, interleaved_problems, pool_problems, rank_problems
+from .invariants import envelope_problems, host_problems, interleaved_problems, pool_problems, rank_problems
 from .tracking import site_id_problems, table_problem
 
 # The layout each kind of state is in. A pickle in another format was made by
@@ -36,6 +36,8 @@ FORMATS = {
     "SWAState": 1,
     "InterleavedPagePool": 1,
     "InterleavedPageState": 1,
+    "EnvelopePagePool": 1,
+    "EnvelopePageState": 1,
 }
 # Formats this version still loads, converted (:func:`upgraded_words`): a
 # list of one page per entry is a list of runs of one page each.
@@ -460,6 +462,57 @@ def checked_interleaved_words(words: Any, shape: tuple[int, int, int], what: str
     if arr.dtype != np.int64 or arr.ndim != 1:
         raise HostPoolError(f"{what} holds a {arr.dtype} array of shape {arr.shape}, not an interleaved pool's state")
     found = interleaved_problems(arr, *shape, loading=True)
+    if found:
+        raise HostPoolError(f"{what} fails the pool's invariants: " + "; ".join(found))
+    return np.array(arr, dtype=np.int64, copy=True)
+
+
+@dataclass(frozen=True, eq=False)
+class EnvelopePageState:
+    """An immutable snapshot of an :class:`~hostpool_nb.EnvelopePagePool`, from ``backup_state()``.
+
+    ``restore_state`` of it, on that pool or any of the same shape, makes
+    every later call behave as it would have at the backup: each side's
+    free pages, holes, watermark and map.
+
+    Examples
+    --------
+    >>> from hostpool_nb import EnvelopePagePool
+    >>> pool = EnvelopePagePool(64, {"full": (1, 8, "up")})
+    >>> state = pool.backup_state()
+    >>> pool.alloc("full", 3).tolist()
+    [0, 1, 2]
+    >>> pool.restore_state(state)
+    >>> pool.available_size("full")
+    8
+    """
+
+    shape: tuple[int, tuple[tuple[str, int, int, str], ...]]  # total bytes; each side's name, page size, bytes, growth
+    _words: NDArray[np.int64] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_words", frozen_words(self._words, "the EnvelopePageState", core=False))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_load_envelope, (FORMATS["EnvelopePageState"], self.shape, self._words))
+
+
+def _load_envelope(version: Any, shape: Any, words: Any) -> EnvelopePageState:
+    """Unpickle an ``EnvelopePageState``, refusing another format."""
+    check_format(version, "EnvelopePageState")
+    return EnvelopePageState(shape, words)
+
+
+def checked_envelope_words(
+    words: Any, shape: tuple[int, tuple[tuple[str, int, int, str], ...]], what: str
+) -> NDArray[np.int64]:
+    """``words`` as a fresh state for a page-envelope pool of ``shape``, or a ``HostPoolError`` saying why not."""
+    if not isinstance(words, np.ndarray):
+        raise HostPoolError(f"{what} holds a {type(words).__name__}, not a page-envelope pool's state")
+    arr = np.ascontiguousarray(words)
+    if arr.dtype != np.int64 or arr.ndim != 1:
+        raise HostPoolError(f"{what} holds a {arr.dtype} array of shape {arr.shape}, not a page-envelope pool's state")
+    found = envelope_problems(arr, shape)
     if found:
         raise HostPoolError(f"{what} fails the pool's invariants: " + "; ".join(found))
     return np.array(arr, dtype=np.int64, copy=True)

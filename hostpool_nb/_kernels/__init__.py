@@ -5,4 +5,4 @@ constants: the kernel cache's stamp and ``hostpool_nb.warmup`` read it.
 """
 
 # jit and layout compile into every kernel; the others define kernels.
-MODULES = ("jit", "layout", "runs", "short", "flat", "pool", "paged", "swa", "host", "interleaved")
+MODULES = ("jit", "layout", "runs", "short", "flat", "pool", "paged", "swa", "host", "interleaved", "envelope")

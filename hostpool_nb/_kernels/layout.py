@@ -61,6 +61,20 @@ draw pops and a free pushes); then one state byte per logical page
 (``IP_FREE``, ``IP_HELD``, ``IP_RESERVED`` for pages ``0 .. N - 1``, which
 no class lists; ``IP_STAGED`` only inside one ``free`` call).
 
+A page-envelope pool (``EV_*``)
+-------------------------------
+``EV_HEADER`` header words, then ``EV_SIDE_WORDS`` words for each side
+(``S_*`` offsets: its shape, its watermark and counts), then each side's
+arrays from its ``S_BASE``: ``page_num`` words logical -> physical, the same
+physical -> logical (``-1``: none), then two bitmaps of 63 bits a word (the
+free logical pages, the physical holes). A physical page is kept as its
+distance from the side's own end (``d``: page ``d`` for a side that grows
+up, ``page_num - 1 - d`` for one that grows down), so both sides take the
+lowest ``d`` first and pack towards ``d = 0``; ``S_MARK`` is the first
+``d`` never used since the last compaction. A ``free`` marks the pages it
+has checked by writing ``-2 - d`` in their logical -> physical words,
+restored before it returns.
+
 Status codes
 ------------
 A kernel returns a value ``>= 0`` on success, or ``-1 - (position << 5 |
@@ -133,6 +147,9 @@ E_PINNED = 16  # host: a pinned page freed or released
 E_STALE = 17  # host: a generation that is not the page's any more
 E_UNDERFLOW = 18  # host: dec_lock_ref of an unpinned page
 E_MERGE_FIRST = 19  # a sorted pool's allocation needs its release list merged first: the pool does, then asks again
+E_COMPACT_FIRST = (
+    20  # a page-envelope allocation fits only once the sides are compacted: the pool does, then asks again
+)
 _CODE_BITS = 5
 
 
@@ -514,3 +531,37 @@ def _ip_states_at(st: NDArray[np.int64]) -> tuple[int, int]:
 ip_counts = window(np.int64, _ip_counts_at)
 ip_stacks = window(np.int64, _ip_stacks_at)
 ip_states = window(np.uint8, _ip_states_at)
+
+
+# -- a page-envelope pool -------------------------------------------------------------------------
+EV_SIDES = 0  # 1 or 2
+EV_ALLOCATABLE = 1  # bytes the sides share
+EV_ALLOC_CALLS = 2  # allocation calls answered (pages or None)
+EV_EXHAUSTED = 3  # of those, answered None
+EV_FREE_CALLS = 4  # free calls that freed at least one page
+EV_COMPACTIONS = 5
+EV_CLEARS = 6  # clear() calls, of either side
+EV_HEADER = 8
+EV_SIDE_WORDS = 16
+S_PAGE_SIZE = 0
+S_PAGE_BYTES = 1
+S_PAGE_NUM = 2
+S_DOWN = 3  # 1: grows down from the envelope's top
+S_MARK = 4  # the first distance from the side's end never used since the last compaction
+S_LIVE = 5  # pages allocated
+S_FREE = 6  # free logical pages
+S_HOLES = 7  # physical pages below the mark that no live page holds
+S_LOW_FREE = 8  # no free logical page lies in a bitmap word below this one
+S_LOW_HOLE = 9  # no hole lies in a bitmap word below this one
+S_BASE = 10  # the word the side's arrays start at
+EV_BITS = 63  # bits a bitmap word holds: the sign bit is left alone
+
+
+def envelope_words(page_num: int) -> int:
+    """Words of one side's arrays: two maps and two bitmaps."""
+    return 2 * page_num + 2 * ((page_num + EV_BITS - 1) // EV_BITS)
+
+
+def envelope_state_length(page_nums: tuple[int, ...]) -> int:
+    """Length of a page-envelope pool's state array (about 16 bytes a page of each side)."""
+    return EV_HEADER + EV_SIDE_WORDS * len(page_nums) + sum(envelope_words(n) for n in page_nums)

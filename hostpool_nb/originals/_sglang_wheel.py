@@ -200,7 +200,7 @@ _UNIFIED = "sglang/srt/mem_cache/pool_host/unified.py"
 class _EnvelopeDevicePool:
     """What the backing's constructor reads of a device pool: one shared region, its page envelope, its geometry."""
 
-    def __init__(self, page_size: int, page_bytes: int, pages: int, grow_direction: str, region: int) -> None:  # noqa: PLR0913, PLR0917 - a device pool's geometry
+    def __init__(self, page_size: int, page_bytes: int, pages: int, grow_direction: str, region: int) -> None:
         import torch  # noqa: PLC0415 - torch only where the wheel is read
 
         self.page_size = page_size
@@ -263,9 +263,7 @@ def envelope_backing(cls: type, total_bytes: int, sides: dict[str, tuple[int, in
     # The constructor sizes the envelope as the device region (times the ratio, 1) plus the largest page, or each
     # side's pages plus one, whichever is more: a region and page counts that make it exactly total_bytes.
     region = total_bytes - max(pb for _, pb, _ in sides.values())
-    pools = [
-        _EnvelopeDevicePool(ps, pb, total_bytes // pb - 1, grow, region) for ps, pb, grow in sides.values()
-    ]
+    pools = [_EnvelopeDevicePool(ps, pb, total_bytes // pb - 1, grow, region) for ps, pb, grow in sides.values()]
     return cls(
         device_pools=pools,
         pool_names=list(sides),

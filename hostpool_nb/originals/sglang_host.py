@@ -151,7 +151,7 @@ class ClassedFreeLists:
             self.class_free_pages[r] = [p for p in pages if p % self.shard_size == r] + self.class_free_pages[r]
 
 
-class EnvelopeSide:
+class _EnvelopeSide:
     """One side of :class:`EnvelopeBacking`: its pages, its growth direction, and its books (plain Python)."""
 
     def __init__(self, page_size: int, page_bytes: int, page_num: int, down: bool) -> None:
@@ -194,14 +194,14 @@ class EnvelopeBacking:
 
     def __init__(self, total_bytes: int, sides: dict[str, tuple[int, int, str]]) -> None:
         self.sides = {
-            name: EnvelopeSide(ps, pb, total_bytes // pb, grow == "down") for name, (ps, pb, grow) in sides.items()
+            name: _EnvelopeSide(ps, pb, total_bytes // pb, grow == "down") for name, (ps, pb, grow) in sides.items()
         }
         down = [side for side in self.sides.values() if side.down]
         only = down[0] if down else next(iter(self.sides.values()))
         self.allocatable = only.page_num * only.page_bytes
         self.moves: list[tuple[str, int, int]] = []
 
-    def _side(self, name: str) -> EnvelopeSide:
+    def _side(self, name: str) -> _EnvelopeSide:
         if name not in self.sides:
             raise ValueError(f"Unknown unified host pool {name!r}.")
         return self.sides[name]
@@ -288,8 +288,9 @@ class EnvelopeBacking:
         return None if got is None else got[0]
 
     @staticmethod
-    def _lowest(side: EnvelopeSide, pages: int) -> list[int]:
-        taken, rest = [], []
+    def _lowest(side: _EnvelopeSide, pages: int) -> list[int]:
+        taken: list[int] = []
+        rest: list[tuple[int, int]] = []
         for start, end in side.free_extents:
             take = min(pages - len(taken), end - start)
             taken += range(start, start + take)
@@ -299,7 +300,7 @@ class EnvelopeBacking:
         return taken
 
     @staticmethod
-    def _physical(side: EnvelopeSide, pages: int) -> list[int]:
+    def _physical(side: _EnvelopeSide, pages: int) -> list[int]:
         holes = sorted(side.holes, reverse=side.down)[:pages]
         side.holes.difference_update(holes)
         step = -1 if side.down else 1
@@ -307,7 +308,7 @@ class EnvelopeBacking:
         side.watermark += step * len(more)
         return holes + more
 
-    def _pages(self, side: EnvelopeSide, slots: list[int]) -> list[int]:
+    def _pages(self, side: _EnvelopeSide, slots: list[int]) -> list[int]:
         ps = side.page_size
         if len(slots) % ps:
             raise AssertionError("Host indices must contain whole pages.")
@@ -807,11 +808,10 @@ __all__ = [
     "MODULES",
     "AsymmetricMHATokenToKVPoolHost",
     "ClassedFreeLists",
-    "EnvelopeBacking",
-    "EnvelopeSide",
     "DSAIndexerPoolHost",
     "DeepSeekV4PagedHostPool",
     "DeepSeekV4StateHostPool",
+    "EnvelopeBacking",
     "HiSparseHostPoolMixin",
     "HiSparseMHATokenToKVPoolHost",
     "HostKVCache",
