@@ -263,6 +263,116 @@ def interleave_rows(ctx: Context) -> list[Row]:
     return rows
 
 
+# -- the unified backing (hybrid sliding-window models): alloc+free pairs on a 70%-full envelope -------------------
+
+ENVELOPE_SIDES = {"full": (64, 1024, "up"), "swa": (64, 512, "down")}  # pages of 64 tokens; the full side's twice
+
+
+def _envelope_classes() -> tuple[type, type]:
+    """sglang's backing (the wheel's class, else the stand-in), and the same with install()'s methods."""
+    from hostpool_nb.integrations import _sglang_envelope, sglang
+    from hostpool_nb.originals import _sglang_wheel, sglang_host
+
+    path = _sglang_wheel.wheel_path()
+    if path is not None and _sglang_wheel.version(path) == sglang.TESTED_VERSION:
+
+        def made() -> type:
+            return _sglang_wheel.envelope_backing_class(path)
+    else:
+
+        def made() -> type:
+            return sglang_host.hierarchy()["_SharedPageEnvelopeHostBacking"]
+
+    original, ours = made(), made()
+    own = {name: vars(ours)[name] for name in sglang.UNIFIED_ENVELOPE.methods}
+    for name, fn in _sglang_envelope.methods(own, lambda pool, kept: None).items():
+        setattr(ours, name, fn)
+    return original, ours
+
+
+class _Churn:
+    """A server's host tier in miniature: requests of 1-32 pages on either side, one freed for each allocated."""
+
+    def __init__(self, backing: Any, pages: int) -> None:
+        import torch
+
+        self.backing, self.rnd, self.held = backing, random.Random(7), []
+        self.tensor = torch.tensor
+        full = ENVELOPE_SIDES["full"][1] * pages
+        while backing.free_bytes() > full * 0.3:  # about 70% of the envelope's bytes held
+            self.alloc()
+        self.rnd.shuffle(self.held)
+
+    def alloc(self) -> Any:
+        name = self.rnd.choice(("full", "swa"))
+        got = self.backing.alloc(name, 64 * self.rnd.randint(1, 32))
+        if got is not None:
+            self.held.append((name, got))
+        return got
+
+    def pair(self) -> float:
+        """One free of a random held request, then one allocation: the seconds they took (the draws untimed)."""
+        name, slots = self.held.pop(self.rnd.randrange(len(self.held)))
+        side, need = self.rnd.choice(("full", "swa")), 64 * self.rnd.randint(1, 32)
+        backing, clock = self.backing, time.perf_counter
+        t0 = clock()
+        backing.free(name, slots)
+        got = backing.alloc(side, need)
+        took = clock() - t0
+        if got is not None:
+            self.held.append((side, got))
+        if got is None and self.held:  # full: give one more back, untimed
+            name, slots = self.held.pop(0)
+            self.backing.free(name, slots)
+        return took
+
+
+def _pair_runner(churn: _Churn, loop_s: float) -> Callable[[], float]:
+    def one() -> float:
+        spent, calls = 0.0, 0
+        with gc_paused():
+            while spent < loop_s or calls < 3:
+                spent += churn.pair()
+                calls += 1
+        return spent / calls
+
+    return one
+
+
+def envelope_rows(ctx: Context) -> list[Row]:
+    from hostpool_nb.originals import _sglang_wheel
+
+    original, ours = _envelope_classes()
+    rows = []
+    for pages in (1 << 10,) if ctx.tiny else (16384, 131072):
+        ctx.label(f"sglang host tier, unified envelope {fmt_count(pages)} pages")
+        total = ENVELOPE_SIDES["full"][1] * pages
+        churns = {
+            TORCH: _Churn(_sglang_wheel.envelope_backing(original, total, ENVELOPE_SIDES), pages),
+            HOSTPOOL: _Churn(_sglang_wheel.envelope_backing(ours, total, ENVELOPE_SIDES), pages),
+        }
+        for _ in range(20):  # the same pairs give the same slots (the timing loops then run apart)
+            for churn in churns.values():
+                churn.pair()
+            theirs, mine = ([s.tolist() for _, s in c.held] for c in churns.values())
+            if theirs != mine:
+                raise RuntimeError("hicache envelope: the implementations disagree")
+        s = interleaved({name: _pair_runner(c, ctx.loop_s()) for name, c in churns.items()}, ctx.repeats(5))
+        row = Row(
+            "sglang host tier",
+            f"unified envelope p64 free+alloc, 70% of {fmt_count(pages)} pages",
+            "s",
+            {HOSTPOOL: median(s[HOSTPOOL]), TORCH: median(s[TORCH])},
+            columns=(HOSTPOOL, TORCH),
+            samples={HOSTPOOL: s[HOSTPOOL], TORCH: s[TORCH]},
+            extra={"cls": "_SharedPageEnvelopeHostBacking", "pattern": "free+alloc", "pages": pages},
+        )
+        if not ctx.tiny:
+            row.at_least(TORCH, 20.0)
+        rows.append(row)
+    return rows
+
+
 @workload("hicache", seconds=25)
 def hicache(ctx: Context) -> list[Row]:
     if TORCH not in ctx.impls:
@@ -302,6 +412,7 @@ def hicache(ctx: Context) -> list[Row]:
             )
         ctx.tick(1 / (len(todo) + 1))
     rows += interleave_rows(ctx)
+    rows += envelope_rows(ctx)
     ctx.tick(1 / (len(todo) + 1))
     ctx.notes.append(
         f"sglang host tier: the HostKVCache family's bookkeeping, {source}, against the same classes with "
@@ -309,6 +420,10 @@ def hicache(ctx: Context) -> list[Row]:
         "against the original. Pools of 256K slots (the DeepSeek V4 pool 4K pages of 64); write-back is 32 "
         "allocations of 64 slots freed in a shuffled order, per cycle; tracked / untracked is the median paired "
         "ratio with HOSTPOOL_NB_TRACK=1. PageInterleave: sglang's page-interleaved host pool (4 owner classes, "
-        "pages of 64 slots), about 3/8 of its pages held; each free of pages just allocated is timed alone"
+        "pages of 64 slots), about 3/8 of its pages held; each free of pages just allocated is timed alone. "
+        "Unified envelope: sglang's shared backing of "
+        "the hybrid sliding-window pools (full pages of 1 KB growing up, sliding-window pages of 512 B growing down, "
+        "64 tokens each), about 70% of its bytes held, each pair a free of a random held request and an allocation "
+        "of 1-32 pages on either side (compactions included)"
     )
     return rows

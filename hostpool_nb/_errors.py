@@ -175,6 +175,24 @@ class HostKVArgumentError(HostPoolError, AssertionError):
     """
 
 
+class HostKVUnknownPoolError(HostPoolError, KeyError):
+    """A call of sglang's unified host backing naming a side (a pool label) it does not have.
+
+    Both a :class:`HostPoolError` (a ``ValueError``, which sglang's
+    ``alloc`` raises) and a ``KeyError`` (which its ``free``, ``clear`` and
+    the rest raise, from a dict).
+
+    Examples
+    --------
+    >>> from hostpool_nb import HostKVUnknownPoolError as E
+    >>> [issubclass(E, cls) for cls in (ValueError, KeyError)]
+    [True, True]
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""  # a KeyError's str() would quote the message
+
+
 class HostKVSlotRangeError(SlotRangeError, IndexError):
     """A free of one of sglang's HiCache host pools names a slot outside the pool, or a negative one.
 

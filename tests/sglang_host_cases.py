@@ -158,3 +158,24 @@ def interleaved(cls: type, page_size: int, pages_per_class: int, shard_size: int
         page_size=page_size, host_token_capacity=(pages_per_class + 1) * page_size
     )
     return cls(host, shard_size=shard_size)
+
+
+def envelope_class(source: str) -> type:
+    """A fresh ``_SharedPageEnvelopeHostBacking`` class: the stand-in's, or the wheel's own (compiled whole)."""
+    if source == "stand-in":
+        return sglang_host.hierarchy()["_SharedPageEnvelopeHostBacking"]
+    return _sglang_wheel.envelope_backing_class(need_wheel())
+
+
+def keep_envelope_books(cls: type, announce: Callable[[Any, Any], None] | None = None) -> None:
+    """Replace the backing's bookkeeping methods with hostpool_nb's, as ``install()`` does on sglang's class."""
+    from hostpool_nb.integrations import _sglang_envelope
+
+    own = {name: vars(cls)[name] for name in sglang.UNIFIED_ENVELOPE.methods}
+    for name, fn in _sglang_envelope.methods(own, announce or (lambda pool, kept: None)).items():
+        setattr(cls, name, fn)
+
+
+def envelope(cls: type, total_bytes: int, sides: dict[str, tuple[int, int, str]]) -> Any:
+    """A ``cls`` backing of exactly ``total_bytes`` over CPU stand-ins of its device pools."""
+    return _sglang_wheel.envelope_backing(cls, total_bytes, sides)

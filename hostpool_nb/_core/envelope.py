@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from .._convert import INT64, as_count, own_slots, shown
+from .._convert import INT64, as_count, as_slots, own_slots, shown
 from .._diagnostics.invariants import envelope_problems
 from .._diagnostics.snapshot import EnvelopePageState, checked_envelope_words
 from .._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
@@ -28,6 +28,8 @@ KERNELS = Entries(_kernels.KERNELS)
 _CORE = Entries(_pool_kernels.POOL)  # load_state: checked words copied in
 STATUS_SHORT = _layout.status_of(_layout.E_SHORT)
 STATUS_COMPACT = _layout.status_of(_layout.E_COMPACT_FIRST)
+empty = np.empty
+array = np.array
 GROWS = ("up", "down")
 
 
@@ -116,10 +118,12 @@ class EnvelopePagePool(ArrayStatePool):
         self.shape = shape
         self.total_bytes = shape[0]
         self._index = {name: s for s, (name, _, _, _) in enumerate(shape[1])}
+        self._page_sizes = [ps for _, ps, _, _ in shape[1]]
         self._make_lock()
         self._st = st
         most = max(self.total_bytes // pb for _, _, pb, _ in shape[1])
-        self._scratch = np.empty(most + 1, INT64)  # a free's pages: at most every page of a side passes the checks
+        self._scratch = np.empty(2 * most + 2, INT64)  # a free's pages, two words each: at most every page passes
+        self._plan = np.empty(2, INT64)  # a one-request allocation's plan
         self._moves = np.empty(3 * sum(self.total_bytes // pb for _, _, pb, _ in shape[1]), INT64)
 
     @property
@@ -135,8 +139,25 @@ class EnvelopePagePool(ArrayStatePool):
 
     def alloc(self, name: str, need_size: int) -> NDArray[np.int64] | None:
         """``need_size`` slots (whole pages) of side ``name``; ``None`` (nothing taken) when they cannot fit."""
-        got = self.alloc_many(((name, need_size),))
-        return None if got is None else got[0]
+        s = self._index.get(name)
+        if s is None or type(need_size) is not int or need_size < 0 or need_size % self._page_sizes[s]:
+            got = self.alloc_many(((name, need_size),))  # its checks raise, naming what is wrong
+            return None if got is None else got[0]
+        out = empty(need_size, INT64)
+        pages = need_size // self._page_sizes[s]
+        with self.lock:  # one request: the pool's own plan array, filled and read under the lock
+            plan = self._plan
+            plan[0] = s
+            plan[1] = pages
+            status = KERNELS.alloc(self._st, plan, out)
+            if status >= 0:
+                return out
+        if status == STATUS_SHORT:
+            return None
+        if status != STATUS_COMPACT:
+            raise self._corrupt("alloc", status)
+        # Again, compacting first, with a plan of its own: a compaction's wait lets other calls fill the pool's.
+        return out if self._run(array((s, pages), INT64), out) else None
 
     def alloc_many(self, requests: Sequence[tuple[str, int]]) -> list[NDArray[np.int64]] | None:
         """Every request ``(name, need_size)`` at once, in order, or none (``None``), compacting first if that fits.
@@ -148,19 +169,17 @@ class EnvelopePagePool(ArrayStatePool):
         TypeError, AlignmentError
             For a size that is not an integer, or not whole pages (or negative).
         """
-        sides, pages, counts, total = self._requests(requests)
-        out = np.empty(total, INT64)
-        with self.lock:
-            status = KERNELS.alloc(self._st, sides, pages, counts, out)
-            if status == STATUS_COMPACT:
-                self._compact()
-                status = KERNELS.alloc(self._st, sides, pages, counts, out)
-        if status == STATUS_SHORT:
+        plan, sizes = self._requests(requests)
+        out = empty(sum(sizes), INT64)
+        if not self._run(plan, out):
             return None
-        if status < 0:
-            raise self._corrupt("alloc", status)
-        ends = np.cumsum([need for _, need in requests], dtype=np.int64).tolist()
-        return [out[a:b] for a, b in zip([0, *ends][: len(ends)], ends, strict=True)]
+        if len(sizes) == 1:
+            return [out]
+        got, at = [], 0
+        for size in sizes:
+            got.append(out[at : at + size])
+            at += size
+        return got
 
     def can_fit_many_then(
         self, requests: Sequence[tuple[str, int]], following: Sequence[tuple[str, int]], *, empty: bool = False
@@ -169,17 +188,17 @@ class EnvelopePagePool(ArrayStatePool):
 
         ``empty``: as if the pool were empty.
         """
-        first, then = self._requests(requests)[2], self._requests(following)[2]
+        first, then = self._pages(requests), self._pages(following)
         with self.lock:
             live, free = self._counts()
         if empty:
             live = [0] * len(live)
             free = [self.total_bytes // pb for _, _, pb, _ in self.shape[1]]
-        if not self._fits(live, free, first.tolist()):
+        if not self._fits(live, free, first):
             return False
-        after = [a + b for a, b in zip(live, first.tolist(), strict=True)]
-        left = [a - b for a, b in zip(free, first.tolist(), strict=True)]
-        return self._fits(after, left, then.tolist())
+        after = [a + b for a, b in zip(live, first, strict=True)]
+        left = [a - b for a, b in zip(free, first, strict=True)]
+        return self._fits(after, left, then)
 
     def free(self, name: str, indices: Any) -> int:
         """Free whole pages of side ``name``; each becomes a hole, and the holes at the watermark are given up.
@@ -190,14 +209,19 @@ class EnvelopePagePool(ArrayStatePool):
             If the slots are not whole pages, lie outside the side, or
             name a page not allocated (or one twice); nothing is freed.
         """
-        s = self._index[self._name(name)]
-        slots = own_slots(indices)
+        s = self._index.get(name)
+        if s is None:
+            s = self._index[self._name(name)]  # raises, naming it
+        return self._free(s, name, as_slots(indices))
+
+    def _free(self, s: int, name: str, slots: NDArray[np.int64]) -> int:
+        """``free`` of ``slots`` (C-contiguous int64; the kernel reads each slot once, so no copy) on side ``s``."""
         if slots.shape[0] == 0:
             return 0
         with self.lock:
-            status = KERNELS.free(self._st, s, slots, self._scratch)
+            status: int = KERNELS.free(self._st, s, slots, self._scratch)
         if status >= 0:
-            return int(status)
+            return status
         raise self._slot_error(name, status, slots, "free")
 
     def translate_indices(self, name: str, indices: Any) -> NDArray[np.int64]:
@@ -241,6 +265,29 @@ class EnvelopePagePool(ArrayStatePool):
         with self.lock:
             KERNELS.reset_side(self._st, s)
 
+    def side_state(self, name: str) -> dict[str, Any]:
+        """Side ``name``'s books as sglang's backing keeps them: ``free_extents`` (sorted half-open logical
+        ranges), ``to_physical`` (logical -> physical page), ``holes`` (physical pages) and ``watermark``."""
+        s = self._index[self._name(name)]
+        b = _layout.EV_HEADER + s * _layout.EV_SIDE_WORDS
+        with self.lock:
+            head = self._st[b : b + _layout.EV_SIDE_WORDS].copy()
+            n, base = int(head[_layout.S_PAGE_NUM]), int(head[_layout.S_BASE])
+            to_d = self._st[base : base + n].copy()
+            to_l = self._st[base + n : base + 2 * n].copy()
+        down, mark = bool(head[_layout.S_DOWN]), int(head[_layout.S_MARK])
+        physical = (n - 1 - to_d) if down else to_d
+        live = np.flatnonzero(to_d >= 0)
+        free = np.concatenate([[False], to_d == -1, [False]])
+        edges = np.flatnonzero(free[1:] != free[:-1]).reshape(-1, 2)
+        holes = np.flatnonzero((to_l == -1) & (np.arange(n) < mark))
+        return {
+            "free_extents": [(int(a), int(b)) for a, b in edges],
+            "to_physical": dict(zip(live.tolist(), physical[live].tolist(), strict=True)),
+            "holes": set(((n - 1 - holes) if down else holes).tolist()),
+            "watermark": n - 1 - mark if down else mark,
+        }
+
     # -- internals -------------------------------------------------------------------------
 
     def _name(self, name: Any) -> str:
@@ -248,25 +295,45 @@ class EnvelopePagePool(ArrayStatePool):
             raise HostPoolError(f"no side {name!r}: this pool's sides are {list(self._index)}")
         return str(name)
 
-    def _requests(
-        self, requests: Sequence[tuple[str, int]]
-    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], int]:
-        sides, pages = [], []
-        counts = np.zeros(len(self.shape[1]), INT64)
-        total = 0
+    def _run(self, plan: NDArray[np.int64], out: NDArray[np.int64]) -> bool:
+        """The allocation ``plan`` into ``out``, compacting first when it fits only that way; False when short."""
+        with self.lock:
+            status = KERNELS.alloc(self._st, plan, out)
+            if status == STATUS_COMPACT:
+                self._compact()
+                status = KERNELS.alloc(self._st, plan, out)
+        if status >= 0:
+            return True
+        if status == STATUS_SHORT:
+            return False
+        raise self._corrupt("alloc", status)
+
+    def _requests(self, requests: Sequence[tuple[str, int]]) -> tuple[NDArray[np.int64], list[int]]:
+        """The kernel's plan (side, pages, side, pages, ...) and each request's slots; checked first."""
+        plan: list[int] = []
+        sizes = []
+        index = self._index
         for name, asked in requests:
-            s = self._index[self._name(name)]
+            s = index.get(name)
+            if s is None:
+                s = index[self._name(name)]  # raises, naming it
             ps = self.shape[1][s][1]
             need = asked if type(asked) is int else as_count(asked, "need_size")
-            if need < 0 or need % ps:
-                raise AlignmentError(
-                    f"need_size must be a non-negative multiple of {name!r}'s page_size={ps}, got {shown(need)}"
-                )
-            sides.append(s)
-            pages.append(need // ps)
-            counts[s] += need // ps
-            total += need
-        return np.array(sides, INT64), np.array(pages, INT64), counts, total
+            if need < 0:
+                raise HostPoolError(f"need_size must be non-negative, got {shown(need)} for {name!r}")
+            if need % ps:
+                raise AlignmentError(f"need_size must be a multiple of {name!r}'s page_size={ps}, got {shown(need)}")
+            plan += (s, need // ps)
+            sizes.append(need)
+        return array(plan, INT64), sizes
+
+    def _pages(self, requests: Sequence[tuple[str, int]]) -> list[int]:
+        """Pages each side's requests ask for (checked as an allocation checks them)."""
+        plan = self._requests(requests)[0].tolist()
+        pages = [0] * len(self.shape[1])
+        for i in range(0, len(plan), 2):
+            pages[plan[i]] += plan[i + 1]
+        return pages
 
     def _counts(self) -> tuple[list[int], list[int]]:
         live, free = [], []
@@ -293,7 +360,7 @@ class EnvelopePagePool(ArrayStatePool):
         """Compact both sides (under the lock), the compactor told before, between and after."""
         hooks = self.compactor
         if hooks is not None:
-            hooks.begin()
+            hooks.begin()  # may raise (sglang's, while this thread holds a layout lease): nothing has moved
         try:
             count = KERNELS.compact(self._st, self._moves)
             if hooks is not None and count:

@@ -107,16 +107,20 @@ def _gap(st: I64) -> int:
 
 
 @_callee()
-def _plan(st: I64, counts: I64) -> int:
-    """0: ``counts`` pages of each side fit as the sides lie; 1: once compacted; 2: not at all."""
+def _plan(st: I64, requests: I64) -> int:
+    """0: the requests' pages fit as the sides lie; 1: once compacted; 2: not at all."""
     extension = 0
     used = 0
     for s in range(st[EV_SIDES]):
         b = _block(s)
-        if counts[s] > st[b + S_FREE]:
+        pages = 0
+        for i in range(0, requests.shape[0], 2):
+            if requests[i] == s:
+                pages += requests[i + 1]
+        if pages > st[b + S_FREE]:
             return 2
-        extension += max(0, counts[s] - st[b + S_HOLES]) * st[b + S_PAGE_BYTES]
-        used += (st[b + S_LIVE] + counts[s]) * st[b + S_PAGE_BYTES]
+        extension += max(0, pages - st[b + S_HOLES]) * st[b + S_PAGE_BYTES]
+        used += (st[b + S_LIVE] + pages) * st[b + S_PAGE_BYTES]
     if extension <= _gap(st):
         return 0
     return 1 if used <= st[EV_ALLOCATABLE] else 2
@@ -147,16 +151,16 @@ def reset_side(st: I64, s: int) -> int:
     return 0
 
 
-@_jit("i8(i8[::1], i8[::1], i8[::1], i8[::1], i8[::1])", nogil=False)
-def alloc(st: I64, sides: I64, pages: I64, counts: I64, out: I64) -> int:
-    """Request ``i``: ``pages[i]`` pages of side ``sides[i]`` (``counts``: each side's total), slots into ``out``.
+@_jit("i8(i8[::1], i8[::1], i8[::1])", nogil=False)
+def alloc(st: I64, requests: I64, out: I64) -> int:
+    """Request ``i``: ``requests[2i + 1]`` pages of side ``requests[2i]``, their slots into ``out`` in order.
 
     Logical pages lowest first; physical pages the side's holes nearest its
     end first, then from its mark. ``E_SHORT`` when they cannot fit,
     ``E_COMPACT_FIRST`` when they fit only once compacted (nothing changed
     by either).
     """
-    plan = _plan(st, counts)
+    plan = _plan(st, requests)
     if plan == 2:  # noqa: PLR2004 - _plan's "not at all"
         st[EV_ALLOC_CALLS] += 1
         st[EV_EXHAUSTED] += 1
@@ -165,14 +169,15 @@ def alloc(st: I64, sides: I64, pages: I64, counts: I64, out: I64) -> int:
         return fail(E_COMPACT_FIRST, 0)
     st[EV_ALLOC_CALLS] += 1
     at = 0
-    for i in range(sides.shape[0]):
-        b = _block(sides[i])
+    for i in range(0, requests.shape[0], 2):
+        b = _block(requests[i])
         ps: int = st[b + S_PAGE_SIZE]
         n: int = st[b + S_PAGE_NUM]
         base: int = st[b + S_BASE]
         lbits = base + 2 * n
         hbits = lbits + _bitmap_words(n)
-        for _ in range(pages[i]):
+        pages = requests[i + 1]
+        for _ in range(pages):
             logical = _take_lowest(st, lbits, b, S_LOW_FREE)
             if st[b + S_HOLES] > 0:
                 d = _take_lowest(st, hbits, b, S_LOW_HOLE)
@@ -186,8 +191,8 @@ def alloc(st: I64, sides: I64, pages: I64, counts: I64, out: I64) -> int:
             for t in range(ps):
                 out[at + t] = first + t
             at += ps
-        st[b + S_LIVE] += pages[i]
-        st[b + S_FREE] -= pages[i]
+        st[b + S_LIVE] += pages
+        st[b + S_FREE] -= pages
     return at
 
 
@@ -230,8 +235,11 @@ def compact(st: I64, moves: I64) -> int:
 
 @_callee()
 def _check_pages(st: I64, b: int, slots: I64, scratch: I64, staging: bool) -> int:
-    """Whole pages of side ``b``, in range and live (and, when ``staging``, each once: marked, and their distances
-    kept in ``scratch``); 0, or a failure with every mark undone."""
+    """Whole pages of side ``b``, in range and live (and, when ``staging``, each once: marked, and each page's
+    logical id and distance kept in ``scratch[2j]``, ``scratch[2j + 1]``); 0, or a failure with every mark undone.
+
+    Each slot is read once: a caller's thread writing its array meanwhile cannot make a page pass unchecked.
+    """
     ps: int = st[b + S_PAGE_SIZE]
     n: int = st[b + S_PAGE_NUM]
     base: int = st[b + S_BASE]
@@ -260,14 +268,14 @@ def _check_pages(st: I64, b: int, slots: I64, scratch: I64, staging: bool) -> in
             elif d == -1:
                 code = E_NOT_ALLOCATED
             elif staging:
-                scratch[j] = d
+                scratch[2 * j] = first // ps
+                scratch[2 * j + 1] = d
                 st[base + first // ps] = -2 - d
                 staged += 1
         if code != 0:
             break
-    if staging and (code != 0 or staged > 0):
-        for j in range(staged):
-            st[base + slots[j * ps] // ps] = scratch[j]
+    for j in range(staged):  # the marks undone (a free then applies what scratch kept)
+        st[base + scratch[2 * j]] = scratch[2 * j + 1]
     return fail(code, at) if code != 0 else 0
 
 
@@ -275,8 +283,9 @@ def _check_pages(st: I64, b: int, slots: I64, scratch: I64, staging: bool) -> in
 def free(st: I64, s: int, slots: I64, scratch: I64) -> int:
     """Free whole pages of side ``s``: each physical page becomes a hole, then the holes at the mark are given up.
 
-    Every slot is checked first; a failure is ``fail(code, position)`` and
-    changes nothing. ``scratch`` holds a word for each page freed.
+    Every slot is checked first, and read once; a failure is
+    ``fail(code, position)`` and changes nothing. ``scratch`` holds two
+    words for each page freed.
     """
     b = _block(s)
     status = _check_pages(st, b, slots, scratch, True)
@@ -289,8 +298,8 @@ def free(st: I64, s: int, slots: I64, scratch: I64) -> int:
     hbits = lbits + _bitmap_words(n)
     pages = slots.shape[0] // ps
     for j in range(pages):
-        logical = slots[j * ps] // ps
-        d = scratch[j]
+        logical = scratch[2 * j]
+        d = scratch[2 * j + 1]
         st[base + logical] = -1
         st[base + n + d] = -1
         _set_bit(st, lbits, logical)

@@ -69,7 +69,8 @@ DEEPSEEK_V4_PAGED = Bookkeeping(
     checks_frees=False,
 )
 BOOKKEEPINGS = (HOST_KV_CACHE, MAMBA, DEEPSEEK_V4_PAGED)
-# Not a HostKVCache: a facade whose books are an InterleavedPagePool (integrations/_sglang_interleave.py).
+# Not HostKVCaches: a facade whose books are an InterleavedPagePool (integrations/_sglang_interleave.py), and the
+# backing unified host pools share, whose books are an EnvelopePagePool (integrations/_sglang_envelope.py).
 PAGE_INTERLEAVE = Bookkeeping(
     "PageInterleaveHostPool",
     "sglang.srt.mem_cache.pool_host.page_interleave",
@@ -77,4 +78,23 @@ PAGE_INTERLEAVE = Bookkeeping(
     logical=False,
     rounds_up=False,
     checks_frees=False,
+)
+UNIFIED_ENVELOPE = Bookkeeping(
+    "_SharedPageEnvelopeHostBacking",
+    "sglang.srt.mem_cache.pool_host.unified",
+    (
+        "__init__",
+        "clear",
+        "available_size",
+        "free_bytes",
+        "alloc",
+        "alloc_many",
+        "can_fit_many_then",
+        "free",
+        "translate_indices",
+        "translate_index",
+    ),
+    logical=False,
+    rounds_up=False,
+    checks_frees=True,
 )

@@ -38,11 +38,12 @@ from .._convert import as_count, as_slots
 from .._diagnostics.tracking import ENV_OFF, ENV_ON
 from .._kernels import layout as _layout
 from ..torch import LogicalHostPool as _TorchPool
-from ..torch import _tensor_as_numpy, _tensor_count
+from ..torch import _check_tensor_dtype, _tensor_as_numpy, _tensor_count
 from ._sglang_books import BOOKKEEPINGS, DEEPSEEK_V4_PAGED, DOUBLE_FREES, HOST_KV_CACHE, Bookkeeping
 
 _log = logging.getLogger("hostpool_nb")
 _Tensor = torch.Tensor
+_INT64 = np.dtype(np.int64)
 
 #: The attribute of an engine's pool that holds its books.
 KEY = "_hostpool_nb"
@@ -276,6 +277,36 @@ def _held(pool: Any) -> Any:
     return lock if type(lock) is _RLOCK else _UNLOCKED
 
 
+def one_d_slots(indices: Any) -> Any:
+    """A free's or a translation's ``indices`` as the core reads them: a 1-D tensor viewed as numpy (a device one
+    copied), an array as given; ``None`` for an empty tensor of any dtype (sglang's do nothing with it)."""
+    if type(indices) is _Tensor:  # the hot path: a plain CPU int64 tensor, viewed
+        try:
+            arr = indices.numpy()
+        except (RuntimeError, TypeError):
+            arr = None
+        if arr is not None and arr.ndim == 1 and arr.dtype is _INT64 and arr.shape[0]:
+            return arr
+    if isinstance(indices, _Tensor):
+        if indices.numel() == 0:
+            return None
+        if indices.dim() != 1:
+            raise _errors.HostPoolError(
+                f"indices must be 1-D, got shape {tuple(indices.shape)}: sglang's host pools count a 2-D input's "
+                "rows, not its slots; flatten it first"
+            )
+        try:
+            arr = indices.numpy()  # a plain CPU tensor: a view, which the pool copies
+        except (RuntimeError, TypeError):  # another device, a dtype numpy lacks, ...
+            arr = _tensor_as_numpy(indices)
+        if arr.dtype is not _INT64:
+            _check_tensor_dtype(indices.dtype)
+        return arr
+    if np.ndim(indices) > 1:
+        raise _errors.HostPoolError(f"indices must be 1-D, got shape {np.shape(indices)}")
+    return indices
+
+
 def lock_of(pool: Any) -> Any:
     """The lock to hold while a facade's books are read: the one it reads through to its wrapped pool (an RLock)."""
     lock = getattr(pool, "lock", None)
@@ -471,6 +502,7 @@ __all__ = [
     "keep_books",
     "lock_of",
     "methods",
+    "one_d_slots",
     "own_books",
     "start_taking",
     "take_over",

@@ -16,17 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from .. import _errors
 from .._convert import as_count
 from .._core.interleaved import InterleavedPagePool
-from ..torch import _check_tensor_dtype, _tensor_as_numpy, _tensor_count
-from ._sglang_host import KEY, keep_books, lock_of, start_taking
+from ..torch import _tensor_count
+from ._sglang_host import KEY, keep_books, lock_of, one_d_slots, start_taking
 
 _Tensor = torch.Tensor
-_INT64 = np.dtype(np.int64)
 _from_numpy = torch.from_numpy
 
 
@@ -70,25 +68,11 @@ class InterleavedBooks(InterleavedPagePool):
 
     def free(self, indices: Any) -> int:
         """Free whole pages (a 1-D tensor or array); the number of slots given, as sglang's returns."""
-        if isinstance(indices, _Tensor):
-            if indices.dim() != 1 or indices.numel() == 0:
-                if indices.numel() == 0:
-                    return 0  # an empty tensor of any dtype frees nothing, as sglang's
-                raise _errors.HostPoolError(
-                    f"indices must be 1-D, got shape {tuple(indices.shape)}: sglang's host pools count a 2-D "
-                    "input's rows, not its slots; flatten it first"
-                )
-            try:
-                arr = indices.numpy()  # a plain CPU tensor: a view, which the pool copies
-            except (RuntimeError, TypeError):  # another device, a dtype numpy lacks, ...
-                arr = _tensor_as_numpy(indices)
-            if arr.dtype is not _INT64:
-                _check_tensor_dtype(indices.dtype)
-            indices = arr
-        elif np.ndim(indices) > 1:
-            raise _errors.HostPoolError(f"indices must be 1-D, got shape {np.shape(indices)}")
+        slots = one_d_slots(indices)
+        if slots is None:
+            return 0  # an empty tensor of any dtype frees nothing, as sglang's
         try:
-            return super().free(indices)
+            return super().free(slots)
         except _errors.DoubleFreeError as error:
             raise _errors.HostKVDoubleFreeError(f"Double-free detected: {error}") from None
         except _errors.SlotRangeError as error:

@@ -61,6 +61,9 @@ DEEPSEEK_V4_PAGED = _books.DEEPSEEK_V4_PAGED
 BOOKKEEPINGS = _books.BOOKKEEPINGS
 #: The bookkeeping of ``PageInterleaveHostPool`` (KV sharding), kept in a ``hostpool_nb.InterleavedPagePool``.
 PAGE_INTERLEAVE = _books.PAGE_INTERLEAVE
+#: The bookkeeping of ``_SharedPageEnvelopeHostBacking``, the byte envelope unified host pools share (hybrid
+#: sliding-window models), kept in a ``hostpool_nb.EnvelopePagePool``.
+UNIFIED_ENVELOPE = _books.UNIFIED_ENVELOPE
 Bookkeeping.__module__ = __name__  # help() and reprs name the public path
 ENGINE = "sglang"
 
@@ -119,6 +122,58 @@ def _host_pool_targets() -> tuple[MethodsTarget, ...]:
             {name: interleaved.get(name, plain) for name in PAGE_INTERLEAVE.methods},
             _made_for_interleave,
         ),
+        MethodsTarget(UNIFIED_ENVELOPE.module, UNIFIED_ENVELOPE.defined_by, _ENVELOPE_PARAMETERS, _made_for_envelope),
+    )
+
+
+def _takes(*names: str, keyword_only: tuple[tuple[str, str], ...] = ()) -> Parameters:
+    return Parameters(tuple((n, NO_DEFAULT) for n in names), keyword_only, var_positional=False, var_keyword=False)
+
+
+_ENVELOPE_PARAMETERS = {
+    "__init__": Parameters(
+        (),
+        tuple(
+            (n, NO_DEFAULT)
+            for n in (
+                "device_pools",
+                "pool_names",
+                "host_to_device_ratio",
+                "host_size",
+                "pin_memory",
+                "device",
+                "allocator_type",
+            )
+        ),
+        var_positional=False,
+        var_keyword=False,
+    ),
+    "clear": _takes("name"),
+    "available_size": _takes("name"),
+    "free_bytes": _takes(),
+    "alloc": _takes("name", "need_size"),
+    "alloc_many": _takes("requests"),
+    "can_fit_many_then": _takes("requests", "following_requests", keyword_only=(("empty", "False"),)),
+    "free": _takes("name", "indices"),
+    "translate_indices": _takes("name", "indices"),
+    "translate_index": _takes("name", "index"),
+}
+
+
+def _made_for_envelope(cls: type, own: dict[str, Any]) -> dict[str, Any]:
+    _host_books_module()  # torch, or the IntegrationError saying it is missing
+    from . import _sglang_envelope  # noqa: PLC0415 - torch only when asked for
+
+    return _sglang_envelope.methods(own, _announce_envelope)
+
+
+def _announce_envelope(pool: Any, kept: Any) -> None:
+    sides = ", ".join(
+        f"{name} (page_size={ps}, {kept.total_bytes // pb} pages of {pb} bytes, grows {grow})"
+        for name, (ps, pb, grow) in kept.sides.items()
+    )
+    _patch.log_in_use(
+        ENGINE, f"{type(pool).__name__} on hostpool_nb (EnvelopePagePool): {kept.total_bytes} bytes; {sides}", kept
     )
 
 
@@ -241,7 +296,7 @@ def install() -> dict[str, Any]:
     True
     >>> sorted({w.rsplit(".", 2)[1] for w in replaced if not w.endswith("LogicalHostPool")}) in ([], [
     ...     "DeepSeekV4PagedHostPool", "HostKVCache", "MambaPoolHost",  # the classes whose methods keep books
-    ...     "PageInterleaveHostPool",
+    ...     "PageInterleaveHostPool", "_SharedPageEnvelopeHostBacking",
     ... ])
     True
     >>> built in ("hostpool_nb.integrations.sglang", "torch missing"), slots == list(range(32))
@@ -278,6 +333,7 @@ __all__ = [
     "MODULE",
     "PAGE_INTERLEAVE",
     "TESTED_VERSION",
+    "UNIFIED_ENVELOPE",
     "Bookkeeping",
     "books",
     "install",

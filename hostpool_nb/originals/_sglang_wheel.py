@@ -197,26 +197,6 @@ def _allocator_init() -> Any:
 _UNIFIED = "sglang/srt/mem_cache/pool_host/unified.py"
 
 
-class _EnvelopeDevicePool:
-    """What the backing's constructor reads of a device pool: one shared region, its page envelope, its geometry."""
-
-    def __init__(self, page_size: int, page_bytes: int, pages: int, grow_direction: str, region: int) -> None:
-        import torch  # noqa: PLC0415 - torch only where the wheel is read
-
-        self.page_size = page_size
-        self.grow_direction = grow_direction
-        self.size = pages * page_size
-        self.host_capacity_tokens = None
-        self._buffer = torch.empty((pages, page_bytes), dtype=torch.uint8)
-        self._region = region
-
-    def get_page_envelope_buffer(self) -> Any:
-        return self._buffer
-
-    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
-        return [0], [self._region], [int(self._buffer.shape[1])]
-
-
 @functools.cache
 def _backing_class_node(path: Path) -> ast.ClassDef:
     with zipfile.ZipFile(path) as wheel:
@@ -260,12 +240,8 @@ def envelope_backing_class(path: Path) -> type:
 def envelope_backing(cls: type, total_bytes: int, sides: dict[str, tuple[int, int, str]]) -> Any:
     """``cls`` (the wheel's backing class) built over CPU stand-ins of its device pools: ``total_bytes`` in all,
     each side ``name: (page_size, page_bytes, "up" | "down")``."""
-    # The constructor sizes the envelope as the device region (times the ratio, 1) plus the largest page, or each
-    # side's pages plus one, whichever is more: a region and page counts that make it exactly total_bytes.
-    region = total_bytes - max(pb for _, pb, _ in sides.values())
-    pools = [_EnvelopeDevicePool(ps, pb, total_bytes // pb - 1, grow, region) for ps, pb, grow in sides.values()]
     return cls(
-        device_pools=pools,
+        device_pools=sglang_host.envelope_device_pools(total_bytes, sides),
         pool_names=list(sides),
         host_to_device_ratio=1.0,
         host_size=0,

@@ -154,19 +154,21 @@ class ClassedFreeLists:
 class _EnvelopeSide:
     """One side of :class:`EnvelopeBacking`: its pages, its growth direction, and its books (plain Python)."""
 
-    def __init__(self, page_size: int, page_bytes: int, page_num: int, down: bool) -> None:
-        self.page_size, self.page_bytes, self.page_num, self.down = page_size, page_bytes, page_num, down
+    def __init__(self, page_size: int, page_bytes: int, page_num: int, grow_direction: str) -> None:
+        self.page_size, self.page_bytes, self.page_num = page_size, page_bytes, page_num
+        self.grow_direction = grow_direction
+        self.down = grow_direction == "down"
         self.clear()
 
     def clear(self) -> None:
-        self.free_extents = [(0, self.page_num)]  # logical pages, half-open, sorted, merged
-        self.to_physical: dict[int, int] = {}
-        self.to_logical: dict[int, int] = {}
-        self.holes: set[int] = set()
+        self.free_logical_extents = [(0, self.page_num)]  # logical pages, half-open, sorted, merged
+        self.logical_to_physical: dict[int, int] = {}
+        self.physical_to_logical: dict[int, int] = {}
+        self.free_physical_pages: set[int] = set()
         self.watermark = self.page_num - 1 if self.down else 0
 
     def free_logical(self) -> int:
-        return sum(end - start for start, end in self.free_extents)
+        return sum(end - start for start, end in self.free_logical_extents)
 
 
 class EnvelopeBacking:
@@ -193,9 +195,7 @@ class EnvelopeBacking:
     """
 
     def __init__(self, total_bytes: int, sides: dict[str, tuple[int, int, str]]) -> None:
-        self.sides = {
-            name: _EnvelopeSide(ps, pb, total_bytes // pb, grow == "down") for name, (ps, pb, grow) in sides.items()
-        }
+        self.sides = {name: _EnvelopeSide(ps, pb, total_bytes // pb, grow) for name, (ps, pb, grow) in sides.items()}
         down = [side for side in self.sides.values() if side.down]
         only = down[0] if down else next(iter(self.sides.values()))
         self.allocatable = only.page_num * only.page_bytes
@@ -229,7 +229,7 @@ class EnvelopeBacking:
             side = self.sides[name]
             if pages > side.free_logical():
                 return False
-            extension += max(0, pages - len(side.holes)) * side.page_bytes
+            extension += max(0, pages - len(side.free_physical_pages)) * side.page_bytes
         return extension <= self._gap()
 
     def _fits(self, live: dict[str, int], free: dict[str, int], total: dict[str, int]) -> bool:
@@ -241,7 +241,7 @@ class EnvelopeBacking:
         return used <= self.allocatable
 
     def free_bytes(self) -> int:
-        return self.allocatable - sum(len(s.to_physical) * s.page_bytes for s in self.sides.values())
+        return self.allocatable - sum(len(s.logical_to_physical) * s.page_bytes for s in self.sides.values())
 
     def available_size(self, name: str) -> int:
         side = self.sides[name]
@@ -249,23 +249,23 @@ class EnvelopeBacking:
 
     def _compact(self) -> None:
         for name, side in self.sides.items():
-            live = sorted(side.to_logical.items(), reverse=side.down)
+            live = sorted(side.physical_to_logical.items(), reverse=side.down)
             step = -1 if side.down else 1
             first = side.page_num - 1 if side.down else 0
-            side.to_physical, side.to_logical = {}, {}
+            side.logical_to_physical, side.physical_to_logical = {}, {}
             for i, (source, logical) in enumerate(live):
                 target = first + step * i
                 if source != target:
                     self.moves.append((name, source, target))
-                side.to_physical[logical] = target
-                side.to_logical[target] = logical
-            side.holes = set()
+                side.logical_to_physical[logical] = target
+                side.physical_to_logical[target] = logical
+            side.free_physical_pages = set()
             side.watermark = first + step * len(live)
 
     def alloc_many(self, requests: list[tuple[str, int]]) -> list[list[int]] | None:
         each, total = self._counts(requests)
         if not self._fits_now(total):
-            live = {name: len(s.to_physical) for name, s in self.sides.items()}
+            live = {name: len(s.logical_to_physical) for name, s in self.sides.items()}
             free = {name: s.free_logical() for name, s in self.sides.items()}
             if not self._fits(live, free, total):
                 return None
@@ -277,8 +277,8 @@ class EnvelopeBacking:
             side = self.sides[name]
             logical = self._lowest(side, pages)
             for page, at in zip(logical, physical[name][used[name] : used[name] + pages], strict=True):
-                side.to_physical[page] = at
-                side.to_logical[at] = page
+                side.logical_to_physical[page] = at
+                side.physical_to_logical[at] = page
             used[name] += pages
             out.append([p * side.page_size + k for p in logical for k in range(side.page_size)])
         return out
@@ -291,18 +291,18 @@ class EnvelopeBacking:
     def _lowest(side: _EnvelopeSide, pages: int) -> list[int]:
         taken: list[int] = []
         rest: list[tuple[int, int]] = []
-        for start, end in side.free_extents:
+        for start, end in side.free_logical_extents:
             take = min(pages - len(taken), end - start)
             taken += range(start, start + take)
             if start + take < end:
                 rest.append((start + take, end))
-        side.free_extents = rest
+        side.free_logical_extents = rest
         return taken
 
     @staticmethod
     def _physical(side: _EnvelopeSide, pages: int) -> list[int]:
-        holes = sorted(side.holes, reverse=side.down)[:pages]
-        side.holes.difference_update(holes)
+        holes = sorted(side.free_physical_pages, reverse=side.down)[:pages]
+        side.free_physical_pages.difference_update(holes)
         step = -1 if side.down else 1
         more = [side.watermark + step * i for i in range(pages - len(holes))]
         side.watermark += step * len(more)
@@ -322,23 +322,23 @@ class EnvelopeBacking:
         pages = self._pages(side, slots)
         if len(pages) != len(set(pages)):
             raise AssertionError("Host pages cannot be freed more than once.")
-        if any(p not in side.to_physical for p in pages):
+        if any(p not in side.logical_to_physical for p in pages):
             raise AssertionError(f"Host pages are not allocated in {name!r}.")
         for page in pages:
-            at = side.to_physical.pop(page)
-            del side.to_logical[at]
-            side.holes.add(at)
+            at = side.logical_to_physical.pop(page)
+            del side.physical_to_logical[at]
+            side.free_physical_pages.add(at)
         merged: list[tuple[int, int]] = []
-        for start, end in sorted([*side.free_extents, *((p, p + 1) for p in pages)]):
+        for start, end in sorted([*side.free_logical_extents, *((p, p + 1) for p in pages)]):
             if merged and start <= merged[-1][1]:
                 merged[-1] = (merged[-1][0], max(merged[-1][1], end))
             else:
                 merged.append((start, end))
-        side.free_extents = merged
+        side.free_logical_extents = merged
         step = -1 if side.down else 1
-        while 0 <= side.watermark - step < side.page_num and side.watermark - step in side.holes:
+        while 0 <= side.watermark - step < side.page_num and side.watermark - step in side.free_physical_pages:
             side.watermark -= step
-            side.holes.remove(side.watermark)
+            side.free_physical_pages.remove(side.watermark)
         return len(slots)
 
     def clear(self, name: str) -> None:
@@ -348,9 +348,38 @@ class EnvelopeBacking:
         side = self.sides[name]
         ps = side.page_size
         for page in self._pages(side, slots):
-            if page not in side.to_physical:
+            if page not in side.logical_to_physical:
                 raise AssertionError(f"Host page {page} is not allocated in {name!r}.")
-        return [side.to_physical[s // ps] * ps + s % ps for s in slots]
+        return [side.logical_to_physical[s // ps] * ps + s % ps for s in slots]
+
+
+class EnvelopeDevicePool:
+    """What the unified backing's constructor reads of a device pool: one shared region, its page envelope.
+
+    ``pages`` pages of ``page_bytes`` (a torch uint8 tensor), ``region``
+    bytes in the device region the sides share.
+    """
+
+    def __init__(self, page_size: int, page_bytes: int, pages: int, grow_direction: str, region: int) -> None:
+        self.page_size = page_size
+        self.grow_direction = grow_direction
+        self.size = pages * page_size
+        self.host_capacity_tokens = None
+        self._buffer = _torch().empty((pages, page_bytes), dtype=_torch().uint8)
+        self._region = region
+
+    def get_page_envelope_buffer(self) -> Any:
+        return self._buffer
+
+    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        return [0], [self._region], [int(self._buffer.shape[1])]
+
+
+def envelope_device_pools(total_bytes: int, sides: dict[str, tuple[int, int, str]]) -> list[EnvelopeDevicePool]:
+    """Device pools whose backing (ratio 1, no fixed size) is exactly ``total_bytes``: sglang sizes it as the
+    region plus the largest page, or each side's pages plus one, whichever is more."""
+    region = total_bytes - max(pb for _, pb, _ in sides.values())
+    return [EnvelopeDevicePool(ps, pb, total_bytes // pb - 1, grow, region) for ps, pb, grow in sides.values()]
 
 
 def hierarchy() -> dict[str, type]:
@@ -502,6 +531,129 @@ def hierarchy() -> dict[str, type]:
         def free(self, indices: Any) -> int:
             self._slots.free(indices.cpu().tolist())
             return len(indices)
+
+    class _SharedPageEnvelopeHostBacking:
+        """``pool_host.unified``: the byte envelope two unified host pools share, its books an :class:`EnvelopeBacking`.
+
+        Built from its device pools as sglang's is (ratio 1 and no fixed
+        size: the device region plus the largest page, or each side's pages
+        plus one, whichever is more); compaction moves the bytes of
+        ``raw``. Its layout lease is a count, and a compaction that finds
+        one raises, as sglang's does when the same thread holds one.
+
+        Examples
+        --------
+        >>> from hostpool_nb.originals import sglang_host as S
+        >>> pools = S.envelope_device_pools(64, {"full": (1, 8, "up"), "swa": (1, 16, "down")})
+        >>> env = S._SharedPageEnvelopeHostBacking(
+        ...     device_pools=pools, pool_names=["full", "swa"], host_to_device_ratio=1.0,
+        ...     host_size=0, pin_memory=False, device="cpu", allocator_type="default")
+        >>> env.alloc("full", 2).tolist(), env.free_bytes()
+        ([0, 1], 48)
+        """
+
+        def __init__(  # noqa: PLR0913 - sglang's keyword-only parameters
+            self,
+            *,
+            device_pools: Any,
+            pool_names: Any,
+            host_to_device_ratio: float,
+            host_size: float,
+            pin_memory: bool,
+            device: str,
+            allocator_type: str,
+        ) -> None:
+            torch = _torch()
+            page_bytes = [int(p.get_page_envelope_buffer().shape[1]) for p in device_pools]
+            region = device_pools[0].get_contiguous_buf_infos()[1][0]
+            nominal = [
+                (int(p.size * host_to_device_ratio) // p.page_size + 1) * pb
+                for p, pb in zip(device_pools, page_bytes, strict=True)
+            ]
+            total = max(int(region * host_to_device_ratio) + max(page_bytes), *nominal)
+            sides = {
+                name: (p.page_size, pb, p.grow_direction)
+                for name, p, pb in zip(pool_names, device_pools, page_bytes, strict=True)
+            }
+            self.books = EnvelopeBacking(total, sides)
+            self.sides = self.books.sides
+            self.capacity_bytes = total
+            self._allocatable_bytes = self.books.allocatable
+            self.raw = torch.zeros((total,), dtype=torch.uint8, device=device)
+            self.lock = threading.RLock()
+            self._layout_condition = threading.Condition(self.lock)
+            self.leases = 0
+            self.compactions = 0
+
+        def _begin_compaction(self) -> list[Any]:
+            if self.leases:
+                raise RuntimeError("Cannot compact a unified host pool while the current thread holds a layout lease.")
+            self.compactions += 1
+            return []
+
+        def _finish_compaction(self) -> None:
+            pass
+
+        def _move(self, moves: list[tuple[str, int, int]]) -> None:
+            for name, source, target in moves:
+                pb = self.sides[name].page_bytes
+                self.raw[target * pb : (target + 1) * pb] = self.raw[source * pb : (source + 1) * pb].clone()
+
+        @locked
+        def clear(self, name: str) -> None:
+            self.books.clear(name)
+
+        @locked
+        def available_size(self, name: str) -> int:
+            return self.books.available_size(name)
+
+        @locked
+        def free_bytes(self) -> int:
+            return self.books.free_bytes()
+
+        def alloc(self, name: str, need_size: int) -> Any:
+            got = self.alloc_many(((name, need_size),))
+            return None if got is None else got[0]
+
+        @locked
+        def alloc_many(self, requests: Any) -> Any:
+            before = len(self.books.moves)
+            _each, total = self.books._counts(list(requests))
+            if not self.books._fits_now(total):
+                live = {n: len(s.logical_to_physical) for n, s in self.sides.items()}
+                free = {n: s.free_logical() for n, s in self.sides.items()}
+                if self.books._fits(live, free, total):
+                    self._begin_compaction()
+            got = self.books.alloc_many(list(requests))
+            self._move(self.books.moves[before:])
+            if got is None:
+                return None
+            return [_torch().tensor(slots, dtype=_torch().int64) for slots in got]
+
+        @locked
+        def can_fit_many_then(self, requests: Any, following_requests: Any, *, empty: bool = False) -> bool:
+            first, then = self.books._counts(list(requests))[1], self.books._counts(list(following_requests))[1]
+            live = {n: 0 if empty else len(s.logical_to_physical) for n, s in self.sides.items()}
+            free = {n: s.page_num if empty else s.free_logical() for n, s in self.sides.items()}
+            if not self.books._fits(live, free, first):
+                return False
+            return self.books._fits({n: live[n] + first[n] for n in live}, {n: free[n] - first[n] for n in free}, then)
+
+        @locked
+        def free(self, name: str, indices: Any) -> int:
+            self.books.free(name, indices.to(dtype=_torch().int64, device="cpu").flatten().tolist())
+            return len(indices)
+
+        @locked
+        def translate_indices(self, name: str, indices: Any) -> Any:
+            got = self.books.translate(name, indices.to(dtype=_torch().int64, device="cpu").flatten().tolist())
+            return _torch().tensor(got, dtype=_torch().int64).to(device=indices.device)
+
+        @locked
+        def translate_index(self, name: str, index: int) -> int:
+            ps = self.sides[name].page_size
+            page = index - index % ps
+            return self.books.translate(name, list(range(page, page + ps)))[index % ps]
 
     class HiSparseHostPoolMixin:
         """What sglang's HiSparse pools add to a host pool that the bookkeeping serves: allocation by pages.
@@ -782,6 +934,7 @@ MambaPoolHost = _CLASSES["MambaPoolHost"]
 DeepSeekV4PagedHostPool = _CLASSES["DeepSeekV4PagedHostPool"]
 QSAIndexerPoolHost = _CLASSES["QSAIndexerPoolHost"]
 DeepSeekV4StateHostPool = _CLASSES["DeepSeekV4StateHostPool"]
+_SharedPageEnvelopeHostBacking = _CLASSES["_SharedPageEnvelopeHostBacking"]
 PageInterleaveHostPool = _CLASSES["PageInterleaveHostPool"]
 
 
@@ -801,6 +954,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "pool_host.mamba": ("MambaPoolHost",),
     "pool_host.qsa": ("QSAIndexerPoolHost",),
     "pool_host.page_interleave": ("PageInterleaveHostPool",),
+    "pool_host.unified": ("_SharedPageEnvelopeHostBacking",),
     "memory_pool_host": ("DeepSeekV4PagedHostPool", "DeepSeekV4StateHostPool"),
 }
 
@@ -812,6 +966,7 @@ __all__ = [
     "DeepSeekV4PagedHostPool",
     "DeepSeekV4StateHostPool",
     "EnvelopeBacking",
+    "EnvelopeDevicePool",
     "HiSparseHostPoolMixin",
     "HiSparseMHATokenToKVPoolHost",
     "HostKVCache",
@@ -823,6 +978,7 @@ __all__ = [
     "MiniMaxM3Nvfp4MainKVPoolHost",
     "PageInterleaveHostPool",
     "QSAIndexerPoolHost",
+    "envelope_device_pools",
     "hierarchy",
     "locked",
 ]

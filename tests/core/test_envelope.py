@@ -192,7 +192,7 @@ class Envelope(RuleBasedStateMachine):
 def _fits_then(oracle: EnvelopeBacking, first: list, then: list, empty: bool) -> bool:
     """The oracle's answer to ``can_fit_many_then``: the counts alone (the original changes nothing either)."""
     sides = oracle.sides
-    live = {n: 0 if empty else len(s.to_physical) for n, s in sides.items()}
+    live = {n: 0 if empty else len(s.logical_to_physical) for n, s in sides.items()}
     free = {n: s.page_num if empty else s.free_logical() for n, s in sides.items()}
 
     def pages(requests: list) -> dict[str, int]:
@@ -241,7 +241,7 @@ POOL = (96, {"full": (2, 8, "up"), "swa": (1, 16, "down")})
 
 BAD_CALLS = [
     (lambda p: p.alloc("full", 3), AlignmentError, "multiple of 'full'"),
-    (lambda p: p.alloc("full", -2), AlignmentError, "non-negative"),
+    (lambda p: p.alloc("full", -2), HostPoolError, "non-negative"),
     (lambda p: p.alloc("full", 2.0), TypeError, "need_size must be an integer"),
     (lambda p: p.alloc("full", True), TypeError, "got bool"),
     (lambda p: p.alloc("other", 2), HostPoolError, "no side 'other'"),
