@@ -27,7 +27,7 @@ _HARNESS = textwrap.dedent(
     import copy, json, os, pickle, signal, sys, threading, time, warnings
     warnings.simplefilter("ignore")  # 3.12+: a fork of a multi-threaded process warns
     import numpy as np
-    from hostpool_nb import HostPagePool, InterleavedPagePool, LogicalHostPool, PoolForkedError, _fork
+    from hostpool_nb import EnvelopePagePool, HostPagePool, InterleavedPagePool, LogicalHostPool, PoolForkedError, _fork
     from hostpool_nb.paged import PagedTokenToKVPoolAllocator
     from tests.host_standins import FastLRU
     args = json.loads(sys.argv[1])
@@ -41,6 +41,8 @@ _HARNESS = textwrap.dedent(
                 pool.free(pool.alloc(pool.page_size))
             elif isinstance(pool, InterleavedPagePool):
                 pool.free(pool.alloc(pool.page_size, 1))
+            elif isinstance(pool, EnvelopePagePool):
+                pool.free("a", pool.alloc("a", 2))
             elif isinstance(pool, FastLRU):
                 with pool._lock:
                     pass
@@ -160,6 +162,7 @@ def test_a_thread_that_nests_two_pools_locks_never_hangs_a_fork() -> None:
 _HELD = """
     held = [LogicalHostPool(64, 16), HostPagePool(8), PagedTokenToKVPoolAllocator(64, 16, None), FastLRU(8)]
     held.append(InterleavedPagePool(64, 16, 2))
+    held.append(EnvelopePagePool(256, {"a": (2, 16, "up")}))
     idle = LogicalHostPool(64, 16)
     stop = threading.Event()
     taken = threading.Event()

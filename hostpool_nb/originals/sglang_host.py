@@ -358,6 +358,15 @@ class EnvelopeDevicePool:
 
     ``pages`` pages of ``page_bytes`` (a torch uint8 tensor), ``region``
     bytes in the device region the sides share.
+
+    Examples
+    --------
+    >>> from hostpool_nb.originals.sglang_host import EnvelopeDevicePool
+    >>> pool = EnvelopeDevicePool(4, 64, 10, "up", 640)
+    >>> tuple(pool.get_page_envelope_buffer().shape)
+    (10, 64)
+    >>> pool.get_contiguous_buf_infos()  # one region: pointer, length, page bytes
+    ([0], [640], [64])
     """
 
     def __init__(self, page_size: int, page_bytes: int, pages: int, grow_direction: str, region: int) -> None:

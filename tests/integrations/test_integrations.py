@@ -355,16 +355,16 @@ def test_sglang_builds_hostpool_nbs_torch_pool(caplog: pytest.LogCaptureFixture)
 
     with stand_in_engine("sglang") as made:
         replaced = sglang.install()
-        books = (*sglang.BOOKKEEPINGS, sglang.PAGE_INTERLEAVE)
+        books = (*sglang.BOOKKEEPINGS, sglang.PAGE_INTERLEAVE, sglang.UNIFIED_ENVELOPE)
         methods = {f"{b.module}.{b.defined_by}.{m}" for b in books for m in b.methods}
         assert set(replaced) == {
             "sglang.srt.mem_cache.memory_pool_host.LogicalHostPool",
             "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler.LogicalHostPool",
             *methods,
         }
-        # HostKVCache's five, Mamba's four, DeepSeek V4 paged's four (it inherits _merge_release_slots), and the
-        # page-interleaved pool's four
-        assert len(methods) == 17
+        # HostKVCache's five, Mamba's four, DeepSeek V4 paged's four (it inherits _merge_release_slots), the
+        # page-interleaved pool's four, the unified backing's ten
+        assert len(methods) == 27
         caplog.set_level(logging.INFO, logger="hostpool_nb")
         pool = made.build("LogicalHostPool", 1024, 16, "layer_first")
         assert isinstance(pool, LogicalHostPool)
