@@ -31,9 +31,7 @@ import sys as _sys
 
 from ._core import host as _host
 from ._core import pool as _pool
-from ._core.envelope import EnvelopePagePool
 from ._core.host import HostPagePool
-from ._core.interleaved import InterleavedPagePool
 from ._core.pool import LogicalHostPool
 from ._core.stats import HostPageStats, PoolStats
 from ._diagnostics import snapshot as _snapshot
@@ -69,12 +67,10 @@ _sys.modules.setdefault(f"{__name__}._snapshot", _snapshot)
 
 # help(), reprs and tracebacks name the public path, where each is imported from (pickles find it there too).
 for _cls in (
-    EnvelopePagePool,
     EnvelopePageState,
     HostPagePool,
     HostPageState,
     HostPageStats,
-    InterleavedPagePool,
     InterleavedPageState,
     LogicalHostPool,
     PoolState,
@@ -82,6 +78,26 @@ for _cls in (
 ):
     _cls.__module__ = __name__
 del _cls
+
+# The pools only sglang's two host pools use are imported on first use: their kernels' definitions cost every
+# other process some 13 ms at import (2026-12-07, python -X importtime).
+_ON_FIRST_USE = {"EnvelopePagePool": "._core.envelope", "InterleavedPagePool": "._core.interleaved"}
+
+
+def __getattr__(name: str) -> object:
+    where = _ON_FIRST_USE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib  # noqa: PLC0415 - only on first use
+
+    found: object = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = found
+    return found
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_ON_FIRST_USE})
+
 
 __all__ = [
     "AlignmentError",

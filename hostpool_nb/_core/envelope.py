@@ -85,6 +85,7 @@ class EnvelopePagePool(ArrayStatePool):
     (32, 4, 2)
     """
 
+    __module__ = "hostpool_nb"  # its public path, where help(), reprs and pickles find it
     _kind = _format = "EnvelopePagePool"
     _state_class = EnvelopePageState
     compactor: Compactor | None = None

@@ -77,6 +77,7 @@ class InterleavedPagePool(ArrayStatePool):
     [[4, 6], [3, 7]]
     """
 
+    __module__ = "hostpool_nb"  # its public path, where help(), reprs and pickles find it
     _kind = _format = "InterleavedPagePool"
     _state_class = InterleavedPageState
 
