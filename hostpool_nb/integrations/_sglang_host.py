@@ -323,7 +323,9 @@ def books(pool: Any) -> Any:
 
     For the diagnostics of :class:`hostpool_nb.LogicalHostPool`:
     ``check_invariants()``, ``leak_report()`` and ``outstanding()`` (with
-    ``HOSTPOOL_NB_TRACK=1``), ``recording()``, ``stats()``.
+    ``HOSTPOOL_NB_TRACK=1``), ``recording()``, ``stats()``. A unified host
+    pool's books are its shared backing's (an ``EnvelopePagePool``), a
+    page-interleaved pool's an ``InterleavedPagePool``.
 
     Raises
     ------
@@ -332,6 +334,9 @@ def books(pool: Any) -> Any:
         or one built before ``install()``.
     """
     found = own_books(pool)
+    if found is None:  # a unified host pool: its books are the backing's it shares with its other side
+        backing = getattr(pool, "__dict__", {}).get("_shared_backing")
+        found = None if backing is None else own_books(backing)
     if found is None:
         raise _errors.HostPoolError(
             f"{type(pool).__name__} keeps its own books: hostpool_nb keeps those of sglang's host pools built "

@@ -257,7 +257,7 @@ def books(pool: Any) -> Any:
     """
     from .._errors import HostPoolError  # noqa: PLC0415 - the check needs no torch
 
-    if not hasattr(pool, "_hostpool_nb"):
+    if not hasattr(pool, "_hostpool_nb") and not hasattr(getattr(pool, "_shared_backing", None), "_hostpool_nb"):
         raise HostPoolError(
             f"{type(pool).__name__} keeps its own books: hostpool_nb keeps those of sglang's host pools built "
             "after hostpool_nb.integrations.sglang.install()"

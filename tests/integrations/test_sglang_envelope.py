@@ -255,3 +255,18 @@ def test_install_keeps_every_backing_built_after_it_and_uninstall_hands_the_book
         assert env.free_bytes() == twin.free_bytes()
         for name in sides:
             assert env.sides[name].logical_to_physical == twin.sides[name].logical_to_physical
+
+
+def test_a_unified_pools_books_are_its_shared_backings() -> None:
+    """``books(pool)`` of one of the two pools over a backing (which holds ``_shared_backing``) is the backing's."""
+    cls = C.envelope_class("stand-in")
+    C.keep_envelope_books(cls)
+    backing = C.envelope(cls, 96, SHAPES[0][1])
+
+    class Pool:  # what sglang's UnifiedPageEnvelopeHostPool holds of its backing
+        def __init__(self) -> None:
+            self._shared_backing = backing
+
+    assert sglang.books(Pool()) is sglang.books(backing)
+    with pytest.raises(HostPoolError, match="keeps its own books"):
+        sglang.books(type("Other", (), {"_shared_backing": None})())
