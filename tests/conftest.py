@@ -34,7 +34,14 @@ from hostpool_nb._kernels import layout as L
 
 JIT_DISABLED = os.environ.get("NUMBA_DISABLE_JIT") == "1"
 # The package's modules that import torch: not imported (nor their examples run) where torch is absent.
-TORCH_MODULES = frozenset({"hostpool_nb.torch", "hostpool_nb.integrations._sglang_host"})
+TORCH_MODULES = frozenset(
+    {
+        "hostpool_nb.torch",
+        "hostpool_nb.integrations._sglang_host",
+        "hostpool_nb.integrations._sglang_interleave",
+        "hostpool_nb.integrations._sglang_envelope",
+    }
+)
 
 _COMMON: dict[str, Any] = {
     "deadline": None,  # first calls may load or compile kernels

@@ -75,3 +75,32 @@ def test_every_subpackage_is_in_the_wheel() -> None:
         if "__pycache__" not in init.parts
     }
     assert listed == found
+
+
+def test_the_modules_that_import_torch_are_the_ones_the_tests_leave_out_without_it() -> None:
+    """tests.conftest.TORCH_MODULES lists every module importing torch when imported: else a run without torch fails."""
+    import ast
+    from pathlib import Path
+
+    import hostpool_nb
+    from tests.conftest import TORCH_MODULES
+
+    def imports_torch(body: list[ast.stmt]) -> bool:  # at the top, or in a try or if there, not in a function
+        for node in body:
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "torch" for a in node.names):
+                return True
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch" and not node.level:
+                return True
+            if isinstance(node, (ast.Try, ast.If)) and imports_torch(
+                [*node.body, *node.orelse, *[s for h in getattr(node, "handlers", []) for s in h.body]]
+            ):
+                return True
+        return False
+
+    root = Path(hostpool_nb.__file__).parent
+    found = {
+        "hostpool_nb." + ".".join(path.relative_to(root).with_suffix("").parts)
+        for path in root.rglob("*.py")
+        if imports_torch(ast.parse(path.read_text()).body)
+    }
+    assert found == TORCH_MODULES
