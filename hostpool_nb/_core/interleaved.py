@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .._convert import INT64, as_count, own_slots, shown
+from .._convert import INT64, as_count, own_slots, pool_shape, shown
 from .._diagnostics.invariants import interleaved_problems
 from .._diagnostics.snapshot import InterleavedPageState, checked_interleaved_words
 from .._errors import AlignmentError, DoubleFreeError, HostPoolError, PartialPageError, SlotRangeError
@@ -85,13 +85,8 @@ class InterleavedPagePool(ArrayStatePool):
         return [(KERNELS, name) for name in _kernels.KERNELS._fields] + [(_CORE, "load_state")]
 
     def __init__(self, size: int, page_size: int, shard_size: int) -> None:
-        size = as_count(size, "size")
-        page_size = as_count(page_size, "page_size")
+        size, page_size = pool_shape(size, page_size)
         shard_size = as_count(shard_size, "shard_size")
-        if size < 0:
-            raise HostPoolError(f"size must be non-negative, got size={shown(size)}")
-        if page_size < 1:
-            raise HostPoolError(f"page_size must be at least 1, got page_size={shown(page_size)}")
         if shard_size < 2:  # noqa: PLR2004 - one class is a plain pool
             raise HostPoolError(f"shard_size must be at least 2 (one class is a plain pool), got {shown(shard_size)}")
         per_class = size // page_size
