@@ -10,6 +10,7 @@ pool nor a tampered pickle can corrupt one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -365,16 +366,24 @@ def _load_host(version: Any, pool_size: Any, words: Any) -> HostPageState:
     return HostPageState(pool_size, words)
 
 
-def checked_host_words(words: Any, n: int, what: str) -> NDArray[np.int64]:
+def checked_state_words(
+    words: Any, problems: Callable[[NDArray[np.int64]], list[str]], what: str, kind: str
+) -> NDArray[np.int64]:
+    """``words`` as a fresh state array, or a ``HostPoolError`` saying why not: not a 1-D int64 array, or one that
+    breaks the invariants ``problems`` finds (``kind`` names the pool in the message)."""
     if not isinstance(words, np.ndarray):
-        raise HostPoolError(f"{what} holds a {type(words).__name__}, not a host pool's state")
+        raise HostPoolError(f"{what} holds a {type(words).__name__}, not {kind}'s state")
     arr = np.ascontiguousarray(words)
     if arr.dtype != np.int64 or arr.ndim != 1:
-        raise HostPoolError(f"{what} holds a {arr.dtype} array of shape {arr.shape}, not a host pool's state")
-    found = host_problems(arr, n, loading=True)
+        raise HostPoolError(f"{what} holds a {arr.dtype} array of shape {arr.shape}, not {kind}'s state")
+    found = problems(arr)
     if found:
         raise HostPoolError(f"{what} fails the pool's invariants: " + "; ".join(found))
     return np.array(arr, dtype=np.int64, copy=True)
+
+
+def checked_host_words(words: Any, n: int, what: str) -> NDArray[np.int64]:
+    return checked_state_words(words, lambda arr: host_problems(arr, n, loading=True), what, "a host pool")
 
 
 def checked_ranks(  # noqa: PLR0913, PLR0917 - the allocator's shape, spelled out
@@ -456,15 +465,9 @@ def _load_interleaved(version: Any, shape: Any, words: Any) -> InterleavedPageSt
 
 def checked_interleaved_words(words: Any, shape: tuple[int, int, int], what: str) -> NDArray[np.int64]:
     """``words`` as a fresh state for an interleaved pool of ``shape``, or a ``HostPoolError`` saying why not."""
-    if not isinstance(words, np.ndarray):
-        raise HostPoolError(f"{what} holds a {type(words).__name__}, not an interleaved pool's state")
-    arr = np.ascontiguousarray(words)
-    if arr.dtype != np.int64 or arr.ndim != 1:
-        raise HostPoolError(f"{what} holds a {arr.dtype} array of shape {arr.shape}, not an interleaved pool's state")
-    found = interleaved_problems(arr, *shape, loading=True)
-    if found:
-        raise HostPoolError(f"{what} fails the pool's invariants: " + "; ".join(found))
-    return np.array(arr, dtype=np.int64, copy=True)
+    return checked_state_words(
+        words, lambda arr: interleaved_problems(arr, *shape, loading=True), what, "an interleaved pool"
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -507,12 +510,4 @@ def checked_envelope_words(
     words: Any, shape: tuple[int, tuple[tuple[str, int, int, str], ...]], what: str
 ) -> NDArray[np.int64]:
     """``words`` as a fresh state for a page-envelope pool of ``shape``, or a ``HostPoolError`` saying why not."""
-    if not isinstance(words, np.ndarray):
-        raise HostPoolError(f"{what} holds a {type(words).__name__}, not a page-envelope pool's state")
-    arr = np.ascontiguousarray(words)
-    if arr.dtype != np.int64 or arr.ndim != 1:
-        raise HostPoolError(f"{what} holds a {arr.dtype} array of shape {arr.shape}, not a page-envelope pool's state")
-    found = envelope_problems(arr, shape)
-    if found:
-        raise HostPoolError(f"{what} fails the pool's invariants: " + "; ".join(found))
-    return np.array(arr, dtype=np.int64, copy=True)
+    return checked_state_words(words, lambda arr: envelope_problems(arr, shape), what, "a page-envelope pool")
