@@ -37,7 +37,7 @@ class Compactor(Protocol):
     """What an ``EnvelopePagePool`` calls around a compaction: the owner of the bytes its pages stand for."""
 
     def begin(self) -> None:
-        """Before any page moves (sglang drains its transfers here)."""
+        """Before any page moves, or a side's pages are all let go by ``clear`` (sglang drains its transfers here)."""
 
     def move(self, name: str, sources: NDArray[np.int64], targets: NDArray[np.int64]) -> None:
         """Side ``name``'s physical pages ``sources[i]`` now live at ``targets[i]``: copy their bytes, in order."""
@@ -263,8 +263,15 @@ class EnvelopePagePool(ArrayStatePool):
     def clear(self, name: str) -> None:
         """Side ``name`` empty: every logical page free, its watermark at its end; the other side untouched."""
         s = self._index[self._name(name)]
+        hooks = self.compactor
         with self.lock:
-            KERNELS.reset_side(self._st, s)
+            if hooks is not None:
+                hooks.begin()  # the bytes of the side's pages may still be in transfer: drained first
+            try:
+                KERNELS.reset_side(self._st, s)
+            finally:
+                if hooks is not None:
+                    hooks.finish()
 
     def side_state(self, name: str) -> dict[str, Any]:
         """Side ``name``'s books as sglang's backing keeps them: ``free_extents`` (sorted half-open logical

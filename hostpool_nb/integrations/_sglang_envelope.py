@@ -27,6 +27,7 @@ from .. import _errors
 from .._convert import as_count
 from .._core.envelope import EnvelopePagePool
 from ..torch import _tensor_count
+from ._sglang_books import UNIFIED_ENVELOPE
 from ._sglang_host import KEY, keep_books, one_d_slots, start_taking
 
 _Tensor = torch.Tensor
@@ -34,18 +35,7 @@ _INT64 = np.dtype(np.int64)
 _from_numpy = torch.from_numpy
 
 #: What install() replaces on the backing's class: its constructor (which gives a backing its books) and its books.
-METHODS = (
-    "__init__",
-    "clear",
-    "available_size",
-    "free_bytes",
-    "alloc",
-    "alloc_many",
-    "can_fit_many_then",
-    "free",
-    "translate_indices",
-    "translate_index",
-)
+METHODS = UNIFIED_ENVELOPE.methods
 
 
 class _Compaction:
@@ -173,18 +163,7 @@ class EnvelopeBooks(EnvelopePagePool):
         return super().available_size(self._named(name))
 
     def clear(self, name: str) -> None:
-        self._named(name)
-        backing = getattr(self.compactor, "backing", None)
-        if backing is None:
-            super().clear(name)
-            return
-        events = backing._begin_compaction()  # as sglang's: transfers drained before a side's pages go
-        try:
-            for event in events:
-                event.synchronize()
-            super().clear(name)
-        finally:
-            backing._finish_compaction()
+        super().clear(self._named(name))  # the compactor drains the backing's transfers first, as sglang's clear
 
     def give_back(self, backing: Any) -> None:
         """Give the engine's ``backing`` each side's books as sglang keeps them, from this state (under the lock)."""

@@ -171,7 +171,7 @@ class HostKVBooks(_TorchPool):
             The number of slots freed (with double frees accepted, the
             number given).
         """
-        if (type(indices) is not _Tensor or indices.dim() != 1) and self._nothing_to_free(indices):
+        if (type(indices) is not _Tensor or indices.dim() != 1) and nothing_to_free(indices):
             return 0
         try:
             return super().free(indices)
@@ -187,24 +187,6 @@ class HostKVBooks(_TorchPool):
                 return 0  # an empty tensor of any dtype frees nothing, as sglang's free returns
             raise
         return self._free_accepting(indices)
-
-    def _nothing_to_free(self, indices: Any) -> bool:
-        """Whether ``indices`` is an empty tensor (any dtype: sglang frees nothing); 2-D or more: ``HostPoolError``."""
-        if isinstance(indices, _Tensor):
-            if indices.numel() == 0:
-                return True
-            shape = tuple(indices.shape)
-        else:
-            try:
-                shape = np.shape(indices)
-            except (ValueError, TypeError):  # ragged: the pool says what is wrong with it
-                return False
-        if len(shape) > 1:  # a scalar goes on to the pool's TypeError
-            raise _errors.HostPoolError(
-                f"indices must be 1-D, got shape {shape}: sglang's host pools count a 2-D input's rows, not its "
-                "slots; flatten it first"
-            )
-        return False
 
     def _free_accepting(self, indices: Any) -> int:
         """A free whose pages already free (or named twice) are left out, the others freed; the length given."""
@@ -277,6 +259,25 @@ def _held(pool: Any) -> Any:
     return lock if type(lock) is _RLOCK else _UNLOCKED
 
 
+def nothing_to_free(indices: Any) -> bool:
+    """Whether ``indices`` is an empty tensor (any dtype: sglang frees nothing); 2-D or more: ``HostPoolError``."""
+    if isinstance(indices, _Tensor):
+        if indices.numel() == 0:
+            return True
+        shape = tuple(indices.shape)
+    else:
+        try:
+            shape = np.shape(indices)
+        except (ValueError, TypeError):  # ragged: the pool says what is wrong with it
+            return False
+    if len(shape) > 1:  # a scalar goes on to the pool's TypeError
+        raise _errors.HostPoolError(
+            f"indices must be 1-D, got shape {shape}: sglang's host pools count a 2-D input's rows, not its "
+            "slots; flatten it first"
+        )
+    return False
+
+
 def one_d_slots(indices: Any) -> Any:
     """A free's or a translation's ``indices`` as the core reads them: a 1-D tensor viewed as numpy (a device one
     copied), an array as given; ``None`` for an empty tensor of any dtype (sglang's do nothing with it)."""
@@ -287,14 +288,9 @@ def one_d_slots(indices: Any) -> Any:
             arr = None
         if arr is not None and arr.ndim == 1 and arr.dtype is _INT64 and arr.shape[0]:
             return arr
+    if nothing_to_free(indices):  # the family's check: an empty tensor frees nothing, 2-D or more is refused
+        return None
     if isinstance(indices, _Tensor):
-        if indices.numel() == 0:
-            return None
-        if indices.dim() != 1:
-            raise _errors.HostPoolError(
-                f"indices must be 1-D, got shape {tuple(indices.shape)}: sglang's host pools count a 2-D input's "
-                "rows, not its slots; flatten it first"
-            )
         try:
             arr = indices.numpy()  # a plain CPU tensor: a view, which the pool copies
         except (RuntimeError, TypeError):  # another device, a dtype numpy lacks, ...
@@ -302,8 +298,6 @@ def one_d_slots(indices: Any) -> Any:
         if arr.dtype is not _INT64:
             _check_tensor_dtype(indices.dtype)
         return arr
-    if np.ndim(indices) > 1:
-        raise _errors.HostPoolError(f"indices must be 1-D, got shape {np.shape(indices)}")
     return indices
 
 
@@ -507,6 +501,7 @@ __all__ = [
     "keep_books",
     "lock_of",
     "methods",
+    "nothing_to_free",
     "one_d_slots",
     "own_books",
     "start_taking",
